@@ -1,0 +1,6 @@
+"""The embedded tiny models: trained by the scripts beside this file, shipped in models/."""
+from pathlib import Path
+
+MODELS_DIR = Path(__file__).with_name("models")
+TARGET_DIR = MODELS_DIR / "tiny-target"
+DRAFT_DIR = MODELS_DIR / "tiny-draft"

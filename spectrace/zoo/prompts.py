@@ -2,10 +2,12 @@
 
 None of these files was trained on (see corpus_manifest.tsv, split "heldout"), so continuations
 and acceptance measured on them are held-out numbers. Lengths differ on purpose: a batch of them
-exercises ragged prefill and ragged acceptance.
+exercises ragged prefill and ragged acceptance. Trailing newlines are cut: byte-level BPE merges
+a newline with the indentation after it, so a prompt that ends in "\n" starts the model on a
+token boundary it never saw in training.
 """
 
-HELD_OUT_PROMPTS = [
+_PROMPTS = [
     # secrets.py:48-50
     'def token_hex(nbytes=None):\n    """Return a random text string, in hexadecimal.\n\n',
     # getopt.py:207-209
@@ -23,3 +25,5 @@ HELD_OUT_PROMPTS = [
     # types.py:98-106
     'def prepare_class(name, bases=(), kwds=None):\n    """Call the __prepare__ method of the appropriate metaclass.\n\n    Returns (metaclass, namespace, kwds) as a 3-tuple\n\n    *metaclass* is the appropriate metaclass\n    *namespace* is the prepared class namespace\n    *kwds* is an updated copy of the passed in kwds argument with any\n    \'metaclass\' entry removed. If no kwds argument is passed in, this will\n',
 ]
+
+HELD_OUT_PROMPTS = [p.rstrip("\n") for p in _PROMPTS]

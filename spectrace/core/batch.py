@@ -1,0 +1,46 @@
+"""`ForwardBatch`: the ragged batch one forward runs over, as SGLang names its fields."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from spectrace.core.kv import KVCache
+
+
+@dataclass
+class ForwardBatch:
+    """Request i adds `extend_lens[i]` new tokens after `seq_lens[i] - extend_lens[i]` cached ones.
+
+    Tokens of all requests are packed along one axis of N = sum(extend_lens) rows.
+    """
+
+    input_ids: torch.Tensor  # (N,)
+    positions: torch.Tensor  # (N,)
+    req_pool_indices: list[int]
+    seq_lens: list[int]  # KV length each request attends over, its new tokens included
+    extend_lens: list[int]
+    out_cache_loc: torch.Tensor  # (N,) slots the new tokens' K and V are written to
+    custom_masks: list[torch.Tensor | None]  # per request (extend_len, seq_len) bool; None = causal
+
+    @classmethod
+    def build(cls, kv: KVCache, items: list[tuple[int, int, list[int]]], masks=None) -> "ForwardBatch":
+        """`items`: (request, start position, new token ids) per request. Maps slots with
+        `kv.prepare` (so it allocates) and records the writes the forward will make."""
+        device = kv.req_to_token.device
+        ids, pos, locs = [], [], []
+        for req, start, tokens in items:
+            slots = kv.prepare(req, start, len(tokens))
+            kv.record_write(req, start, slots, tokens)
+            ids.extend(tokens)
+            pos.extend(range(start, start + len(tokens)))
+            locs.append(slots)
+        return cls(
+            input_ids=torch.tensor(ids, dtype=torch.int64, device=device),
+            positions=torch.tensor(pos, dtype=torch.int64, device=device),
+            req_pool_indices=[req for req, _, _ in items],
+            seq_lens=[start + len(tokens) for _, start, tokens in items],
+            extend_lens=[len(tokens) for _, _, tokens in items],
+            out_cache_loc=torch.cat(locs),
+            custom_masks=list(masks) if masks is not None else [None] * len(items),
+        )

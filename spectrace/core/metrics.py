@@ -1,0 +1,100 @@
+"""Speculative-decoding metrics, defined exactly as SGLang and vLLM define them.
+
+SGLang (per request `meta_info`, summed over requests for the run):
+    verify_ct            verify passes (one per speculative step)
+    num_proposed_drafts  verify_ct * (num_draft_tokens - 1)
+    accept_rate  α     = num_correct_drafts / num_proposed_drafts        (bonus excluded)
+    accept_length τ    = completion_tokens / verify_ct                    (bonus included; the
+                         first token, sampled by prefill, counts in completion_tokens too)
+vLLM (`SpecDecodingStats` and the "SpecDecoding metrics" log line, current form):
+    num_drafts, num_draft_tokens, num_accepted_tokens, num_accepted_tokens_per_pos[i]
+    Mean acceptance length = 1 + accepted / num_drafts
+    Avg Draft acceptance rate = accepted / drafted * 100
+    Per-position acceptance rate[i] = accepted_per_pos[i] / num_drafts
+Metrics are computed from step records, so a trace on disk gives the same numbers as the run.
+"""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+
+class SpecMetrics:
+    def __init__(self, num_steps: int, num_draft_tokens: int):
+        self.num_steps = num_steps  # drafts per verify (vLLM's num_spec_tokens)
+        self.num_draft_tokens = num_draft_tokens  # tree size incl. root (SGLang)
+        self.verify_ct: dict[int, int] = defaultdict(int)
+        self.correct: dict[int, int] = defaultdict(int)
+        self.completion: dict[int, int] = defaultdict(int)
+        self.accept_len_hist: Counter = Counter()
+        self.num_drafts = self.num_draft_tokens_vllm = self.num_accepted = 0
+        self.accepted_per_pos = [0] * num_steps
+
+    def observe_prefill(self, request: int) -> None:
+        self.completion[request] += 1  # the first token comes from prefill
+
+    def observe_step(self, rec: dict) -> None:
+        r = rec["request"]
+        self.completion[r] += len(rec["committed_tokens"])
+        if rec["draft"] is None:  # a plain decode step: nothing was verified
+            return
+        n_correct = len(rec["correct_drafts"])
+        self.verify_ct[r] += 1
+        self.correct[r] += n_correct
+        self.accept_len_hist[rec["accept_len"]] += 1
+        self.num_drafts += 1
+        self.num_draft_tokens_vllm += len(rec["draft"]["tokens"])
+        self.num_accepted += n_correct
+        for i in range(n_correct):
+            self.accepted_per_pos[i] += 1
+
+    def per_request(self, r: int) -> dict:
+        proposed = self.verify_ct[r] * (self.num_draft_tokens - 1)
+        return {
+            "completion_tokens": self.completion[r],
+            "spec_verify_ct": self.verify_ct[r],
+            "spec_num_correct_drafts": self.correct[r],
+            "spec_num_proposed_drafts": proposed,
+            "spec_accept_rate": self.correct[r] / proposed if proposed else None,
+            "spec_accept_length": self.completion[r] / self.verify_ct[r] if self.verify_ct[r] else None,
+        }
+
+    def summary(self, wall_s: float) -> dict:
+        verify_ct = sum(self.verify_ct.values())
+        correct = sum(self.correct.values())
+        completion = sum(self.completion.values())
+        proposed = verify_ct * (self.num_draft_tokens - 1)
+        nd = self.num_drafts
+        vllm = {
+            "num_drafts": nd,
+            "num_draft_tokens": self.num_draft_tokens_vllm,
+            "num_accepted_tokens": self.num_accepted,
+            "num_accepted_tokens_per_pos": list(self.accepted_per_pos),
+            "mean_acceptance_length": 1 + self.num_accepted / nd if nd else None,
+            "draft_acceptance_rate": 100 * self.num_accepted / self.num_draft_tokens_vllm if nd else None,
+            "per_position_acceptance_rate": [a / nd for a in self.accepted_per_pos] if nd else [],
+            "accepted_throughput": self.num_accepted / wall_s if wall_s else None,
+            "drafted_throughput": self.num_draft_tokens_vllm / wall_s if wall_s else None,
+        }
+        return {
+            "completion_tokens": completion,
+            "wall_s": wall_s,
+            "tokens_per_s": completion / wall_s if wall_s else None,
+            "verify_ct": verify_ct,
+            "num_correct_drafts": correct,
+            "num_proposed_drafts": proposed,
+            "accept_rate": correct / proposed if proposed else None,
+            "accept_length": completion / verify_ct if verify_ct else None,
+            "accept_len_histogram": {str(k): v for k, v in sorted(self.accept_len_hist.items())},
+            "vllm": vllm,
+        }
+
+
+def vllm_log_line(m: dict) -> str:
+    """vLLM's `SpecDecodingLogging.log` message for the whole run."""
+    v = m["vllm"]
+    rates = "[" + ", ".join(f"{r:.3f}" for r in v["per_position_acceptance_rate"]) + "]"
+    return ("SpecDecoding metrics: Mean acceptance length: %.2f, Accepted throughput: %.2f tokens/s, "
+            "Drafted throughput: %.2f tokens/s, Accepted: %d tokens, Drafted: %d tokens, "
+            "Per-position acceptance rate: %s, Avg Draft acceptance rate: %.1f%%" % (
+                v["mean_acceptance_length"], v["accepted_throughput"], v["drafted_throughput"],
+                v["num_accepted_tokens"], v["num_draft_tokens"], rates, v["draft_acceptance_rate"]))

@@ -1,0 +1,155 @@
+"""One run from user options to trace: load models, check inputs, generate, write the summary."""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from spectrace.core.config import SpectraceError
+from spectrace.core.drafters.standalone import StandaloneDrafter
+from spectrace.core.engine import ALGOS, Engine, Request, SpecConfig
+from spectrace.core.model import CausalLM, load_model, weights_digest
+from spectrace.core.trace import SCHEMA, TraceError, TraceWriter
+from spectrace.zoo import DRAFT_DIR, TARGET_DIR
+from spectrace.zoo.prompts import HELD_OUT_PROMPTS
+
+
+@dataclass
+class RunConfig:
+    algo: str = "standalone"
+    num_steps: int = 3
+    prompts: list[str] = field(default_factory=list)
+    batch: int | None = None
+    max_new_tokens: int = 64
+    target_model: str = str(TARGET_DIR)
+    draft_model: str = str(DRAFT_DIR)
+    trace: str | None = None  # default: runs/<time>-<algo>.jsonl
+    commit_style: str = "sglang"
+    device: str = "cpu"
+    dtype: str | None = None  # default: float32 on CPU, bfloat16 on GPU
+
+
+@dataclass
+class RunResult:
+    requests: list[Request]
+    texts: list[str]
+    metrics: dict
+    trace_path: Path
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_prompts(prompts: list[str], batch: int | None) -> list[str]:
+    """`--batch N` tops the given prompts up with built-in held-out prompts of other lengths."""
+    if batch is None:
+        return list(prompts) or HELD_OUT_PROMPTS[:1]
+    if batch < 1:
+        raise SpectraceError("--batch must be at least 1")
+    if batch < len(prompts):
+        raise SpectraceError(f"--batch {batch} is smaller than the {len(prompts)} prompts given")
+    extra = [HELD_OUT_PROMPTS[i % len(HELD_OUT_PROMPTS)] for i in range(batch - len(prompts))]
+    return list(prompts) + extra
+
+
+def validate(cfg: RunConfig) -> None:
+    if cfg.algo not in ALGOS:
+        raise SpectraceError(f"unknown --algo {cfg.algo!r} (available: {', '.join(ALGOS)})")
+    if cfg.num_steps < 1:
+        raise SpectraceError(f"--num-steps must be at least 1, got {cfg.num_steps}")
+    if cfg.max_new_tokens < 1:
+        raise SpectraceError(f"--max-new-tokens must be at least 1, got {cfg.max_new_tokens}")
+    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SpectraceError("--device cuda asked for, but torch sees no GPU")
+    if cfg.dtype is not None and cfg.dtype not in DTYPES:
+        raise SpectraceError(f"unknown --dtype {cfg.dtype!r} (choose from {', '.join(DTYPES)})")
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise SpectraceError(f"no usable tokenizer in {path}: {str(e).splitlines()[0]}") from None
+
+
+def check_vocab(target: CausalLM, draft: CausalLM, tok, draft_path: str) -> None:
+    tv, dv = target.config.vocab_size, draft.config.vocab_size
+    if tv != dv:
+        raise SpectraceError(f"draft vocabulary ({dv} tokens) differs from the target's ({tv})")
+    if (Path(draft_path) / "tokenizer.json").is_file():
+        if load_tokenizer(draft_path).get_vocab() != tok.get_vocab():
+            raise SpectraceError("draft tokenizer differs from the target's: same size, other tokens")
+
+
+def model_identity(path: str, model: CausalLM) -> dict:
+    c = model.config
+    return {"path": str(path), "weights_sha256": weights_digest(Path(path)), "model_type": c.model_type,
+            "params": sum(p.numel() for p in model.parameters()), "layers": c.num_hidden_layers,
+            "hidden_size": c.hidden_size, "vocab_size": c.vocab_size, "dtype": str(model.lm_head.weight.dtype)}
+
+
+def run(cfg: RunConfig) -> RunResult:
+    validate(cfg)
+    prompts = resolve_prompts(cfg.prompts, cfg.batch)
+    trace_path = Path(cfg.trace or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.algo}.jsonl")
+    tok = load_tokenizer(cfg.target_model)
+
+    def token_text(i: int) -> str:
+        return tok.decode([i])
+
+    # open the trace first: a path that cannot be written fails before any model work
+    try:
+        writer = TraceWriter(trace_path, token_text)
+    except TraceError as e:
+        raise SpectraceError(str(e)) from None
+    try:
+        dtype = DTYPES[cfg.dtype] if cfg.dtype else (torch.float32 if cfg.device == "cpu" else torch.bfloat16)
+        target = load_model(cfg.target_model, dtype, cfg.device)
+        draft = None
+        if cfg.algo == "standalone":
+            draft = load_model(cfg.draft_model, dtype, cfg.device)
+            check_vocab(target, draft, tok, cfg.draft_model)
+        ids = [tok.encode(p, add_special_tokens=False) for p in prompts]
+        lookahead = cfg.num_steps + 1 if draft is not None else 1
+        context = min(m.config.max_position_embeddings for m in (target, draft) if m is not None)
+        for i, p in enumerate(ids):
+            if not p:
+                raise SpectraceError(f"prompt {i} is empty")
+            need = len(p) + cfg.max_new_tokens + lookahead
+            if need > context:
+                raise SpectraceError(
+                    f"prompt {i} is {len(p)} tokens: with --max-new-tokens {cfg.max_new_tokens} it needs "
+                    f"{need} positions, more than the model's context of {context}")
+        num_slots = sum(len(p) + cfg.max_new_tokens + lookahead + 1 for p in ids)
+        spec = SpecConfig(algo=cfg.algo, num_steps=cfg.num_steps, max_new_tokens=cfg.max_new_tokens,
+                          commit_style=cfg.commit_style)
+        drafter = None
+        if draft is not None:
+            draft_kv = draft.new_kv_cache("draft", cfg.commit_style, num_slots, len(ids), context)
+            drafter = StandaloneDrafter(draft, draft_kv, cfg.num_steps, spec.trace_topk)
+        eos = target.config.eos_token_ids or ((tok.eos_token_id,) if tok.eos_token_id is not None else ())
+        engine = Engine(target, spec, eos, drafter, writer, num_slots, len(ids), context)
+
+        models = {"target": model_identity(cfg.target_model, target)}
+        if draft is not None:
+            models["draft"] = model_identity(cfg.draft_model, draft)
+        header = {"kind": "header", "schema": SCHEMA,
+                  "config": {**asdict(cfg), "prompts": prompts, "num_draft_tokens": spec.num_draft_tokens,
+                             "acceptance": "greedy", "topk": 1},
+                  "models": models, "eos_token_ids": sorted(engine.eos), "device": cfg.device,
+                  "torch": torch.__version__}
+        writer.write(header, [t for p in ids for t in p])
+        reqs, metrics = engine.generate(ids)
+        texts = [tok.decode(r.output_ids) for r in reqs]
+        summary = {"kind": "summary", "metrics": metrics, "requests": [
+            {"request": r.req, "prompt_ids": r.prompt_ids, "output_ids": r.output_ids,
+             "prompt_text": prompts[r.req], "output_text": texts[r.req], "finish_reason": r.finish_reason}
+            for r in reqs]}
+        writer.write(summary, [t for r in reqs for t in r.output_ids])
+    finally:
+        writer.close()
+    return RunResult(reqs, texts, metrics, trace_path)
