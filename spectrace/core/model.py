@@ -198,8 +198,12 @@ def load_model(path: str | Path, dtype=torch.float32, device="cpu") -> CausalLM:
     path = Path(path)
     if not (path / "config.json").is_file():
         raise SpectraceError(f"model directory {path} not found or has no config.json")
-    cfg = ModelConfig.from_hf(AutoConfig.from_pretrained(path))
-    state = {k: v for k, v in _read_state_dict(path).items() if not k.endswith("rotary_emb.inv_freq")}
+    try:
+        cfg = ModelConfig.from_hf(AutoConfig.from_pretrained(path))
+        state = _read_state_dict(path)
+    except (OSError, ValueError) as e:  # unreadable config or weights
+        raise SpectraceError(f"cannot load model from {path}: {str(e).splitlines()[0]}") from None
+    state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     with torch.device("meta"):

@@ -67,11 +67,18 @@ def validate(cfg: RunConfig) -> None:
         raise SpectraceError(f"unknown --dtype {cfg.dtype!r} (choose from {', '.join(DTYPES)})")
 
 
+def check_model_dir(path: str, flag: str) -> None:
+    if not Path(path).is_dir():
+        raise SpectraceError(f"{flag} {path}: no such directory")
+    if not (Path(path) / "config.json").is_file():
+        raise SpectraceError(f"{flag} {path}: not a Hugging Face model directory (no config.json)")
+
+
 def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
-    try:
-        return AutoTokenizer.from_pretrained(path)
+    try:  # local files only: spectrace never reaches for a model hub
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError) as e:
         raise SpectraceError(f"no usable tokenizer in {path}: {str(e).splitlines()[0]}") from None
 
@@ -92,10 +99,34 @@ def model_identity(path: str, model: CausalLM) -> dict:
             "hidden_size": c.hidden_size, "vocab_size": c.vocab_size, "dtype": str(model.lm_head.weight.dtype)}
 
 
+def _lookahead(spec: SpecConfig) -> int:
+    """Positions past the committed ones a step may touch: the root and its drafts."""
+    return spec.num_steps + 1 if spec.algo != "none" else 1
+
+
+def _context(target: CausalLM, draft: CausalLM | None) -> int:
+    return min(m.config.max_position_embeddings for m in (target, draft) if m is not None)
+
+
+def build_engine(target: CausalLM, draft: CausalLM | None, spec: SpecConfig, prompt_ids: list[list[int]],
+                 eos_token_ids, trace: TraceWriter | None = None) -> Engine:
+    """An engine whose KV pools hold every request at full length at once."""
+    context = _context(target, draft)
+    num_slots = sum(len(p) + spec.max_new_tokens + _lookahead(spec) + 1 for p in prompt_ids)
+    drafter = None
+    if draft is not None:
+        draft_kv = draft.new_kv_cache("draft", spec.commit_style, num_slots, len(prompt_ids), context)
+        drafter = StandaloneDrafter(draft, draft_kv, spec.num_steps, spec.trace_topk)
+    return Engine(target, spec, eos_token_ids, drafter, trace, num_slots, len(prompt_ids), context)
+
+
 def run(cfg: RunConfig) -> RunResult:
     validate(cfg)
     prompts = resolve_prompts(cfg.prompts, cfg.batch)
     trace_path = Path(cfg.trace or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.algo}.jsonl")
+    check_model_dir(cfg.target_model, "--target-model")
+    if cfg.algo != "none":
+        check_model_dir(cfg.draft_model, "--draft-model")
     tok = load_tokenizer(cfg.target_model)
 
     def token_text(i: int) -> str:
@@ -106,6 +137,7 @@ def run(cfg: RunConfig) -> RunResult:
         writer = TraceWriter(trace_path, token_text)
     except TraceError as e:
         raise SpectraceError(str(e)) from None
+    header_written = False
     try:
         dtype = DTYPES[cfg.dtype] if cfg.dtype else (torch.float32 if cfg.device == "cpu" else torch.bfloat16)
         target = load_model(cfg.target_model, dtype, cfg.device)
@@ -114,25 +146,19 @@ def run(cfg: RunConfig) -> RunResult:
             draft = load_model(cfg.draft_model, dtype, cfg.device)
             check_vocab(target, draft, tok, cfg.draft_model)
         ids = [tok.encode(p, add_special_tokens=False) for p in prompts]
-        lookahead = cfg.num_steps + 1 if draft is not None else 1
-        context = min(m.config.max_position_embeddings for m in (target, draft) if m is not None)
+        spec = SpecConfig(algo=cfg.algo, num_steps=cfg.num_steps, max_new_tokens=cfg.max_new_tokens,
+                          commit_style=cfg.commit_style)
+        context = _context(target, draft)
         for i, p in enumerate(ids):
             if not p:
                 raise SpectraceError(f"prompt {i} is empty")
-            need = len(p) + cfg.max_new_tokens + lookahead
+            need = len(p) + cfg.max_new_tokens + _lookahead(spec)
             if need > context:
                 raise SpectraceError(
                     f"prompt {i} is {len(p)} tokens: with --max-new-tokens {cfg.max_new_tokens} it needs "
                     f"{need} positions, more than the model's context of {context}")
-        num_slots = sum(len(p) + cfg.max_new_tokens + lookahead + 1 for p in ids)
-        spec = SpecConfig(algo=cfg.algo, num_steps=cfg.num_steps, max_new_tokens=cfg.max_new_tokens,
-                          commit_style=cfg.commit_style)
-        drafter = None
-        if draft is not None:
-            draft_kv = draft.new_kv_cache("draft", cfg.commit_style, num_slots, len(ids), context)
-            drafter = StandaloneDrafter(draft, draft_kv, cfg.num_steps, spec.trace_topk)
         eos = target.config.eos_token_ids or ((tok.eos_token_id,) if tok.eos_token_id is not None else ())
-        engine = Engine(target, spec, eos, drafter, writer, num_slots, len(ids), context)
+        engine = build_engine(target, draft, spec, ids, eos, writer)
 
         models = {"target": model_identity(cfg.target_model, target)}
         if draft is not None:
@@ -143,6 +169,7 @@ def run(cfg: RunConfig) -> RunResult:
                   "models": models, "eos_token_ids": sorted(engine.eos), "device": cfg.device,
                   "torch": torch.__version__}
         writer.write(header, [t for p in ids for t in p])
+        header_written = True
         reqs, metrics = engine.generate(ids)
         texts = [tok.decode(r.output_ids) for r in reqs]
         summary = {"kind": "summary", "metrics": metrics, "requests": [
@@ -152,4 +179,6 @@ def run(cfg: RunConfig) -> RunResult:
         writer.write(summary, [t for r in reqs for t in r.output_ids])
     finally:
         writer.close()
+        if not header_written:  # refused before the run began: leave no empty trace behind
+            trace_path.unlink(missing_ok=True)
     return RunResult(reqs, texts, metrics, trace_path)

@@ -1,0 +1,152 @@
+"""The `spectrace` command.
+
+    spectrace run --algo standalone --no-tui      a speculative run on the embedded models
+    spectrace bench                               tokens/s and tau on the held-out prompts
+
+Every user error is one line on stderr and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+# the algorithms of the design; the ones not built yet are refused with a clear line
+ALL_ALGOS = ("none", "standalone", "eagle", "eagle3", "nextn", "mtp", "frozen_kv_mtp", "ngram",
+             "medusa", "dflash")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, as for every other user error
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+class UsageError(Exception):
+    pass
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--algo", "--speculative-algorithm", dest="algo", default="standalone",
+                   type=str.lower, choices=ALL_ALGOS, metavar="ALGO",
+                   help="none (plain autoregressive) or standalone (draft LM chain); default standalone")
+    p.add_argument("--num-steps", "--speculative-num-steps", dest="num_steps", type=int, default=3,
+                   help="drafts per step (SGLang's STANDALONE default: 3)")
+    p.add_argument("--topk", "--speculative-eagle-topk", dest="topk", type=int, default=1)
+    p.add_argument("--num-draft-tokens", "--speculative-num-draft-tokens", dest="num_draft_tokens", type=int)
+    p.add_argument("--acceptance", default="greedy")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--commit-style", choices=["sglang", "vllm"], default="sglang",
+                   help="how rejected KV is released: sglang remap+free, vllm num_computed_tokens rollback")
+    p.add_argument("--target-model", default=None, metavar="DIR", help="HF checkpoint directory")
+    p.add_argument("--draft-model", default=None, metavar="DIR", help="HF checkpoint directory")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default=None, help="float32 (CPU default), bfloat16 (GPU default), float16")
+    p.add_argument("--backend", choices=["explicit", "triton"], default="explicit")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog="spectrace", description="Step-through speculative decoding.")
+    sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    run = sub.add_parser("run", help="generate with a speculative algorithm and write a trace")
+    _add_run_options(run)
+    run.add_argument("--prompt", action="append", default=[], help="may be repeated")
+    run.add_argument("--batch", type=int, default=None,
+                     help="number of requests; built-in held-out prompts fill up what --prompt leaves")
+    run.add_argument("--trace", default=None, metavar="PATH", help="default: runs/<time>-<algo>.jsonl")
+    run.add_argument("--no-tui", action="store_true", help="print the text and metrics summary")
+    bench = sub.add_parser("bench", help="tokens/s and tau of algorithms on the held-out prompts")
+    _add_run_options(bench)
+    bench.add_argument("--algos", nargs="+", default=["none", "standalone"])
+    bench.add_argument("--repeat", type=int, default=3, help="timed repetitions (best is reported)")
+    return ap
+
+
+def _check_supported(args) -> None:
+    """Options whose machinery arrives in later work are refused, not ignored."""
+    algos = args.algos if hasattr(args, "algos") else [args.algo]
+    for algo in algos:
+        if algo not in ("none", "standalone"):
+            raise UsageError(f"--algo {algo} is not available yet (available: none, standalone)")
+    if args.topk != 1:
+        raise UsageError("--topk > 1 (draft trees) is not available yet; chains use --topk 1")
+    if args.num_draft_tokens is not None and args.num_draft_tokens != args.num_steps + 1:
+        # SGLang: topk 1 forces num_draft_tokens = num_steps + 1, with a warning
+        print(f"spectrace: warning: topk 1 forces --num-draft-tokens to num_steps + 1 = {args.num_steps + 1}",
+              file=sys.stderr)
+    if args.acceptance != "greedy":
+        raise UsageError(f"--acceptance {args.acceptance} is not available yet (available: greedy)")
+    if args.temperature != 0.0:
+        raise UsageError("--temperature > 0 (sampling) is not available yet; runs are greedy")
+    if args.backend != "explicit":
+        raise UsageError("--backend triton is not available yet (available: explicit)")
+
+
+def _run_config(args, **over):
+    from spectrace.core.runner import RunConfig
+
+    kw = dict(algo=args.algo, num_steps=args.num_steps, max_new_tokens=args.max_new_tokens,
+              commit_style=args.commit_style, device=args.device, dtype=args.dtype)
+    if args.target_model:
+        kw["target_model"] = args.target_model
+    if args.draft_model:
+        kw["draft_model"] = args.draft_model
+    kw.update(over)
+    return RunConfig(**kw)
+
+
+def cmd_run(args) -> int:
+    from spectrace.core.runner import run
+    from spectrace.viz.text import run_summary
+
+    result = run(_run_config(args, prompts=args.prompt, batch=args.batch, trace=args.trace))
+    if not args.no_tui and sys.stdout.isatty():
+        print("spectrace: the TUI walkthrough is not built yet; printing the summary", file=sys.stderr)
+    print(run_summary(result, args.algo))
+    return 0
+
+
+def cmd_bench(args) -> int:
+    """Each held-out prompt alone (batch 1), greedy; best wall time of --repeat runs."""
+    from spectrace.core.runner import run
+    from spectrace.zoo.prompts import HELD_OUT_PROMPTS
+
+    print(f"held-out prompts: {len(HELD_OUT_PROMPTS)}, max_new_tokens {args.max_new_tokens}, "
+          f"num_steps {args.num_steps}, device {args.device}, batch 1")
+    print(f"{'algo':<12} {'tokens/s':>9} {'tau':>6} {'alpha':>6} {'verify_ct':>9}")
+    for algo in args.algos:
+        tokens = wall = verify = correct = proposed = 0
+        for i, prompt in enumerate(HELD_OUT_PROMPTS):
+            best = None
+            for rep in range(args.repeat + 1):  # the first run warms up and is not counted
+                res = run(_run_config(args, algo=algo, prompts=[prompt], trace=f"runs/bench/{algo}-{i}.jsonl"))
+                if rep and (best is None or res.metrics["wall_s"] < best.metrics["wall_s"]):
+                    best = res
+            m = best.metrics
+            tokens += m["completion_tokens"]
+            wall += m["wall_s"]
+            verify += m["verify_ct"]
+            correct += m["num_correct_drafts"]
+            proposed += m["num_proposed_drafts"]
+        tau = f"{tokens / verify:.3f}" if verify else "-"
+        alpha = f"{correct / proposed:.3f}" if proposed else "-"
+        print(f"{algo:<12} {tokens / wall:>9.1f} {tau:>6} {alpha:>6} {verify:>9}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from spectrace.core.config import SpectraceError
+
+    args = build_parser().parse_args(argv)
+    try:
+        _check_supported(args)
+        return {"run": cmd_run, "bench": cmd_bench}[args.command](args)
+    except (UsageError, SpectraceError) as e:
+        print(f"spectrace: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("spectrace: interrupted; the trace holds every step finished so far", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

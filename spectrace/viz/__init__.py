@@ -1,0 +1,1 @@
+"""Views of traces and runs. `core` never imports this package."""

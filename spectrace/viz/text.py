@@ -1,0 +1,33 @@
+"""Plain-text summaries of a run, for `--no-tui` and for logs."""
+from __future__ import annotations
+
+from spectrace.core.metrics import vllm_log_line
+
+
+def _fmt(x, spec="{:.3f}") -> str:
+    return "n/a" if x is None else spec.format(x)
+
+
+def metrics_lines(m: dict, algo: str) -> list[str]:
+    lines = [f"completion tokens {m['completion_tokens']} in {m['wall_s']:.2f} s: "
+             f"{_fmt(m['tokens_per_s'], '{:.1f}')} tokens/s"]
+    if algo != "none":
+        lines.append(f"verify_ct {m['verify_ct']}  accept_length tau {_fmt(m['accept_length'])}  "
+                     f"accept_rate alpha {_fmt(m['accept_rate'])}  "
+                     f"(correct drafts {m['num_correct_drafts']} of {m['num_proposed_drafts']} proposed)")
+        lines.append("accept_len histogram " + ", ".join(f"{k}: {v}" for k, v in m["accept_len_histogram"].items()))
+        if m["vllm"]["num_drafts"]:
+            lines.append(vllm_log_line(m))
+    return lines
+
+
+def run_summary(result, algo: str) -> str:
+    out = []
+    for r, text in zip(result.requests, result.texts):
+        out.append(f"--- request {r.req} ({len(r.prompt_ids)} prompt tokens, {len(r.output_ids)} generated, "
+                   f"finished: {r.finish_reason})")
+        out.append(text)
+    out.append("---")
+    out += metrics_lines(result.metrics, algo)
+    out.append(f"trace: {result.trace_path}")
+    return "\n".join(out)

@@ -1,0 +1,41 @@
+import pytest
+import torch
+
+from spectrace.core.model import load_model
+from spectrace.zoo import DRAFT_DIR, TARGET_DIR
+
+
+@pytest.fixture(scope="session")
+def target():
+    return load_model(TARGET_DIR, torch.float32)
+
+
+@pytest.fixture(scope="session")
+def draft():
+    return load_model(DRAFT_DIR, torch.float32)
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(TARGET_DIR)
+
+
+@pytest.fixture(scope="session")
+def qwen2_dir(tmp_path_factory):
+    """A random-weight Qwen2-style model (q/k/v bias, GQA, untied head) saved by transformers."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                      tie_word_embeddings=False, rope_theta=5000.0)
+    model = Qwen2ForCausalLM(cfg)
+    with torch.no_grad():  # transformers initialises biases to zero: make them matter
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    path = tmp_path_factory.mktemp("qwen2")
+    model.save_pretrained(path)
+    return path

@@ -1,0 +1,101 @@
+"""Greedy speculative decoding reproduces greedy autoregressive decoding, and the KV stays sound."""
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from transformers import AutoModelForCausalLM
+
+from spectrace.core.batch import ForwardBatch
+from spectrace.core.engine import Request, SpecConfig
+from spectrace.core.runner import build_engine
+from spectrace.zoo import TARGET_DIR
+from spectrace.zoo.prompts import HELD_OUT_PROMPTS
+
+NEWLINE_INDENT = 277  # "\n   ": frequent, so using it as an extra EOS makes runs stop mid-step
+
+SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@st.composite
+def prompts(draw, tokenizer):
+    """Held-out code cut at a random point, sometimes after random token ids."""
+    n = draw(st.integers(1, 4))
+    out = []
+    for _ in range(n):
+        ids = tokenizer.encode(draw(st.sampled_from(HELD_OUT_PROMPTS)))
+        ids = ids[: draw(st.integers(1, len(ids)))]
+        noise = draw(st.lists(st.integers(1, 4095), max_size=6))
+        out.append(noise + ids)
+    return out
+
+
+def generate(target, draft, algo, prompt_ids, num_steps=3, max_new=16, style="sglang", eos=(0,)):
+    spec = SpecConfig(algo=algo, num_steps=num_steps, max_new_tokens=max_new, commit_style=style)
+    engine = build_engine(target, draft if algo != "none" else None, spec, prompt_ids, eos)
+    reqs, metrics = engine.generate(prompt_ids)
+    return [r.output_ids for r in reqs], metrics
+
+
+def test_autoregressive_equals_transformers_greedy_generate(target, tokenizer):
+    hf = AutoModelForCausalLM.from_pretrained(TARGET_DIR, dtype=torch.float32).eval()
+    ids = [tokenizer.encode(p) for p in HELD_OUT_PROMPTS[:3]]
+    ours, _ = generate(target, None, "none", ids, max_new=24, eos=())
+    for p, out in zip(ids, ours):
+        ref = hf.generate(torch.tensor([p]), max_new_tokens=24, do_sample=False, eos_token_id=None,
+                          pad_token_id=0)
+        assert out == ref[0, len(p):].tolist()
+
+
+@SETTINGS
+@given(data=st.data(), num_steps=st.integers(1, 6), max_new=st.integers(1, 20),
+       style=st.sampled_from(["sglang", "vllm"]), extra_eos=st.booleans())
+def test_speculative_output_equals_autoregressive(target, draft, tokenizer, data, num_steps, max_new,
+                                                  style, extra_eos):
+    ids = data.draw(prompts(tokenizer))
+    eos = (0, NEWLINE_INDENT) if extra_eos else (0,)
+    ar, _ = generate(target, draft, "none", ids, max_new=max_new, eos=eos)
+    spec, metrics = generate(target, draft, "standalone", ids, num_steps, max_new, style, eos)
+    assert spec == ar
+    assert metrics["completion_tokens"] == sum(map(len, ar))
+
+
+def _fresh_kv(model, tokens):
+    kv = model.new_kv_cache("check", "sglang", len(tokens), 1, len(tokens))
+    model(ForwardBatch.build(kv, [(0, 0, tokens)]), kv)
+    return kv.pool.k[:, : len(tokens)], kv.pool.v[:, : len(tokens)]
+
+
+def _check_kv(kv, model, reqs, expected_tokens):
+    """No slot leaks; committed KV equals a fresh prefill of the committed tokens."""
+    held = [s for r in reqs if not r.finish_reason for s in kv.held_slots(r.req)]
+    assert len(held) == len(set(held))
+    assert not set(held) & set(kv.allocator.free_slots)
+    assert len(held) + len(kv.allocator.free_slots) == kv.allocator.num_slots
+    for r in reqs:
+        if r.finish_reason:
+            continue
+        tokens = expected_tokens(r)
+        assert kv.seq_lens[r.req] == len(tokens)
+        k, v = _fresh_kv(model, tokens)
+        slots = kv.committed_slots(r.req)
+        torch.testing.assert_close(kv.pool.k[:, slots], k, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(kv.pool.v[:, slots], v, atol=1e-5, rtol=1e-5)
+
+
+@SETTINGS
+@given(data=st.data(), num_steps=st.integers(1, 5), style=st.sampled_from(["sglang", "vllm"]))
+def test_kv_invariants_after_every_step(target, draft, tokenizer, data, num_steps, style):
+    ids = data.draw(prompts(tokenizer))
+    spec = SpecConfig(algo="standalone", num_steps=num_steps, max_new_tokens=12, commit_style=style)
+    engine = build_engine(target, draft, spec, ids, (0, NEWLINE_INDENT))
+    reqs = [Request(i, p) for i, p in enumerate(ids)]
+    engine.prefill(reqs)
+    while True:
+        # target KV lags one token (the last bonus); the draft's covers every committed token
+        _check_kv(engine.kv, target, reqs, lambda r: r.prompt_ids + r.output_ids[:-1])
+        _check_kv(engine.drafter.kv, draft, reqs, lambda r: r.prompt_ids + r.output_ids)
+        live = [r for r in reqs if not r.finish_reason]
+        if not live:
+            break
+        engine.speculative_step(live)
+    for kv in (engine.kv, engine.drafter.kv):  # everything returned at the end
+        assert len(kv.allocator.free_slots) == kv.allocator.num_slots

@@ -1,0 +1,109 @@
+"""Our explicit forward over the paged KV cache equals transformers' forward."""
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
+
+from spectrace.core.batch import ForwardBatch
+from spectrace.core.config import SpectraceError
+from spectrace.core.model import load_model
+from spectrace.zoo import TARGET_DIR
+
+
+def _reference(path, ids):
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return hf(torch.tensor([ids]), output_hidden_states=True)
+
+
+def _prefill(model, ids, capture=()):
+    kv = model.new_kv_cache("target", "sglang", 256, 1, 256)
+    batch = ForwardBatch.build(kv, [(0, 0, ids)])
+    out = model(batch, kv, capture_layers=capture)
+    kv.commit(0, 0, len(ids), list(range(len(ids))))
+    return out, kv
+
+
+@pytest.mark.parametrize("which", ["embedded", "qwen2"])
+def test_prefill_logits_and_hidden_states_equal_transformers(which, target, qwen2_dir):
+    path = TARGET_DIR if which == "embedded" else qwen2_dir
+    model = target if which == "embedded" else load_model(qwen2_dir)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, model.config.vocab_size, (57,), generator=g).tolist()
+    ref = _reference(path, ids)
+    L = model.config.num_hidden_layers
+    out, _ = _prefill(model, ids, capture=tuple(range(L)))
+    torch.testing.assert_close(out.logits, ref.logits[0], atol=2e-5, rtol=1e-5)
+    for i in range(L):  # input of layer i == transformers' hidden_states[i]
+        torch.testing.assert_close(out.aux_hidden_states[i], ref.hidden_states[i][0], atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(out.hidden_states, ref.hidden_states[L][0], atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("style", ["sglang", "vllm"])
+def test_prefill_then_decode_then_verify_equals_one_full_forward(style, qwen2_dir):
+    """Logits of tokens fed in three phases through the paged cache equal a single pass."""
+    model = load_model(qwen2_dir)
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, 300, (30,), generator=g).tolist()
+    ref = _reference(qwen2_dir, ids).logits[0]
+    kv = model.new_kv_cache("target", style, 64, 2, 64)
+    # request 1 holds slots first, so request 0's slots are not contiguous
+    kv.prepare(1, 0, 5)
+    kv.commit(1, 0, 5, list(range(5)))
+    chunks = [(0, 20), (20, 21), (21, 25), (25, 30)]  # prefill, decode, verify, verify
+    for a, b in chunks:
+        out = model(ForwardBatch.build(kv, [(0, a, ids[a:b])]), kv)
+        kv.commit(0, a, b - a, list(range(b - a)))
+        torch.testing.assert_close(out.logits, ref[a:b], atol=2e-5, rtol=1e-5)
+
+
+def test_custom_mask_rows_see_only_what_the_mask_allows(qwen2_dir):
+    """Four verify rows as siblings (each sees the prefix and itself) equal transformers run on
+    prefix + that one token at that row's position."""
+    model = load_model(qwen2_dir)
+    hf = AutoModelForCausalLM.from_pretrained(qwen2_dir, dtype=torch.float32).eval()
+    ids = list(range(10, 30))
+    kv = model.new_kv_cache("target", "sglang", 64, 1, 64)
+    model(ForwardBatch.build(kv, [(0, 0, ids[:16])]), kv)
+    kv.commit(0, 0, 16, list(range(16)))
+    mask = torch.zeros(4, 20, dtype=torch.bool)
+    mask[:, :16] = True
+    mask[torch.arange(4), 16 + torch.arange(4)] = True
+    out = model(ForwardBatch.build(kv, [(0, 16, ids[16:20])], masks=[mask]), kv)
+    for j in range(4):
+        pos = torch.tensor([list(range(16)) + [16 + j]])
+        with torch.no_grad():
+            ref = hf(torch.tensor([ids[:16] + [ids[16 + j]]]), position_ids=pos).logits[0, -1]
+        torch.testing.assert_close(out.logits[j], ref, atol=2e-5, rtol=1e-5)
+
+
+def _copy_checkpoint(src, dst, edit):
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.suffix != ".safetensors":
+            (dst / f.name).write_bytes(f.read_bytes())
+    state = load_file(src / "model.safetensors")
+    edit(state)
+    save_file(state, dst / "model.safetensors", metadata={"format": "pt"})
+
+
+def test_loader_rejects_missing_and_unexpected_keys(qwen2_dir, tmp_path):
+    _copy_checkpoint(qwen2_dir, tmp_path / "missing", lambda s: s.pop("model.layers.1.mlp.up_proj.weight"))
+    with pytest.raises(SpectraceError, match="missing.*up_proj"):
+        load_model(tmp_path / "missing")
+    _copy_checkpoint(qwen2_dir, tmp_path / "extra", lambda s: s.__setitem__("model.extra.weight", torch.zeros(2)))
+    with pytest.raises(SpectraceError, match="unexpected.*extra"):
+        load_model(tmp_path / "extra")
+
+
+def test_loader_refuses_unsupported_architecture(qwen2_dir, tmp_path):
+    d = tmp_path / "gpt2ish"
+    _copy_checkpoint(qwen2_dir, d, lambda s: None)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0,
+                              "original_max_position_embeddings": 64}
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(SpectraceError, match="RoPE type"):
+        load_model(d)
