@@ -62,17 +62,17 @@ def scan(stdlib: Path) -> list[CorpusFile]:
     return files
 
 
-def write_manifest(files: list[CorpusFile], path: Path = MANIFEST) -> None:
+def write_manifest(files: list[CorpusFile], path: Path | None = None) -> None:
     lines = ["path\tsha256\tsplit"] + [f"{f.path}\t{f.sha256}\t{f.split}" for f in files]
-    path.write_text("\n".join(lines) + "\n")
+    (path or MANIFEST).write_text("\n".join(lines) + "\n")
 
 
-def read_manifest(path: Path = MANIFEST) -> list[CorpusFile]:
-    rows = path.read_text().splitlines()[1:]
+def read_manifest(path: Path | None = None) -> list[CorpusFile]:
+    rows = (path or MANIFEST).read_text().splitlines()[1:]
     return [CorpusFile(*row.split("\t")) for row in rows]
 
 
-def load(stdlib: Path, manifest: Path = MANIFEST) -> dict[str, list[str]]:
+def load(stdlib: Path, manifest: Path | None = None) -> dict[str, list[str]]:
     """Texts of the pinned files by split; raises CorpusError unless every hash matches."""
     stdlib = Path(stdlib)
     if not stdlib.is_dir():
@@ -94,7 +94,7 @@ def load(stdlib: Path, manifest: Path = MANIFEST) -> dict[str, list[str]]:
     return texts
 
 
-def pack(stdlib: Path, out: Path, manifest: Path = MANIFEST) -> int:
+def pack(stdlib: Path, out: Path, manifest: Path | None = None) -> int:
     """Copy the pinned files (after checking them) to `out`, e.g. to carry to another machine."""
     load(stdlib, manifest)
     files = read_manifest(manifest)

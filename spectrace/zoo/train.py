@@ -180,8 +180,52 @@ def train(args) -> dict:
         "samples": greedy_samples(model, tokenizer, device),
     }
     (out / "train_report.json").write_text(json.dumps(report, indent=1) + "\n")
+    write_card(report, out)
     print(f"saved {out}: {n_params:,} params, best step {best['step']}, held-out ppl {math.exp(final):.2f}")
     return report
+
+
+def write_card(report: dict, out: Path) -> None:
+    """The model card: what the model is, what it was trained on, how to rebuild it, how good it is."""
+    t, c = report["training"], report["corpus"]
+    arch = ", ".join(f"{k} {v}" for k, v in report["config"].items())
+    samples = "\n\n".join(f"```python\n{s['prompt']}\u2502{s['continuation']}\n```" for s in report["samples"])
+    teacher = f", distilled from `{t['teacher']}` with weight {t['distill']}" if t["teacher"] else ""
+    (out / "README.md").write_text(f"""# {out.name}
+
+An embedded {report['model']} model of spectrace: a Llama-architecture causal LM ({report['params']:,}
+parameters; {arch}; vocabulary {report['vocab_size']}, byte-level BPE; context {report['context']};
+tied embeddings; bf16 weights) trained from scratch on source code. It exists so that speculative
+decoding runs with no download; it is not a useful code model.
+
+- **Corpus**: CPython 3.11.7's standard library, pinned by path and SHA-256 in
+  `spectrace/zoo/corpus_manifest.tsv` (sha256 `{c['manifest_sha256'][:16]}...`): {c['train_files']} training
+  files ({c['train_tokens']:,} tokens) and {c['heldout_files']} held-out files ({c['heldout_tokens']:,} tokens),
+  split by a hash of the path.
+- **Training**: {t['steps']} AdamW steps of {t['batch']} x {t['seq_len']} tokens, lr {t['lr']} (cosine),
+  weight decay {t['weight_decay']}, seed {t['seed']}{teacher}; the checkpoint with the best held-out loss
+  (step {t['best_step']}) is kept. {t['seconds']} s on {t['device']}.
+- **Held-out**: loss {report['heldout_loss']} nats/token, perplexity **{report['heldout_ppl']}** (the shipped bf16
+  weights, evaluated in fp32).
+- **Reproduce**: `{report['command']}` (after `python -m spectrace.zoo.corpus pack --stdlib
+  <CPython 3.11.7 Lib/> --out corpus/Lib`).
+
+Greedy continuations of held-out prompts (the bar marks where the prompt ends):
+
+{samples}
+""")
+
+
+def refresh_card(out: Path) -> None:
+    """Regenerate the samples (greedy, CPU, the current built-in prompts) and the card of a
+    trained model directory, without training."""
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    report = json.loads((out / "train_report.json").read_text())
+    model = LlamaForCausalLM.from_pretrained(out, dtype=torch.float32)
+    report["samples"] = greedy_samples(model, AutoTokenizer.from_pretrained(out), torch.device("cpu"))
+    (out / "train_report.json").write_text(json.dumps(report, indent=1) + "\n")
+    write_card(report, out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,7 +244,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--smoke", action="store_true", help="toy shapes and 8 files: a seconds-long check")
+    ap.add_argument("--card-only", action="store_true", help="rewrite samples and card of --out; no training")
     args = ap.parse_args(argv)
+    if args.card_only:
+        refresh_card(args.out)
+        return 0
     if args.out.exists() and not args.smoke:
         shutil.rmtree(args.out)
     try:

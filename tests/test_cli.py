@@ -1,0 +1,70 @@
+"""The `spectrace` command: same text with and without speculation, one-line errors, exit code 2."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from spectrace.cli import main
+from spectrace.core.trace import read_trace
+
+
+def _run(capsys, *args):
+    capsys.readouterr()  # drop what fixtures printed
+    try:
+        code = main(list(args))
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_standalone_prints_the_same_text_as_none(capsys, tmp_path):
+    texts = {}
+    for algo in ("none", "standalone"):
+        trace = tmp_path / f"{algo}.jsonl"
+        code, out, err = _run(capsys, "run", "--algo", algo, "--no-tui", "--batch", "2",
+                              "--max-new-tokens", "20", "--trace", str(trace))
+        assert code == 0, err
+        texts[algo] = out.split("\n---\n")[0]  # the requests' text, before the metrics
+        t = read_trace(trace)
+        per_req = {r["request"]: len(r["output_ids"]) for r in t.summary["requests"]}
+        if algo == "none":  # one step per generated token after the first
+            assert len(t.steps) == sum(n - 1 for n in per_req.values())
+    assert texts["none"] == texts["standalone"]
+    assert "accept_length tau" in out and "SpecDecoding metrics: Mean acceptance length" in out
+
+
+@pytest.fixture
+def other_vocab_model(tmp_path):
+    cfg = LlamaConfig(vocab_size=500, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512)
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path / "other")
+    return str(tmp_path / "other")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--algo", "bogus"], "invalid choice"),
+    (["--algo", "eagle"], "not available yet"),
+    (["--num-steps", "0"], "--num-steps must be at least 1"),
+    (["--prompt", "x = 1\n" * 400], "more than the model's context"),
+    (["--target-model", "/nonexistent/model"], "no such directory"),
+    (["--draft-model", "OTHER"], "vocabulary"),
+    (["--trace", "/proc/forbidden/t.jsonl"], "cannot write trace"),
+    (["--batch", "1", "--prompt", "a", "--prompt", "b"], "--batch 1 is smaller"),
+    (["--temperature", "0.7"], "not available yet"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, other_vocab_model, args, message):
+    args = [other_vocab_model if a == "OTHER" else a for a in args]
+    code, out, err = _run(capsys, "run", "--no-tui", "--max-new-tokens", "4", *args)
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and message in err
+    assert "Traceback" not in err
+
+
+def test_console_script_reports_errors_without_traceback():
+    p = subprocess.run([sys.executable, "-m", "spectrace.cli", "run", "--num-steps", "0"],
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and p.stderr.strip() == "spectrace: error: --num-steps must be at least 1, got 0"

@@ -1,0 +1,72 @@
+"""Trace v1: round trip, torn last line, clear errors."""
+import json
+
+import pytest
+
+from spectrace.core.runner import RunConfig, run
+from spectrace.core.trace import SCHEMA, TraceError, read_trace
+
+
+@pytest.fixture(scope="module")
+def traced_run(tmp_path_factory):
+    path = tmp_path_factory.mktemp("trace") / "run.jsonl"
+    return run(RunConfig(algo="standalone", batch=3, max_new_tokens=12, num_steps=3, trace=str(path)))
+
+
+def test_round_trip(traced_run):
+    t = read_trace(traced_run.trace_path)
+    assert t.header["schema"] == SCHEMA and not t.notices
+    assert t.summary["metrics"]["completion_tokens"] == traced_run.metrics["completion_tokens"]
+    for rq in t.summary["requests"]:
+        r = traced_run.requests[rq["request"]]
+        assert rq["output_ids"] == r.output_ids and rq["prompt_ids"] == r.prompt_ids
+        # one step record per decode step per request, and their tokens rebuild the output
+        steps = [s for s in t.steps if s["request"] == r.req]
+        assert len(steps) == traced_run.metrics["per_request"][r.req]["spec_verify_ct"]
+        rebuilt = [p["first_token"] for p in t.prefills if p["request"] == r.req]
+        rebuilt += [tok for s in steps for tok in s["committed_tokens"]]
+        assert rebuilt == r.output_ids
+        # a viewer decodes every token from the trace alone
+        assert "".join(t.token_text(i) for i in r.output_ids) == rq["output_text"]
+    for s in t.steps:
+        assert s["accept_len"] == len(s["correct_drafts"]) + 1
+        assert len(s["verify"]["target_topk"]) == len(s["draft"]["tokens"]) + 1
+        assert set(s["timing"]) >= {"draft", "verify", "accept", "commit"}
+
+
+def test_torn_last_line_is_skipped_with_a_notice(traced_run, tmp_path):
+    raw = traced_run.trace_path.read_bytes()
+    lines = raw.split(b"\n")
+    cut = tmp_path / "torn.jsonl"
+    cut.write_bytes(b"\n".join(lines[:6]) + b"\n" + lines[6][: len(lines[6]) // 2])  # killed mid-write
+    t = read_trace(cut)
+    assert len(t.prefills) + len(t.steps) == 5
+    assert any("torn" in n for n in t.notices) and any("did not finish" in n for n in t.notices)
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "no trace file"),
+    (b"", "empty"),
+    (b"\x89PNG\r\n\x1a\n", "not a spectrace trace"),
+    (b'{"kind": "header", "schema": "other/1"}\n', "not a spectrace trace"),
+    (b'{"kind": "header", "schema": "spectrace.trace/2"}\n', "spectrace.trace/2 is not readable"),
+    (b'{"kind": "header", "schema": "spectrace.trace/1"}\n{oops\n{"kind": "summary"}\n', "corrupted at line 2"),
+])
+def test_bad_traces_give_one_clear_error(tmp_path, content, message):
+    path = tmp_path / "t.jsonl"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(TraceError, match=message):
+        read_trace(path)
+
+
+def test_step_records_are_validated(traced_run, tmp_path):
+    lines = traced_run.trace_path.read_text().splitlines()
+    i = next(k for k, l in enumerate(lines) if json.loads(l)["kind"] == "step")
+    rec = json.loads(lines[i])
+    rec["accept_len"] += 1
+    lines[i] = json.dumps(rec)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(lines) + "\n")
+    with pytest.raises(TraceError, match=f"line {i + 1}: accept_len"):
+        read_trace(bad)

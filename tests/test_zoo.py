@@ -1,0 +1,51 @@
+"""The embedded-model scripts: corpus pinning and a seconds-long training smoke."""
+import hashlib
+
+import pytest
+import torch
+
+from spectrace.core.batch import ForwardBatch
+from spectrace.core.model import load_model
+from spectrace.zoo import corpus, train
+
+
+def _mini_stdlib(tmp_path):
+    lib = tmp_path / "Lib"
+    (lib / "pkg").mkdir(parents=True)
+    (lib / "a.py").write_text("def a():\n    return 1\n" * 50)
+    (lib / "pkg" / "b.py").write_text("class B:\n    x = 2\n" * 50)
+    (lib / "site-packages").mkdir()
+    (lib / "site-packages" / "c.py").write_text("skipped = True\n")
+    return lib
+
+
+def test_manifest_pins_files_by_hash(tmp_path):
+    lib = _mini_stdlib(tmp_path)
+    files = corpus.scan(lib)
+    assert [f.path for f in files] == ["a.py", "pkg/b.py"]
+    assert files[0].sha256 == hashlib.sha256((lib / "a.py").read_bytes()).hexdigest()
+    manifest = tmp_path / "m.tsv"
+    corpus.write_manifest(files, manifest)
+    texts = corpus.load(lib, manifest)
+    assert sum(map(len, texts.values())) == 2
+    (lib / "a.py").write_text("changed\n")
+    with pytest.raises(corpus.CorpusError, match="1 pinned files are missing or differ .*first: a.py"):
+        corpus.load(lib, manifest)
+
+
+def test_training_smoke_writes_a_loadable_checkpoint(tmp_path, monkeypatch):
+    lib = _mini_stdlib(tmp_path)
+    files = corpus.scan(lib)
+    files = [corpus.CorpusFile(f.path, f.sha256, s) for f, s in zip(files, ["train", "heldout"])]
+    manifest = tmp_path / "m.tsv"
+    corpus.write_manifest(files, manifest)
+    monkeypatch.setattr(corpus, "MANIFEST", manifest)
+    out = tmp_path / "model"
+    assert train.main(["--model", "target", "--stdlib", str(lib), "--out", str(out), "--smoke",
+                       "--steps", "3", "--batch", "2", "--seq-len", "32", "--eval-every", "3",
+                       "--device", "cpu"]) == 0
+    model = load_model(out)
+    kv = model.new_kv_cache("target", "sglang", 8, 1, 8)
+    logits = model(ForwardBatch.build(kv, [(0, 0, [1, 2, 3])]), kv).logits
+    assert logits.shape == (3, model.config.vocab_size) and torch.isfinite(logits).all()
+    assert (out / "README.md").is_file()
