@@ -31,7 +31,19 @@ def prompts(draw, tokenizer):
 def generate(target, draft, algo, prompt_ids, num_steps=3, max_new=16, style="sglang", eos=(0,)):
     spec = SpecConfig(algo=algo, num_steps=num_steps, max_new_tokens=max_new, commit_style=style)
     engine = build_engine(target, draft if algo != "none" else None, spec, prompt_ids, eos)
+    steps = []
+    observe = engine.metrics.observe_step
+    engine.metrics.observe_step = lambda rec: (steps.append(rec), observe(rec))
     reqs, metrics = engine.generate(prompt_ids)
+    for rec in steps:  # every step of every request
+        assert rec["accept_len"] == len(rec["correct_drafts"]) + 1
+        assert rec["accept_tokens"] == rec["correct_drafts"] + [rec["bonus_token"]]
+        assert rec["committed_tokens"] == rec["accept_tokens"][: len(rec["committed_tokens"])]
+    for r in reqs:  # the first token comes from prefill, every other one from a step's record
+        mine = [s for s in steps if s["request"] == r.req]
+        assert [r.output_ids[0]] + [t for s in mine for t in s["committed_tokens"]] == r.output_ids
+        if algo == "none":
+            assert len(mine) == len(r.output_ids) - 1
     return [r.output_ids for r in reqs], metrics
 
 

@@ -118,15 +118,21 @@ class Engine:
         if self.drafter is not None:
             self.drafter.release(r.req)
 
-    def _kv_record(self, r: Request, target_before: int, draft_before: int | None) -> dict:
+    def _req_to_token_tail(self, req: int, n: int = 16) -> dict:
+        """The last n committed entries of `req_to_token` for one request: the pointers a viewer shows."""
+        end = self.kv.seq_lens[req]
+        start = max(0, end - n)
+        return {"start": start, "slots": self.kv.req_to_token[req, start:end].tolist()}
+
+    def _kv_record(self, r: Request, target_before: int, draft_before: int | None,
+                   tail_before: dict | None = None) -> dict:
         """KV state of one request after a step; a finished request releases its slots here,
         so the trace shows them freed."""
-        after = self.kv.seq_lens[r.req]
-        tail = max(0, after - 16)
         rec = {
             "style": self.spec.commit_style,
-            "target_seq_len": [target_before, after],
-            "req_to_token_tail": {"start": tail, "slots": self.kv.req_to_token[r.req, tail:after].tolist()},
+            "target_seq_len": [target_before, self.kv.seq_lens[r.req]],
+            "req_to_token_tail_before": tail_before,
+            "req_to_token_tail": self._req_to_token_tail(r.req),
         }
         if self.drafter is not None:
             rec["draft_seq_len"] = [draft_before, self.drafter.kv.seq_lens[r.req]]
@@ -177,6 +183,7 @@ class Engine:
         """VERIFY -> ACCEPT -> COMMIT -> EXTEND for one step of every request in `reqs`."""
         draft_before = {r.req: self.drafter.kv.seq_lens[r.req] for r in reqs} if self.drafter else {}
         target_before = {r.req: self.kv.seq_lens[r.req] for r in reqs}
+        tail_before = {r.req: self._req_to_token_tail(r.req) for r in reqs}
         rows = {r.req: [r.output_ids[-1]] + (drafts[r.req].tokens if drafts else []) for r in reqs}
         with timer("verify"):  # rows start at position committed_len - 1: the root
             batch = ForwardBatch.build(self.kv, [(r.req, r.committed_len - 1, rows[r.req]) for r in reqs])
@@ -219,7 +226,7 @@ class Engine:
                 "draft": drafts[r.req].to_record() if drafts else None,
                 "verify": verify[r.req],
                 "accept": {"rule": "greedy" if drafts else "none", "decisions": res.decisions},
-                "kv": self._kv_record(r, target_before[r.req], draft_before.get(r.req)),
+                "kv": self._kv_record(r, target_before[r.req], draft_before.get(r.req), tail_before[r.req]),
                 "timing": {**timer.ms, "batch_size": len(reqs)},
             }
             self.metrics.observe_step(rec)

@@ -1,0 +1,47 @@
+"""The explicit path on a GPU: the same numbers as on the CPU in fp32, and bf16 close to
+transformers' bf16. Runs where torch sees a GPU (the project's H200 machine); CI has none."""
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from spectrace.core.batch import ForwardBatch
+from spectrace.core.engine import SpecConfig
+from spectrace.core.model import load_model
+from spectrace.core.runner import build_engine
+from spectrace.zoo import DRAFT_DIR, TARGET_DIR
+from spectrace.zoo.prompts import HELD_OUT_PROMPTS
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+
+def _logits(model, ids, device):
+    kv = model.new_kv_cache("target", "sglang", len(ids), 1, len(ids))
+    return model(ForwardBatch.build(kv, [(0, 0, ids)]), kv).logits
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.bfloat16, 0.1)])
+def test_gpu_forward_matches_transformers(tokenizer, dtype, tol):
+    ids = tokenizer.encode(HELD_OUT_PROMPTS[7])
+    ours = _logits(load_model(TARGET_DIR, dtype, "cuda"), ids, "cuda")
+    hf = AutoModelForCausalLM.from_pretrained(TARGET_DIR, dtype=dtype).to("cuda").eval()
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids], device="cuda")).logits[0].float()
+    err = ((ours - ref).norm() / ref.norm()).item()
+    print(f"{dtype}: relative logit error vs transformers {err:.2e}")
+    assert err < tol
+    if dtype == torch.float32:  # and the GPU agrees with the CPU
+        cpu = _logits(load_model(TARGET_DIR, dtype, "cpu"), ids, "cpu")
+        torch.testing.assert_close(ours.cpu(), cpu, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("style", ["sglang", "vllm"])
+def test_gpu_fp32_speculative_equals_autoregressive(tokenizer, style):
+    target = load_model(TARGET_DIR, torch.float32, "cuda")
+    draft = load_model(DRAFT_DIR, torch.float32, "cuda")
+    ids = [tokenizer.encode(p) for p in HELD_OUT_PROMPTS]
+    out = {}
+    for algo in ("none", "standalone"):
+        spec = SpecConfig(algo=algo, num_steps=4, max_new_tokens=48, commit_style=style)
+        reqs, _ = build_engine(target, draft if algo != "none" else None, spec, ids, (0,)).generate(ids)
+        out[algo] = [r.output_ids for r in reqs]
+    assert out["none"] == out["standalone"]
