@@ -67,9 +67,7 @@ def _check_supported(args) -> None:
     for algo in algos:
         if algo not in ("none", "standalone"):
             raise UsageError(f"--algo {algo} is not available yet (available: none, standalone)")
-    if args.topk != 1:
-        raise UsageError("--topk > 1 (draft trees) is not available yet; chains use --topk 1")
-    if args.num_draft_tokens is not None and args.num_draft_tokens != args.num_steps + 1:
+    if args.topk == 1 and args.num_draft_tokens is not None and args.num_draft_tokens != args.num_steps + 1:
         # SGLang: topk 1 forces num_draft_tokens = num_steps + 1, with a warning
         print(f"spectrace: warning: topk 1 forces --num-draft-tokens to num_steps + 1 = {args.num_steps + 1}",
               file=sys.stderr)
@@ -84,7 +82,8 @@ def _check_supported(args) -> None:
 def _run_config(args, **over):
     from spectrace.core.runner import RunConfig
 
-    kw = dict(algo=args.algo, num_steps=args.num_steps, max_new_tokens=args.max_new_tokens,
+    kw = dict(algo=args.algo, num_steps=args.num_steps, topk=args.topk, num_draft_tokens=args.num_draft_tokens,
+              max_new_tokens=args.max_new_tokens,
               commit_style=args.commit_style, device=args.device, dtype=args.dtype)
     if args.target_model:
         kw["target_model"] = args.target_model

@@ -7,6 +7,7 @@ from transformers import AutoModelForCausalLM
 from spectrace.core.batch import ForwardBatch
 from spectrace.core.engine import Request, SpecConfig
 from spectrace.core.runner import build_engine
+from spectrace.core.tree import tree_capacity
 from spectrace.zoo import TARGET_DIR
 from spectrace.zoo.prompts import HELD_OUT_PROMPTS
 
@@ -28,8 +29,9 @@ def prompts(draw, tokenizer):
     return out
 
 
-def generate(target, draft, algo, prompt_ids, num_steps=3, max_new=16, style="sglang", eos=(0,)):
-    spec = SpecConfig(algo=algo, num_steps=num_steps, max_new_tokens=max_new, commit_style=style)
+def generate(target, draft, algo, prompt_ids, num_steps=3, max_new=16, style="sglang", eos=(0,), topk=1, n=None):
+    spec = SpecConfig(algo=algo, num_steps=num_steps, topk=topk, num_draft_tokens=n, max_new_tokens=max_new,
+                      commit_style=style)
     engine = build_engine(target, draft if algo != "none" else None, spec, prompt_ids, eos)
     steps = []
     observe = engine.metrics.observe_step
@@ -57,15 +59,25 @@ def test_autoregressive_equals_transformers_greedy_generate(target, tokenizer):
         assert out == ref[0, len(p):].tolist()
 
 
+@st.composite
+def tree_shapes(draw):
+    """(topk, num_steps, num_draft_tokens) that SGLang accepts: topk 1 is a chain."""
+    topk, steps = draw(st.integers(1, 8)), draw(st.integers(1, 7))
+    cap = tree_capacity(topk, steps) + 1
+    n = steps + 1 if topk == 1 else draw(st.integers(2, min(cap, 24)))
+    return topk, steps, n
+
+
 @SETTINGS
-@given(data=st.data(), num_steps=st.integers(1, 6), max_new=st.integers(1, 20),
+@given(data=st.data(), shape=tree_shapes(), max_new=st.integers(1, 20),
        style=st.sampled_from(["sglang", "vllm"]), extra_eos=st.booleans())
-def test_speculative_output_equals_autoregressive(target, draft, tokenizer, data, num_steps, max_new,
+def test_speculative_output_equals_autoregressive(target, draft, tokenizer, data, shape, max_new,
                                                   style, extra_eos):
     ids = data.draw(prompts(tokenizer))
     eos = (0, NEWLINE_INDENT) if extra_eos else (0,)
+    topk, num_steps, n = shape
     ar, _ = generate(target, draft, "none", ids, max_new=max_new, eos=eos)
-    spec, metrics = generate(target, draft, "standalone", ids, num_steps, max_new, style, eos)
+    spec, metrics = generate(target, draft, "standalone", ids, num_steps, max_new, style, eos, topk, n)
     assert spec == ar
     assert metrics["completion_tokens"] == sum(map(len, ar))
 
@@ -94,10 +106,12 @@ def _check_kv(kv, model, reqs, expected_tokens):
 
 
 @SETTINGS
-@given(data=st.data(), num_steps=st.integers(1, 5), style=st.sampled_from(["sglang", "vllm"]))
-def test_kv_invariants_after_every_step(target, draft, tokenizer, data, num_steps, style):
+@given(data=st.data(), shape=tree_shapes(), style=st.sampled_from(["sglang", "vllm"]))
+def test_kv_invariants_after_every_step(target, draft, tokenizer, data, shape, style):
     ids = data.draw(prompts(tokenizer))
-    spec = SpecConfig(algo="standalone", num_steps=num_steps, max_new_tokens=12, commit_style=style)
+    topk, num_steps, n = shape
+    spec = SpecConfig(algo="standalone", num_steps=num_steps, topk=topk, num_draft_tokens=n,
+                      max_new_tokens=12, commit_style=style)
     engine = build_engine(target, draft, spec, ids, (0, NEWLINE_INDENT))
     reqs = [Request(i, p) for i, p in enumerate(ids)]
     engine.prefill(reqs)

@@ -14,17 +14,19 @@ ops = st.lists(st.tuples(st.integers(0, 2), st.integers(1, 6), st.lists(st.boole
 def test_slots_are_never_leaked_or_shared(ops, style):
     kv = KVCache.create("target", style, num_layers=1, num_slots=200, num_kv_heads=1, head_dim=2,
                         max_requests=3, max_context=200, dtype=torch.float32, device="cpu")
-    for req, n, flags in ops:
+    for step, (req, n, flags) in enumerate(ops):
         start = kv.seq_lens[req]
         slots = kv.prepare(req, start, n).tolist()
-        if style == "sglang":  # any subset of rows may stay (a tree path), in order
-            keep = [i for i in range(n) if flags[i]]
-        else:  # vLLM keeps a prefix and rolls back the rest
-            keep = list(range((flags[:n] + [False]).index(False)))
+        marks = torch.arange(n, dtype=torch.float32) + 100 * step  # what the forward would write
+        kv.pool.k[0, slots, 0, 0] = marks
+        keep = [i for i in range(n) if flags[i]]  # a tree path: any rows, in order
         kv.commit(req, start, n, keep)
         assert kv.seq_lens[req] == start + len(keep)
-        # kept KV stays in the slot it was written to: a remap, never a copy
-        assert kv.req_to_token[req, start:start + len(keep)].tolist() == [slots[i] for i in keep]
+        # the committed positions hold the kept rows' KV, in path order
+        committed = kv.req_to_token[req, start:start + len(keep)]
+        assert kv.pool.k[0, committed, 0, 0].tolist() == [marks[i].item() for i in keep]
+        if style == "sglang":  # by remapping pointers: the KV never moved
+            assert committed.tolist() == [slots[i] for i in keep]
         held = [s for r in range(3) for s in kv.held_slots(r)]
         assert len(held) == len(set(held)) and min(held, default=0) >= 0
         assert not set(held) & set(kv.allocator.free_slots)

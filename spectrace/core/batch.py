@@ -24,16 +24,20 @@ class ForwardBatch:
     custom_masks: list[torch.Tensor | None]  # per request (extend_len, seq_len) bool; None = causal
 
     @classmethod
-    def build(cls, kv: KVCache, items: list[tuple[int, int, list[int]]], masks=None) -> "ForwardBatch":
-        """`items`: (request, start position, new token ids) per request. Maps slots with
-        `kv.prepare` (so it allocates) and records the writes the forward will make."""
+    def build(cls, kv: KVCache, items: list[tuple[int, int, list[int]]], masks=None,
+              positions: list[list[int]] | None = None) -> "ForwardBatch":
+        """`items`: (request, start, new token ids) per request: the new tokens take
+        `req_to_token[req, start:start+n]`, mapped here with `kv.prepare` (so it allocates).
+        Their RoPE positions are start.. unless `positions` gives them (tree nodes sit at
+        prefix length + depth, not at their column)."""
         device = kv.req_to_token.device
         ids, pos, locs = [], [], []
-        for req, start, tokens in items:
+        for j, (req, start, tokens) in enumerate(items):
             slots = kv.prepare(req, start, len(tokens))
-            kv.record_write(req, start, slots, tokens)
+            p = positions[j] if positions is not None else list(range(start, start + len(tokens)))
+            kv.record_write(req, p, slots, tokens)
             ids.extend(tokens)
-            pos.extend(range(start, start + len(tokens)))
+            pos.extend(p)
             locs.append(slots)
         return cls(
             input_ids=torch.tensor(ids, dtype=torch.int64, device=device),

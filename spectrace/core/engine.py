@@ -1,10 +1,11 @@
 """The decode loop: prefill, then plain decoding or speculative steps, recorded into a trace.
 
 One speculative step, as the seeds name its phases:
-    DRAFT    the drafter proposes num_steps tokens after the last committed token (the root)
-    VERIFY   one target forward over [root, d1..dK] (TARGET_VERIFY), K+1 rows
-    ACCEPT   the acceptance rule walks the drafts: correct_drafts + 1 bonus_token
-    COMMIT   the target keeps the KV of root + correct drafts, the rest is released
+    DRAFT    the drafter proposes a tree of num_draft_tokens nodes rooted at the last committed
+             token (a chain when topk is 1), and BUILD gives its mask, positions and lists
+    VERIFY   one target forward over all nodes with the tree mask over prefix + tree (TARGET_VERIFY)
+    ACCEPT   the acceptance rule walks the tree: correct_drafts + 1 bonus_token
+    COMMIT   the target keeps the KV of the accepted path, the rest is released
     EXTEND   the drafter catches up on accept_tokens (DRAFT_EXTEND)
 Requests of a batch have their own prompt lengths and accept lengths; each phase runs as one
 ragged forward over all unfinished requests.
@@ -17,13 +18,13 @@ from typing import Callable
 
 import torch
 
-from spectrace.core.acceptance.greedy import verify_chain_greedy
+from spectrace.core.acceptance.greedy import greedy_walk
 from spectrace.core.batch import ForwardBatch
 from spectrace.core.config import SpectraceError
-from spectrace.core.drafters import DraftProposal
 from spectrace.core.metrics import SpecMetrics
 from spectrace.core.model import CausalLM
 from spectrace.core.trace import TraceWriter
+from spectrace.core.tree import DraftTree, tree_capacity
 
 ALGOS = ("none", "standalone")
 
@@ -32,13 +33,29 @@ ALGOS = ("none", "standalone")
 class SpecConfig:
     algo: str = "standalone"
     num_steps: int = 3  # SGLang's STANDALONE default (steps 3, topk 1, 4 draft tokens)
+    topk: int = 1
+    num_draft_tokens: int | None = None  # tree size incl. the root; topk 1 forces num_steps + 1
     max_new_tokens: int = 64
     commit_style: str = "sglang"
     trace_topk: int = 5  # target and draft candidates recorded per row
 
-    @property
-    def num_draft_tokens(self) -> int:  # a chain: root + num_steps drafts
-        return self.num_steps + 1 if self.algo != "none" else 1
+    def __post_init__(self):
+        if self.algo == "none":
+            self.num_draft_tokens = 1
+            return
+        if self.num_steps < 1:
+            raise SpectraceError(f"--num-steps must be at least 1, got {self.num_steps}")
+        if self.topk < 1:
+            raise SpectraceError(f"--topk must be at least 1, got {self.topk}")
+        if self.topk == 1:
+            self.num_draft_tokens = self.num_steps + 1
+        elif self.num_draft_tokens is None:  # SGLang's Llama default tree size, if the tree holds it
+            self.num_draft_tokens = min(8, tree_capacity(self.topk, self.num_steps) + 1)
+        cap = tree_capacity(self.topk, self.num_steps)
+        if not 2 <= self.num_draft_tokens <= cap + 1:
+            raise SpectraceError(
+                f"--num-draft-tokens {self.num_draft_tokens} does not fit a tree of topk {self.topk} and "
+                f"{self.num_steps} steps: it holds 2 to {cap + 1} nodes (root included)")
 
 
 @dataclass
@@ -75,6 +92,25 @@ class _Timer:
                 timer.ms[phase] = round((time.perf_counter() - self.t0) * 1000, 3)
 
         return _Phase()
+
+
+def _tree_record(tree: DraftTree, b: int) -> dict:
+    """One request's draft tree for the trace: nodes 1..n-1 (node 0 is the root)."""
+    parents = tree.parents(b)
+    depths = []
+    for p in parents:
+        depths.append(1 if p == 0 else depths[p - 1] + 1)
+    return {
+        "tokens": tree.draft_tokens[b, 1:].tolist(),
+        "parents": parents,  # node index, 0 = the root
+        "depths": depths,
+        "q": [round(float(x), 6) for x in tree.q[b]],
+        "scores": [round(float(x), 6) for x in tree.scores[b]],
+        "draft_topk": tree.draft_topk[b],
+        "tree_mask": ["".join("1" if x else "0" for x in row) for row in tree.tree_mask[b].tolist()],
+        "retrive_next_token": tree.retrive_next_token[b].tolist(),
+        "retrive_next_sibling": tree.retrive_next_sibling[b].tolist(),
+    }
 
 
 def _topk_pairs(probs: torch.Tensor, k: int) -> list[list]:
@@ -170,71 +206,90 @@ class Engine:
                 self.trace.write(rec, r.prompt_ids + r.output_ids)
 
     def decode_one_token(self, reqs: list[Request]) -> None:
-        """Plain autoregressive decoding: each step is a verify of the root alone."""
-        self._step(reqs, drafts=None, timer=_Timer(self.device))
+        """Plain autoregressive decoding: each step verifies a tree that is the root alone."""
+        self._step(reqs, tree=None, timer=_Timer(self.device))
 
     def speculative_step(self, reqs: list[Request]) -> None:
         timer = _Timer(self.device)
         with timer("draft"):
-            drafts = self.drafter.draft([r.req for r in reqs])
-        self._step(reqs, drafts, timer)
+            tree = self.drafter.draft([r.req for r in reqs], [r.output_ids[-1] for r in reqs],
+                                      [self.kv.seq_lens[r.req] for r in reqs])
+        self._step(reqs, tree, timer)
 
-    def _step(self, reqs: list[Request], drafts: dict[int, DraftProposal] | None, timer: _Timer) -> None:
+    def _step(self, reqs: list[Request], tree: DraftTree | None, timer: _Timer) -> None:
         """VERIFY -> ACCEPT -> COMMIT -> EXTEND for one step of every request in `reqs`."""
         draft_before = {r.req: self.drafter.kv.seq_lens[r.req] for r in reqs} if self.drafter else {}
-        target_before = {r.req: self.kv.seq_lens[r.req] for r in reqs}
+        L = {r.req: self.kv.seq_lens[r.req] for r in reqs}  # target KV: committed tokens but the root
         tail_before = {r.req: self._req_to_token_tail(r.req) for r in reqs}
-        rows = {r.req: [r.output_ids[-1]] + (drafts[r.req].tokens if drafts else []) for r in reqs}
-        with timer("verify"):  # rows start at position committed_len - 1: the root
-            batch = ForwardBatch.build(self.kv, [(r.req, r.committed_len - 1, rows[r.req]) for r in reqs])
-            logits = self.target(batch, self.kv).logits  # (sum of rows, vocab)
+        if tree is None:
+            rows = {r.req: [r.output_ids[-1]] for r in reqs}
+            positions = {r.req: [L[r.req]] for r in reqs}
+            masks = None
+        else:
+            rows = {r.req: tree.draft_tokens[b].tolist() for b, r in enumerate(reqs)}
+            positions = {r.req: tree.positions[b].tolist() for b, r in enumerate(reqs)}
+            # each node sees the whole committed prefix, then the root, its ancestors and itself
+            masks = [torch.cat([torch.ones(len(rows[r.req]), L[r.req], dtype=torch.bool, device=self.device),
+                                tree.tree_mask[b]], dim=1) for b, r in enumerate(reqs)]
+        with timer("verify"):  # node j of request r takes req_to_token[r, L + j]
+            batch = ForwardBatch.build(self.kv, [(r.req, L[r.req], rows[r.req]) for r in reqs], masks,
+                                       [positions[r.req] for r in reqs])
+            logits = self.target(batch, self.kv).logits  # (sum of nodes, vocab)
         with timer("accept"):
             results, verify, end = {}, {}, 0
-            for r in reqs:
+            for b, r in enumerate(reqs):
                 n = len(rows[r.req])
                 lg = logits[end:end + n]
                 end += n
                 target_predict = torch.argmax(lg, dim=-1).tolist()  # ties: lowest id, as in AR
-                draft_tokens = rows[r.req][1:]
-                results[r.req] = verify_chain_greedy(draft_tokens, target_predict)
+                if tree is None:
+                    results[r.req] = greedy_walk(rows[r.req], [-1], [-1], target_predict, 0)
+                    parents = []
+                else:
+                    results[r.req] = greedy_walk(rows[r.req], tree.retrive_next_token[b].tolist(),
+                                                 tree.retrive_next_sibling[b].tolist(), target_predict,
+                                                 self.spec.num_steps)
+                    parents = tree.parents(b)
                 probs = torch.softmax(lg, dim=-1)
                 verify[r.req] = {
                     "tokens": rows[r.req],
-                    "positions": list(range(r.committed_len - 1, r.committed_len - 1 + n)),
+                    "positions": positions[r.req],
                     "target_predict": target_predict,
                     "target_topk": [_topk_pairs(p, self.spec.trace_topk) for p in probs],
-                    "p_draft": [round(float(probs[i, t]), 6) for i, t in enumerate(draft_tokens)],
+                    # target probability of node j's token after its parent
+                    "p_draft": [round(float(probs[p, rows[r.req][j + 1]]), 6) for j, p in enumerate(parents)],
                 }
         with timer("commit"):
             committed = {}
             for r in reqs:
                 res = results[r.req]
-                self.kv.commit(r.req, r.committed_len - 1, len(rows[r.req]), list(range(res.accept_len)))
+                self.kv.commit(r.req, L[r.req], len(rows[r.req]), res.accept_nodes)
                 committed[r.req] = self._append(r, res.accept_tokens)
         live = [r for r in reqs if not r.finish_reason]
         if self.drafter is not None and live:
             with timer("extend"):
                 self.drafter.draft_extend([(r.req, results[r.req].accept_tokens) for r in live])
 
-        for r in reqs:
+        for b, r in enumerate(reqs):
             res = results[r.req]
             rec = {
                 "kind": "step", "step": self.step_count, "request": r.req,
                 "correct_drafts": res.correct_drafts, "bonus_token": res.bonus_token,
                 "accept_tokens": res.accept_tokens, "accept_len": res.accept_len,
                 "committed_tokens": committed[r.req], "finish_reason": r.finish_reason,
-                "draft": drafts[r.req].to_record() if drafts else None,
+                "draft": _tree_record(tree, b) if tree is not None else None,
                 "verify": verify[r.req],
-                "accept": {"rule": "greedy" if drafts else "none", "decisions": res.decisions},
-                "kv": self._kv_record(r, target_before[r.req], draft_before.get(r.req), tail_before[r.req]),
+                "accept": {"rule": "greedy" if tree is not None else "none", "accept_nodes": res.accept_nodes,
+                           "decisions": res.decisions},
+                "kv": self._kv_record(r, L[r.req], draft_before.get(r.req), tail_before[r.req]),
                 "timing": {**timer.ms, "batch_size": len(reqs)},
             }
             self.metrics.observe_step(rec)
             if self.trace:
                 ids = set(rows[r.req]) | set(res.accept_tokens)
                 ids |= {t for row in verify[r.req]["target_topk"] for t, _ in row}
-                if drafts:
-                    ids |= {t for row in drafts[r.req].draft_topk for t, _ in row}
+                if tree is not None:
+                    ids |= {t for row in tree.draft_topk[b] for t, _ in row}
                 self.trace.write(rec, ids)
         self.step_count += 1
 

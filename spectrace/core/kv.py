@@ -13,7 +13,9 @@ only in what happens to the rows that do not stay:
   `req_to_token[start : start + len(keep)]` (no KV data moves) and frees the rest.
 - "vllm": positions own their slots for the life of the request; commit only rolls the computed
   length back (`num_computed_tokens -= num_rejected`); stale KV stays and is overwritten later.
-Every operation appends an event (alloc, reuse, write, commit, free, rollback) that the trace records.
+Every operation appends an event (alloc, reuse, write, commit, move, free, rollback) that the
+trace records. A tree commit keeps a path, not a prefix: sglang remaps it, vllm copies its KV
+down onto the next positions (`move`).
 """
 from __future__ import annotations
 
@@ -114,10 +116,9 @@ class KVCache:
                 self._event("reuse", req, positions=positions[:n - fresh], slots=reused)
         return self.req_to_token[req, start:start + n].clone()
 
-    def record_write(self, req: int, start: int, slots: torch.Tensor, token_ids: list[int]) -> None:
-        """A forward wrote the KV of `token_ids` at positions [start, ...) into `slots`."""
-        self._event("write", req, positions=list(range(start, start + len(token_ids))),
-                    slots=slots.tolist(), tokens=list(token_ids))
+    def record_write(self, req: int, positions: list[int], slots: torch.Tensor, token_ids: list[int]) -> None:
+        """A forward wrote the KV of `token_ids` (at RoPE `positions`) into `slots`."""
+        self._event("write", req, positions=list(positions), slots=slots.tolist(), tokens=list(token_ids))
 
     def commit(self, req: int, start: int, n: int, keep: list[int]) -> None:
         """Keep rows `keep` (indices into the n prepared rows, in order) as positions
@@ -138,7 +139,12 @@ class KVCache:
                 self._event("free", req, slots=dropped)
         else:
             if keep != list(range(len(keep))):
-                raise SpectraceError("vllm commit style keeps a prefix of the drafts only")
+                # a tree path: move the kept rows' KV down onto positions start.. (SGLang's
+                # move_kv_cache, EAGLE's copy); keep is increasing, so no source is overwritten
+                src, dst = [slots[i] for i in keep], slots[:len(keep)]
+                self.pool.k[:, dst] = self.pool.k[:, src]
+                self.pool.v[:, dst] = self.pool.v[:, src]
+                self._event("move", req, from_slots=src, to_slots=dst, positions=list(range(start, after)))
             self._event("rollback", req, num_computed_tokens_before=start + n,
                         num_rejected=n - len(keep), num_computed_tokens_after=after,
                         stale_slots=slots[len(keep):])

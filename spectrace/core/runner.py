@@ -20,6 +20,8 @@ from spectrace.zoo.prompts import HELD_OUT_PROMPTS
 class RunConfig:
     algo: str = "standalone"
     num_steps: int = 3
+    topk: int = 1
+    num_draft_tokens: int | None = None
     prompts: list[str] = field(default_factory=list)
     batch: int | None = None
     max_new_tokens: int = 64
@@ -100,8 +102,14 @@ def model_identity(path: str, model: CausalLM) -> dict:
 
 
 def _lookahead(spec: SpecConfig) -> int:
-    """Positions past the committed ones a step may touch: the root and its drafts."""
+    """Positions past the committed ones a step may reach: the root and num_steps levels."""
     return spec.num_steps + 1 if spec.algo != "none" else 1
+
+
+def _scratch_columns(spec: SpecConfig) -> int:
+    """`req_to_token` columns past the committed ones a step may map: the verify tree's nodes
+    (target) or the draft's [topk][step] scratch (draft)."""
+    return max(spec.num_draft_tokens, spec.topk * (spec.num_steps - 1) + 1) + 1
 
 
 def _context(target: CausalLM, draft: CausalLM | None) -> int:
@@ -111,13 +119,14 @@ def _context(target: CausalLM, draft: CausalLM | None) -> int:
 def build_engine(target: CausalLM, draft: CausalLM | None, spec: SpecConfig, prompt_ids: list[list[int]],
                  eos_token_ids, trace: TraceWriter | None = None) -> Engine:
     """An engine whose KV pools hold every request at full length at once."""
-    context = _context(target, draft)
-    num_slots = sum(len(p) + spec.max_new_tokens + _lookahead(spec) + 1 for p in prompt_ids)
+    columns = _context(target, draft) + _scratch_columns(spec)
+    num_slots = sum(len(p) + spec.max_new_tokens + _scratch_columns(spec) for p in prompt_ids)
     drafter = None
     if draft is not None:
-        draft_kv = draft.new_kv_cache("draft", spec.commit_style, num_slots, len(prompt_ids), context)
-        drafter = StandaloneDrafter(draft, draft_kv, spec.num_steps, spec.trace_topk)
-    return Engine(target, spec, eos_token_ids, drafter, trace, num_slots, len(prompt_ids), context)
+        draft_kv = draft.new_kv_cache("draft", spec.commit_style, num_slots, len(prompt_ids), columns)
+        drafter = StandaloneDrafter(draft, draft_kv, spec.num_steps, spec.topk, spec.num_draft_tokens,
+                                    spec.trace_topk)
+    return Engine(target, spec, eos_token_ids, drafter, trace, num_slots, len(prompt_ids), columns)
 
 
 def run(cfg: RunConfig) -> RunResult:
@@ -146,7 +155,8 @@ def run(cfg: RunConfig) -> RunResult:
             draft = load_model(cfg.draft_model, dtype, cfg.device)
             check_vocab(target, draft, tok, cfg.draft_model)
         ids = [tok.encode(p, add_special_tokens=False) for p in prompts]
-        spec = SpecConfig(algo=cfg.algo, num_steps=cfg.num_steps, max_new_tokens=cfg.max_new_tokens,
+        spec = SpecConfig(algo=cfg.algo, num_steps=cfg.num_steps, topk=cfg.topk,
+                          num_draft_tokens=cfg.num_draft_tokens, max_new_tokens=cfg.max_new_tokens,
                           commit_style=cfg.commit_style)
         context = _context(target, draft)
         for i, p in enumerate(ids):
@@ -165,7 +175,7 @@ def run(cfg: RunConfig) -> RunResult:
             models["draft"] = model_identity(cfg.draft_model, draft)
         header = {"kind": "header", "schema": SCHEMA,
                   "config": {**asdict(cfg), "prompts": prompts, "num_draft_tokens": spec.num_draft_tokens,
-                             "acceptance": "greedy", "topk": 1},
+                             "acceptance": "greedy"},
                   "models": models, "eos_token_ids": sorted(engine.eos), "device": cfg.device,
                   "torch": torch.__version__}
         writer.write(header, [t for p in ids for t in p])
