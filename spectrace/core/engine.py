@@ -186,18 +186,21 @@ class Engine:
         timer = _Timer(self.device)
         with timer("prefill"):
             batch = ForwardBatch.build(self.kv, [(r.req, 0, r.prompt_ids) for r in reqs])
-            logits = self.target(batch, self.kv).logits
-        end = 0
+            out = self.target(batch, self.kv)
+            logits = out.logits
+        features, end = {}, 0
         for r in reqs:
             n = len(r.prompt_ids)
             end += n
             self.kv.commit(r.req, 0, n, list(range(n)))
+            features[r.req] = out.hidden_states[end - n:end]  # what EAGLE-style drafters read
             self._append(r, [int(torch.argmax(logits[end - 1]))])
             self.metrics.observe_prefill(r.req)
         live = [r for r in reqs if not r.finish_reason]
         if self.drafter is not None and live:
             with timer("draft_extend"):
-                self.drafter.draft_extend_for_prefill([(r.req, r.prompt_ids + r.output_ids) for r in live])
+                self.drafter.draft_extend_for_prefill(
+                    [(r.req, r.prompt_ids + r.output_ids, features[r.req]) for r in live])
         for r in reqs:
             rec = {"kind": "prefill", "request": r.req, "prompt_len": len(r.prompt_ids),
                    "first_token": r.output_ids[0], "finish_reason": r.finish_reason,
@@ -234,11 +237,13 @@ class Engine:
         with timer("verify"):  # node j of request r takes req_to_token[r, L + j]
             batch = ForwardBatch.build(self.kv, [(r.req, L[r.req], rows[r.req]) for r in reqs], masks,
                                        [positions[r.req] for r in reqs])
-            logits = self.target(batch, self.kv).logits  # (sum of nodes, vocab)
+            out = self.target(batch, self.kv)
+            logits = out.logits  # (sum of nodes, vocab)
         with timer("accept"):
-            results, verify, end = {}, {}, 0
+            results, verify, first_row, end = {}, {}, {}, 0
             for b, r in enumerate(reqs):
                 n = len(rows[r.req])
+                first_row[r.req] = end
                 lg = logits[end:end + n]
                 end += n
                 target_predict = torch.argmax(lg, dim=-1).tolist()  # ties: lowest id, as in AR
@@ -268,7 +273,11 @@ class Engine:
         live = [r for r in reqs if not r.finish_reason]
         if self.drafter is not None and live:
             with timer("extend"):
-                self.drafter.draft_extend([(r.req, results[r.req].accept_tokens) for r in live])
+                # the features of the accepted path's rows (root .. last correct draft)
+                self.drafter.draft_extend([
+                    (r.req, results[r.req].accept_tokens,
+                     out.hidden_states[[first_row[r.req] + j for j in results[r.req].accept_nodes]])
+                    for r in live])
 
         for b, r in enumerate(reqs):
             res = results[r.req]

@@ -190,29 +190,40 @@ def weights_digest(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def load_model(path: str | Path, dtype=torch.float32, device="cpu") -> CausalLM:
-    """Config through `transformers.AutoConfig`, weights from the directory's files; the key set
-    must match exactly (tied heads and RoPE buffers of old checkpoints aside)."""
+def read_checkpoint(path: str | Path):
+    """(transformers config, state dict) of a HF directory, with one-line errors."""
     from transformers import AutoConfig
 
     path = Path(path)
     if not (path / "config.json").is_file():
         raise SpectraceError(f"model directory {path} not found or has no config.json")
     try:
-        cfg = ModelConfig.from_hf(AutoConfig.from_pretrained(path))
+        hf = AutoConfig.from_pretrained(path)
         state = _read_state_dict(path)
     except (OSError, ValueError) as e:  # unreadable config or weights
         raise SpectraceError(f"cannot load model from {path}: {str(e).splitlines()[0]}") from None
-    state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
+    return hf, {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
+
+
+def check_keys(model: nn.Module, state: dict, path, what: str, optional=()) -> None:
+    """The checkpoint's keys must be exactly the model's (keys in `optional` may be absent)."""
+    expected = set(model.state_dict())
+    missing = sorted(expected - state.keys() - set(optional))
+    unexpected = sorted(state.keys() - expected)
+    if missing or unexpected:
+        raise SpectraceError(f"checkpoint {path} is not a {what}: missing {missing[:3]}, unexpected {unexpected[:3]}")
+
+
+def load_model(path: str | Path, dtype=torch.float32, device="cpu") -> CausalLM:
+    """Config through `transformers.AutoConfig`, weights from the directory's files; the key set
+    must match exactly (tied heads and RoPE buffers of old checkpoints aside)."""
+    hf, state = read_checkpoint(path)
+    cfg = ModelConfig.from_hf(hf)
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     with torch.device("meta"):
         model = CausalLM(cfg)
-    expected = {k for k in model.state_dict() if not (cfg.tie_word_embeddings and k == "lm_head.weight")}
-    missing, unexpected = sorted(expected - state.keys()), sorted(state.keys() - expected)
-    if missing or unexpected:
-        raise SpectraceError(f"checkpoint {path} does not match {cfg.model_type}: "
-                             f"missing {missing[:3]}, unexpected {unexpected[:3]}")
+    check_keys(model, state, path, cfg.model_type, optional=["lm_head.weight"] if cfg.tie_word_embeddings else ())
     model.load_state_dict(state, strict=False, assign=True)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
