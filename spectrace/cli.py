@@ -27,10 +27,13 @@ class UsageError(Exception):
 def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--algo", "--speculative-algorithm", dest="algo", default="standalone",
                    type=str.lower, choices=ALL_ALGOS, metavar="ALGO",
-                   help="none (plain autoregressive) or standalone (draft LM chain); default standalone")
-    p.add_argument("--num-steps", "--speculative-num-steps", dest="num_steps", type=int, default=3,
-                   help="drafts per step (SGLang's STANDALONE default: 3)")
-    p.add_argument("--topk", "--speculative-eagle-topk", dest="topk", type=int, default=1)
+                   help="none (plain autoregressive), standalone (draft LM), eagle (EAGLE-1 head), "
+                        "nextn / mtp (MTP module, run as EAGLE); default standalone")
+    p.add_argument("--num-steps", "--speculative-num-steps", dest="num_steps", type=int, default=None,
+                   help="tree depth; unset with --topk and --num-draft-tokens: SGLang's automatic choice, "
+                        "(5, 4, 8) for EAGLE/NEXTN on a Llama target, (3, 1, 4) otherwise")
+    p.add_argument("--topk", "--speculative-eagle-topk", dest="topk", type=int, default=None,
+                   help="branching of the draft tree; 1 is a chain")
     p.add_argument("--num-draft-tokens", "--speculative-num-draft-tokens", dest="num_draft_tokens", type=int)
     p.add_argument("--acceptance", default="greedy")
     p.add_argument("--temperature", type=float, default=0.0)
@@ -64,10 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
 def _check_supported(args) -> None:
     """Options whose machinery arrives in later work are refused, not ignored."""
     algos = args.algos if hasattr(args, "algos") else [args.algo]
+    available = ("none", "standalone", "eagle", "nextn", "mtp")
     for algo in algos:
-        if algo not in ("none", "standalone"):
-            raise UsageError(f"--algo {algo} is not available yet (available: none, standalone)")
-    if args.topk == 1 and args.num_draft_tokens is not None and args.num_draft_tokens != args.num_steps + 1:
+        if algo not in available:
+            raise UsageError(f"--algo {algo} is not available yet (available: {', '.join(available)})")
+    if args.topk == 1 and args.num_draft_tokens is not None and args.num_steps is not None \
+            and args.num_draft_tokens != args.num_steps + 1:
         # SGLang: topk 1 forces num_draft_tokens = num_steps + 1, with a warning
         print(f"spectrace: warning: topk 1 forces --num-draft-tokens to num_steps + 1 = {args.num_steps + 1}",
               file=sys.stderr)

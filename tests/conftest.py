@@ -1,8 +1,10 @@
 import pytest
 import torch
 
+from spectrace.core.drafters.eagle import load_eagle
+from spectrace.core.drafters.mtp import load_mtp
 from spectrace.core.model import load_model
-from spectrace.zoo import DRAFT_DIR, TARGET_DIR
+from spectrace.zoo import DRAFT_DIR, EAGLE_DIR, MTP_DIR, TARGET_DIR
 
 
 @pytest.fixture(scope="session")
@@ -13,6 +15,13 @@ def target():
 @pytest.fixture(scope="session")
 def draft():
     return load_model(DRAFT_DIR, torch.float32)
+
+
+@pytest.fixture(scope="session")
+def drafters(target, draft):
+    """The embedded draft model of every algorithm, by --algo name."""
+    mtp = load_mtp(MTP_DIR, target)
+    return {"standalone": draft, "eagle": load_eagle(EAGLE_DIR, target), "mtp": mtp, "nextn": mtp}
 
 
 @pytest.fixture(scope="session")

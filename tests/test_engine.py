@@ -13,7 +13,7 @@ from spectrace.zoo.prompts import HELD_OUT_PROMPTS
 
 NEWLINE_INDENT = 277  # "\n   ": frequent, so using it as an extra EOS makes runs stop mid-step
 
-SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @st.composite
@@ -29,6 +29,9 @@ def prompts(draw, tokenizer):
     return out
 
 
+ALGOS = ["standalone", "eagle", "mtp"]
+
+
 def generate(target, draft, algo, prompt_ids, num_steps=3, max_new=16, style="sglang", eos=(0,), topk=1, n=None):
     spec = SpecConfig(algo=algo, num_steps=num_steps, topk=topk, num_draft_tokens=n, max_new_tokens=max_new,
                       commit_style=style)
@@ -37,6 +40,8 @@ def generate(target, draft, algo, prompt_ids, num_steps=3, max_new=16, style="sg
     observe = engine.metrics.observe_step
     engine.metrics.observe_step = lambda rec: (steps.append(rec), observe(rec))
     reqs, metrics = engine.generate(prompt_ids)
+    for kv in [engine.kv] + ([engine.drafter.kv] if engine.drafter else []):  # no slot leaked
+        assert len(kv.allocator.free_slots) == kv.allocator.num_slots
     for rec in steps:  # every step of every request
         assert rec["accept_len"] == len(rec["correct_drafts"]) + 1
         assert rec["accept_tokens"] == rec["correct_drafts"] + [rec["bonus_token"]]
@@ -69,15 +74,15 @@ def tree_shapes(draw):
 
 
 @SETTINGS
-@given(data=st.data(), shape=tree_shapes(), max_new=st.integers(1, 20),
+@given(data=st.data(), algo=st.sampled_from(ALGOS), shape=tree_shapes(), max_new=st.integers(1, 20),
        style=st.sampled_from(["sglang", "vllm"]), extra_eos=st.booleans())
-def test_speculative_output_equals_autoregressive(target, draft, tokenizer, data, shape, max_new,
+def test_speculative_output_equals_autoregressive(target, drafters, tokenizer, data, algo, shape, max_new,
                                                   style, extra_eos):
     ids = data.draw(prompts(tokenizer))
     eos = (0, NEWLINE_INDENT) if extra_eos else (0,)
     topk, num_steps, n = shape
-    ar, _ = generate(target, draft, "none", ids, max_new=max_new, eos=eos)
-    spec, metrics = generate(target, draft, "standalone", ids, num_steps, max_new, style, eos, topk, n)
+    ar, _ = generate(target, None, "none", ids, max_new=max_new, eos=eos)
+    spec, metrics = generate(target, drafters[algo], algo, ids, num_steps, max_new, style, eos, topk, n)
     assert spec == ar
     assert metrics["completion_tokens"] == sum(map(len, ar))
 
@@ -108,6 +113,7 @@ def _check_kv(kv, model, reqs, expected_tokens):
 @SETTINGS
 @given(data=st.data(), shape=tree_shapes(), style=st.sampled_from(["sglang", "vllm"]))
 def test_kv_invariants_after_every_step(target, draft, tokenizer, data, shape, style):
+    """Standalone: its draft KV is an LM's KV, so a fresh prefill can check it too."""
     ids = data.draw(prompts(tokenizer))
     topk, num_steps, n = shape
     spec = SpecConfig(algo="standalone", num_steps=num_steps, topk=topk, num_draft_tokens=n,

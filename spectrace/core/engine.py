@@ -26,7 +26,7 @@ from spectrace.core.model import CausalLM
 from spectrace.core.trace import TraceWriter
 from spectrace.core.tree import DraftTree, tree_capacity
 
-ALGOS = ("none", "standalone")
+ALGOS = ("none", "standalone", "eagle", "nextn", "mtp")
 
 
 @dataclass

@@ -136,7 +136,16 @@ class ForwardOutput:
     aux_hidden_states: list[torch.Tensor]  # (N, H) each: residual stream entering each captured layer
 
 
-class CausalLM(nn.Module):
+class KVCacheOwner:
+    """Models that keep paged KV: one pool layer per decoder layer of `self.config`."""
+
+    def new_kv_cache(self, name, style, num_slots, max_requests, max_context) -> KVCache:
+        cfg, p = self.config, next(self.parameters())
+        return KVCache.create(name, style, len(self.layers), num_slots, cfg.num_key_value_heads,
+                              cfg.head_dim, max_requests, max_context, p.dtype, p.device)
+
+
+class CausalLM(nn.Module, KVCacheOwner):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
@@ -159,10 +168,9 @@ class CausalLM(nn.Module):
         x = self.model.norm(x)
         return ForwardOutput(self.lm_head(x).float(), x, aux)
 
-    def new_kv_cache(self, name, style, num_slots, max_requests, max_context) -> KVCache:
-        cfg, p = self.config, self.lm_head.weight
-        return KVCache.create(name, style, cfg.num_hidden_layers, num_slots, cfg.num_key_value_heads,
-                              cfg.head_dim, max_requests, max_context, p.dtype, p.device)
+    @property
+    def layers(self):
+        return self.model.layers
 
 
 def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:

@@ -8,25 +8,31 @@ from pathlib import Path
 import torch
 
 from spectrace.core.config import SpectraceError
+from spectrace.core.drafters.eagle import EagleDrafter, EagleHead, load_eagle
+from spectrace.core.drafters.mtp import load_mtp
 from spectrace.core.drafters.standalone import StandaloneDrafter
 from spectrace.core.engine import ALGOS, Engine, Request, SpecConfig
 from spectrace.core.model import CausalLM, load_model, weights_digest
 from spectrace.core.trace import SCHEMA, TraceError, TraceWriter
-from spectrace.zoo import DRAFT_DIR, TARGET_DIR
+from spectrace.zoo import DRAFT_DIR, EAGLE_DIR, MTP_DIR, TARGET_DIR
+
+DEFAULT_DRAFTS = {"standalone": DRAFT_DIR, "eagle": EAGLE_DIR, "nextn": MTP_DIR, "mtp": MTP_DIR}
+# SGLang's resolution: NEXTN (and an MTP module) runs through the EAGLE worker
+RESOLVED = {"none": "NONE", "standalone": "STANDALONE", "eagle": "EAGLE", "nextn": "EAGLE", "mtp": "EAGLE"}
 from spectrace.zoo.prompts import HELD_OUT_PROMPTS
 
 
 @dataclass
 class RunConfig:
     algo: str = "standalone"
-    num_steps: int = 3
-    topk: int = 1
+    num_steps: int | None = None  # None: SGLang's automatic choice (see spec_defaults)
+    topk: int | None = None
     num_draft_tokens: int | None = None
     prompts: list[str] = field(default_factory=list)
     batch: int | None = None
     max_new_tokens: int = 64
     target_model: str = str(TARGET_DIR)
-    draft_model: str = str(DRAFT_DIR)
+    draft_model: str | None = None  # default: the embedded drafter of the algorithm
     trace: str | None = None  # default: runs/<time>-<algo>.jsonl
     commit_style: str = "sglang"
     device: str = "cpu"
@@ -56,11 +62,27 @@ def resolve_prompts(prompts: list[str], batch: int | None) -> list[str]:
     return list(prompts) + extra
 
 
+def spec_defaults(cfg: RunConfig, target_arch: str) -> tuple[int, int, int | None]:
+    """(num_steps, topk, num_draft_tokens) as SGLang's `_auto_choose_speculative_params` picks
+    them when none is given: (5, 4, 8) for the EAGLE family on Llama targets, else (3, 1, 4).
+    Values given are kept; topk 1 then forces num_draft_tokens = num_steps + 1."""
+    if cfg.algo in ("eagle", "nextn", "mtp") and target_arch == "LlamaForCausalLM":
+        steps, topk, n = 5, 4, 8
+    else:
+        steps, topk, n = 3, 1, 4
+    if cfg.num_steps is None and cfg.topk is None and cfg.num_draft_tokens is None:
+        return steps, topk, n
+    return (cfg.num_steps if cfg.num_steps is not None else steps,
+            cfg.topk if cfg.topk is not None else topk, cfg.num_draft_tokens)
+
+
 def validate(cfg: RunConfig) -> None:
     if cfg.algo not in ALGOS:
         raise SpectraceError(f"unknown --algo {cfg.algo!r} (available: {', '.join(ALGOS)})")
-    if cfg.num_steps < 1:
+    if cfg.num_steps is not None and cfg.num_steps < 1:
         raise SpectraceError(f"--num-steps must be at least 1, got {cfg.num_steps}")
+    if cfg.topk is not None and cfg.topk < 1:
+        raise SpectraceError(f"--topk must be at least 1, got {cfg.topk}")
     if cfg.max_new_tokens < 1:
         raise SpectraceError(f"--max-new-tokens must be at least 1, got {cfg.max_new_tokens}")
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
@@ -85,6 +107,16 @@ def load_tokenizer(path: str):
         raise SpectraceError(f"no usable tokenizer in {path}: {str(e).splitlines()[0]}") from None
 
 
+def load_drafter_model(algo: str, path: str, target: CausalLM, tok, dtype, device):
+    """The draft LM (standalone) or draft head (EAGLE, NEXTN/MTP) for `algo`."""
+    if algo == "standalone":
+        draft = load_model(path, dtype, device)
+        check_vocab(target, draft, tok, path)
+        return draft
+    load = load_eagle if algo == "eagle" else load_mtp
+    return load(path, target).to(dtype)
+
+
 def check_vocab(target: CausalLM, draft: CausalLM, tok, draft_path: str) -> None:
     tv, dv = target.config.vocab_size, draft.config.vocab_size
     if tv != dv:
@@ -94,11 +126,18 @@ def check_vocab(target: CausalLM, draft: CausalLM, tok, draft_path: str) -> None
             raise SpectraceError("draft tokenizer differs from the target's: same size, other tokens")
 
 
-def model_identity(path: str, model: CausalLM) -> dict:
+def _architecture(path: str) -> str:
+    import json
+
+    return (json.loads((Path(path) / "config.json").read_text()).get("architectures") or [""])[0]
+
+
+def model_identity(path: str, model) -> dict:
     c = model.config
     return {"path": str(path), "weights_sha256": weights_digest(Path(path)), "model_type": c.model_type,
-            "params": sum(p.numel() for p in model.parameters()), "layers": c.num_hidden_layers,
-            "hidden_size": c.hidden_size, "vocab_size": c.vocab_size, "dtype": str(model.lm_head.weight.dtype)}
+            "class": type(model).__name__,
+            "params": sum(p.numel() for p in model.parameters()), "layers": len(model.layers),
+            "hidden_size": c.hidden_size, "vocab_size": c.vocab_size, "dtype": str(next(model.parameters()).dtype)}
 
 
 def _lookahead(spec: SpecConfig) -> int:
@@ -112,7 +151,7 @@ def _scratch_columns(spec: SpecConfig) -> int:
     return max(spec.num_draft_tokens, spec.topk * (spec.num_steps - 1) + 1) + 1
 
 
-def _context(target: CausalLM, draft: CausalLM | None) -> int:
+def _context(target: CausalLM, draft) -> int:
     return min(m.config.max_position_embeddings for m in (target, draft) if m is not None)
 
 
@@ -124,8 +163,11 @@ def build_engine(target: CausalLM, draft: CausalLM | None, spec: SpecConfig, pro
     drafter = None
     if draft is not None:
         draft_kv = draft.new_kv_cache("draft", spec.commit_style, num_slots, len(prompt_ids), columns)
-        drafter = StandaloneDrafter(draft, draft_kv, spec.num_steps, spec.topk, spec.num_draft_tokens,
-                                    spec.trace_topk)
+        shape = (spec.num_steps, spec.topk, spec.num_draft_tokens, spec.trace_topk)
+        if isinstance(draft, EagleHead):  # EAGLE and NEXTN/MTP heads
+            drafter = EagleDrafter(draft, target, draft_kv, *shape)
+        else:
+            drafter = StandaloneDrafter(draft, draft_kv, *shape)
     return Engine(target, spec, eos_token_ids, drafter, trace, num_slots, len(prompt_ids), columns)
 
 
@@ -133,9 +175,10 @@ def run(cfg: RunConfig) -> RunResult:
     validate(cfg)
     prompts = resolve_prompts(cfg.prompts, cfg.batch)
     trace_path = Path(cfg.trace or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.algo}.jsonl")
+    draft_path = str(cfg.draft_model or DEFAULT_DRAFTS.get(cfg.algo, ""))
     check_model_dir(cfg.target_model, "--target-model")
     if cfg.algo != "none":
-        check_model_dir(cfg.draft_model, "--draft-model")
+        check_model_dir(draft_path, "--draft-model")
     tok = load_tokenizer(cfg.target_model)
 
     def token_text(i: int) -> str:
@@ -151,13 +194,12 @@ def run(cfg: RunConfig) -> RunResult:
         dtype = DTYPES[cfg.dtype] if cfg.dtype else (torch.float32 if cfg.device == "cpu" else torch.bfloat16)
         target = load_model(cfg.target_model, dtype, cfg.device)
         draft = None
-        if cfg.algo == "standalone":
-            draft = load_model(cfg.draft_model, dtype, cfg.device)
-            check_vocab(target, draft, tok, cfg.draft_model)
+        if cfg.algo != "none":
+            draft = load_drafter_model(cfg.algo, draft_path, target, tok, dtype, cfg.device)
         ids = [tok.encode(p, add_special_tokens=False) for p in prompts]
-        spec = SpecConfig(algo=cfg.algo, num_steps=cfg.num_steps, topk=cfg.topk,
-                          num_draft_tokens=cfg.num_draft_tokens, max_new_tokens=cfg.max_new_tokens,
-                          commit_style=cfg.commit_style)
+        num_steps, topk, n = spec_defaults(cfg, _architecture(cfg.target_model))
+        spec = SpecConfig(algo=cfg.algo, num_steps=num_steps, topk=topk, num_draft_tokens=n,
+                          max_new_tokens=cfg.max_new_tokens, commit_style=cfg.commit_style)
         context = _context(target, draft)
         for i, p in enumerate(ids):
             if not p:
@@ -172,10 +214,12 @@ def run(cfg: RunConfig) -> RunResult:
 
         models = {"target": model_identity(cfg.target_model, target)}
         if draft is not None:
-            models["draft"] = model_identity(cfg.draft_model, draft)
+            models["draft"] = model_identity(draft_path, draft)
         header = {"kind": "header", "schema": SCHEMA,
-                  "config": {**asdict(cfg), "prompts": prompts, "num_draft_tokens": spec.num_draft_tokens,
-                             "acceptance": "greedy"},
+                  "config": {**asdict(cfg), "prompts": prompts, "draft_model": draft_path,
+                             "num_steps": spec.num_steps, "topk": spec.topk,
+                             "num_draft_tokens": spec.num_draft_tokens, "acceptance": "greedy",
+                             "resolved_algorithm": RESOLVED[cfg.algo]},
                   "models": models, "eos_token_ids": sorted(engine.eos), "device": cfg.device,
                   "torch": torch.__version__}
         writer.write(header, [t for p in ids for t in p])

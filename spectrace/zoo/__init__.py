@@ -4,3 +4,5 @@ from pathlib import Path
 MODELS_DIR = Path(__file__).with_name("models")
 TARGET_DIR = MODELS_DIR / "tiny-target"
 DRAFT_DIR = MODELS_DIR / "tiny-draft"
+EAGLE_DIR = MODELS_DIR / "tiny-eagle"
+MTP_DIR = MODELS_DIR / "tiny-mtp"

@@ -25,11 +25,12 @@ from spectrace.core.batch import ForwardBatch
 from spectrace.core.config import ModelConfig, SpectraceError
 from spectrace.core.drafters.scratch import TreeScratch
 from spectrace.core.kv import KVCache
-from spectrace.core.model import CausalLM, DecoderLayer, RotaryEmbedding, check_keys, read_checkpoint
+from spectrace.core.model import (CausalLM, DecoderLayer, KVCacheOwner, RotaryEmbedding, check_keys,
+                                   read_checkpoint)
 from spectrace.core.tree import DraftTree, draft_tree
 
 
-class EagleHead(nn.Module):
+class EagleHead(nn.Module, KVCacheOwner):
     def __init__(self, cfg: ModelConfig, fc_bias: bool = True):
         super().__init__()
         self.config = cfg
@@ -89,6 +90,7 @@ class EagleDrafter:
         self.next_probs: dict[int, torch.Tensor] = {}  # req -> (vocab,) draft distribution after the root
         self.last_hidden: dict[int, torch.Tensor] = {}  # req -> (H,) the head's h at the root
 
+    @torch.no_grad()
     def _probs(self, h: torch.Tensor) -> torch.Tensor:
         return torch.softmax(self.lm_head(h).float(), dim=-1)
 
