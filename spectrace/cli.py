@@ -115,8 +115,8 @@ def cmd_bench(args) -> int:
     from spectrace.zoo.prompts import HELD_OUT_PROMPTS
 
     print(f"held-out prompts: {len(HELD_OUT_PROMPTS)}, max_new_tokens {args.max_new_tokens}, "
-          f"num_steps {args.num_steps}, device {args.device}, batch 1")
-    print(f"{'algo':<12} {'tokens/s':>9} {'tau':>6} {'alpha':>6} {'verify_ct':>9}")
+          f"device {args.device}, batch 1, greedy")
+    print(f"{'algo':<12} {'steps,topk,n':>12} {'tokens/s':>9} {'tau':>6} {'alpha':>6} {'verify_ct':>9}")
     for algo in args.algos:
         tokens = wall = verify = correct = proposed = 0
         for i, prompt in enumerate(HELD_OUT_PROMPTS):
@@ -133,7 +133,9 @@ def cmd_bench(args) -> int:
             proposed += m["num_proposed_drafts"]
         tau = f"{tokens / verify:.3f}" if verify else "-"
         alpha = f"{correct / proposed:.3f}" if proposed else "-"
-        print(f"{algo:<12} {tokens / wall:>9.1f} {tau:>6} {alpha:>6} {verify:>9}")
+        sp = best.spec
+        shape = "-" if algo == "none" else f"{sp.num_steps},{sp.topk},{sp.num_draft_tokens}"
+        print(f"{algo:<12} {shape:>12} {tokens / wall:>9.1f} {tau:>6} {alpha:>6} {verify:>9}")
     return 0
 
 

@@ -47,7 +47,7 @@ def other_vocab_model(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--algo", "bogus"], "invalid choice"),
-    (["--algo", "eagle"], "not available yet"),
+    (["--algo", "ngram"], "not available yet"),
     (["--num-steps", "0"], "--num-steps must be at least 1"),
     (["--prompt", "x = 1\n" * 400], "more than the model's context"),
     (["--target-model", "/nonexistent/model"], "no such directory"),

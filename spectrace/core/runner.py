@@ -45,6 +45,7 @@ class RunResult:
     texts: list[str]
     metrics: dict
     trace_path: Path
+    spec: SpecConfig
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -235,4 +236,4 @@ def run(cfg: RunConfig) -> RunResult:
         writer.close()
         if not header_written:  # refused before the run began: leave no empty trace behind
             trace_path.unlink(missing_ok=True)
-    return RunResult(reqs, texts, metrics, trace_path)
+    return RunResult(reqs, texts, metrics, trace_path, spec)
