@@ -10,7 +10,7 @@ from spectrace.core.trace import SCHEMA, TraceError, read_trace
 @pytest.fixture(scope="module")
 def traced_run(tmp_path_factory):
     path = tmp_path_factory.mktemp("trace") / "run.jsonl"
-    return run(RunConfig(algo="standalone", batch=3, max_new_tokens=12, num_steps=3, trace=str(path)))
+    return run(RunConfig(algo="eagle", batch=3, max_new_tokens=12, trace=str(path)))
 
 
 def test_round_trip(traced_run):
@@ -28,9 +28,17 @@ def test_round_trip(traced_run):
         assert rebuilt == r.output_ids
         # a viewer decodes every token from the trace alone
         assert "".join(t.token_text(i) for i in r.output_ids) == rq["output_text"]
+    assert t.header["config"]["num_draft_tokens"] == 8 and t.header["config"]["resolved_algorithm"] == "EAGLE"
     for s in t.steps:
         assert s["accept_len"] == len(s["correct_drafts"]) + 1
-        assert len(s["verify"]["target_topk"]) == len(s["draft"]["tokens"]) + 1
+        d = s["draft"]
+        assert len(s["verify"]["target_topk"]) == len(d["tokens"]) + 1 == 8
+        # the accepted path is made of the correct nodes, each the child of the one before
+        path = s["accept"]["accept_nodes"]
+        assert [d["tokens"][j - 1] for j in path[1:]] == s["correct_drafts"]
+        assert all(d["parents"][b - 1] == a for a, b in zip(path, path[1:]))
+        assert sorted(j for j, f in enumerate(d["fates"], 1) if f == "correct") == sorted(path[1:])
+        assert s["bonus_token"] == s["verify"]["target_predict"][path[-1]]
         assert set(s["timing"]) >= {"draft", "verify", "accept", "commit"}
 
 

@@ -49,3 +49,21 @@ def test_training_smoke_writes_a_loadable_checkpoint(tmp_path, monkeypatch):
     logits = model(ForwardBatch.build(kv, [(0, 0, [1, 2, 3])]), kv).logits
     assert logits.shape == (3, model.config.vocab_size) and torch.isfinite(logits).all()
     assert (out / "README.md").is_file()
+
+
+def test_head_training_smoke_writes_loadable_eagle_and_mtp(tmp_path, monkeypatch, target):
+    from spectrace.core.drafters.eagle import load_eagle
+    from spectrace.core.drafters.mtp import load_mtp
+    from spectrace.zoo import train_eagle
+
+    lib = _mini_stdlib(tmp_path)
+    files = [corpus.CorpusFile(f.path, f.sha256, s) for f, s in zip(corpus.scan(lib), ["train", "heldout"])]
+    manifest = tmp_path / "m.tsv"
+    corpus.write_manifest(files, manifest)
+    monkeypatch.setattr(corpus, "MANIFEST", manifest)
+    for kind, load in (("eagle", load_eagle), ("mtp", load_mtp)):
+        out = tmp_path / kind
+        assert train_eagle.main(["--kind", kind, "--stdlib", str(lib), "--out", str(out), "--smoke", "--steps", "2",
+                                 "--batch", "2", "--seq-len", "32", "--eval-every", "2", "--device", "cpu"]) == 0
+        head = load(out, target)
+        assert (out / "README.md").is_file() and sum(p.numel() for p in head.parameters()) > 0

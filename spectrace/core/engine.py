@@ -94,7 +94,16 @@ class _Timer:
         return _Phase()
 
 
-def _tree_record(tree: DraftTree, b: int) -> dict:
+def _fates(n: int, res) -> list[str]:
+    """Each draft node's fate in the walk: correct (on the accepted path), rejected (tried
+    against the target and refused) or unreached (the walk never got to it)."""
+    fate = ["unreached"] * n
+    for d in res.decisions:
+        fate[d["node"]] = "correct" if d["accepted"] else "rejected"
+    return fate[1:]
+
+
+def _tree_record(tree: DraftTree, b: int, res) -> dict:
     """One request's draft tree for the trace: nodes 1..n-1 (node 0 is the root)."""
     parents = tree.parents(b)
     depths = []
@@ -110,6 +119,7 @@ def _tree_record(tree: DraftTree, b: int) -> dict:
         "tree_mask": ["".join("1" if x else "0" for x in row) for row in tree.tree_mask[b].tolist()],
         "retrive_next_token": tree.retrive_next_token[b].tolist(),
         "retrive_next_sibling": tree.retrive_next_sibling[b].tolist(),
+        "fates": _fates(tree.draft_tokens.shape[1], res),
     }
 
 
@@ -286,7 +296,7 @@ class Engine:
                 "correct_drafts": res.correct_drafts, "bonus_token": res.bonus_token,
                 "accept_tokens": res.accept_tokens, "accept_len": res.accept_len,
                 "committed_tokens": committed[r.req], "finish_reason": r.finish_reason,
-                "draft": _tree_record(tree, b) if tree is not None else None,
+                "draft": _tree_record(tree, b, res) if tree is not None else None,
                 "verify": verify[r.req],
                 "accept": {"rule": "greedy" if tree is not None else "none", "accept_nodes": res.accept_nodes,
                            "decisions": res.decisions},
