@@ -28,10 +28,11 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--algo", "--speculative-algorithm", dest="algo", default="standalone",
                    type=str.lower, choices=ALL_ALGOS, metavar="ALGO",
                    help="none (plain autoregressive), standalone (draft LM), eagle (EAGLE-1 head), "
-                        "nextn / mtp (MTP module, run as EAGLE); default standalone")
+                        "eagle3 (EAGLE-3 head), nextn / mtp (MTP module, run as EAGLE), frozen_kv_mtp "
+                        "(MTP assistant reading the target's KV); default standalone")
     p.add_argument("--num-steps", "--speculative-num-steps", dest="num_steps", type=int, default=None,
                    help="tree depth; unset with --topk and --num-draft-tokens: SGLang's automatic choice, "
-                        "(5, 4, 8) for EAGLE/NEXTN on a Llama target, (3, 1, 4) otherwise")
+                        "(5, 4, 8) on a Llama target except for standalone, (3, 1, 4) otherwise")
     p.add_argument("--topk", "--speculative-eagle-topk", dest="topk", type=int, default=None,
                    help="branching of the draft tree; 1 is a chain")
     p.add_argument("--num-draft-tokens", "--speculative-num-draft-tokens", dest="num_draft_tokens", type=int)
@@ -67,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _check_supported(args) -> None:
     """Options whose machinery arrives in later work are refused, not ignored."""
     algos = args.algos if hasattr(args, "algos") else [args.algo]
-    available = ("none", "standalone", "eagle", "nextn", "mtp")
+    available = ("none", "standalone", "eagle", "eagle3", "nextn", "mtp", "frozen_kv_mtp")
     for algo in algos:
         if algo not in available:
             raise UsageError(f"--algo {algo} is not available yet (available: {', '.join(available)})")

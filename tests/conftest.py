@@ -2,9 +2,11 @@ import pytest
 import torch
 
 from spectrace.core.drafters.eagle import load_eagle
+from spectrace.core.drafters.eagle3 import load_eagle3
+from spectrace.core.drafters.frozen_kv_mtp import load_frozen_kv_mtp
 from spectrace.core.drafters.mtp import load_mtp
 from spectrace.core.model import load_model
-from spectrace.zoo import DRAFT_DIR, EAGLE_DIR, MTP_DIR, TARGET_DIR
+from spectrace.zoo import DRAFT_DIR, EAGLE3_DIR, EAGLE_DIR, FROZEN_KV_MTP_DIR, MTP_DIR, TARGET_DIR
 
 
 @pytest.fixture(scope="session")
@@ -21,7 +23,8 @@ def draft():
 def drafters(target, draft):
     """The embedded draft model of every algorithm, by --algo name."""
     mtp = load_mtp(MTP_DIR, target)
-    return {"standalone": draft, "eagle": load_eagle(EAGLE_DIR, target), "mtp": mtp, "nextn": mtp}
+    return {"standalone": draft, "eagle": load_eagle(EAGLE_DIR, target), "eagle3": load_eagle3(EAGLE3_DIR, target),
+            "mtp": mtp, "nextn": mtp, "frozen_kv_mtp": load_frozen_kv_mtp(FROZEN_KV_MTP_DIR, target)}
 
 
 @pytest.fixture(scope="session")

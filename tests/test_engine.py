@@ -29,7 +29,7 @@ def prompts(draw, tokenizer):
     return out
 
 
-ALGOS = ["standalone", "eagle", "mtp"]
+ALGOS = ["standalone", "eagle", "eagle3", "mtp", "frozen_kv_mtp"]
 
 
 def generate(target, draft, algo, prompt_ids, num_steps=3, max_new=16, style="sglang", eos=(0,), topk=1, n=None):
@@ -40,7 +40,7 @@ def generate(target, draft, algo, prompt_ids, num_steps=3, max_new=16, style="sg
     observe = engine.metrics.observe_step
     engine.metrics.observe_step = lambda rec: (steps.append(rec), observe(rec))
     reqs, metrics = engine.generate(prompt_ids)
-    for kv in [engine.kv] + ([engine.drafter.kv] if engine.drafter else []):  # no slot leaked
+    for kv in [engine.kv] + ([engine.drafter_kv] if engine.drafter_kv is not None else []):  # no slot leaked
         assert len(kv.allocator.free_slots) == kv.allocator.num_slots
     for rec in steps:  # every step of every request
         assert rec["accept_len"] == len(rec["correct_drafts"]) + 1

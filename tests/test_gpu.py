@@ -45,3 +45,20 @@ def test_gpu_fp32_speculative_equals_autoregressive(tokenizer, style):
         reqs, _ = build_engine(target, draft if algo != "none" else None, spec, ids, (0,)).generate(ids)
         out[algo] = [r.output_ids for r in reqs]
     assert out["none"] == out["standalone"]
+
+
+@pytest.mark.parametrize("algo", ["standalone", "eagle", "eagle3", "mtp", "frozen_kv_mtp"])
+def test_gpu_fp32_trees_equal_autoregressive(tokenizer, algo):
+    """Every drafter at SGLang's Llama tree (5, 4, 8), batch 8, fp32 on the GPU."""
+    from spectrace.core.runner import DEFAULT_DRAFTS, load_drafter_model
+
+    target = load_model(TARGET_DIR, torch.float32, "cuda")
+    draft = load_drafter_model(algo, DEFAULT_DRAFTS[algo], target, tokenizer, torch.float32, "cuda")
+    ids = [tokenizer.encode(p) for p in HELD_OUT_PROMPTS]
+    out = {}
+    for a in ("none", algo):
+        spec = SpecConfig(algo=a, num_steps=5, topk=4, num_draft_tokens=8, max_new_tokens=48)
+        reqs, metrics = build_engine(target, draft if a != "none" else None, spec, ids, (0,)).generate(ids)
+        out[a] = [r.output_ids for r in reqs]
+    print(f"{algo}: accept length {metrics['accept_length']:.3f} on the GPU")
+    assert out["none"] == out[algo]

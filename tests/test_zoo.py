@@ -51,9 +51,8 @@ def test_training_smoke_writes_a_loadable_checkpoint(tmp_path, monkeypatch):
     assert (out / "README.md").is_file()
 
 
-def test_head_training_smoke_writes_loadable_eagle_and_mtp(tmp_path, monkeypatch, target):
-    from spectrace.core.drafters.eagle import load_eagle
-    from spectrace.core.drafters.mtp import load_mtp
+def test_head_training_smoke_writes_loadable_heads(tmp_path, monkeypatch, target):
+    from spectrace.core.runner import HEAD_LOADERS
     from spectrace.zoo import train_eagle
 
     lib = _mini_stdlib(tmp_path)
@@ -61,9 +60,10 @@ def test_head_training_smoke_writes_loadable_eagle_and_mtp(tmp_path, monkeypatch
     manifest = tmp_path / "m.tsv"
     corpus.write_manifest(files, manifest)
     monkeypatch.setattr(corpus, "MANIFEST", manifest)
-    for kind, load in (("eagle", load_eagle), ("mtp", load_mtp)):
+    for kind in train_eagle.KINDS:
         out = tmp_path / kind
         assert train_eagle.main(["--kind", kind, "--stdlib", str(lib), "--out", str(out), "--smoke", "--steps", "2",
-                                 "--batch", "2", "--seq-len", "32", "--eval-every", "2", "--device", "cpu"]) == 0
-        head = load(out, target)
+                                 "--batch", "2", "--seq-len", "32", "--eval-every", "2", "--device", "cpu",
+                                 "--draft-vocab", "64"]) == 0
+        head = HEAD_LOADERS[kind](out, target)
         assert (out / "README.md").is_file() and sum(p.numel() for p in head.parameters()) > 0

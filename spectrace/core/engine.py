@@ -26,7 +26,7 @@ from spectrace.core.model import CausalLM
 from spectrace.core.trace import TraceWriter
 from spectrace.core.tree import DraftTree, tree_capacity
 
-ALGOS = ("none", "standalone", "eagle", "nextn", "mtp")
+ALGOS = ("none", "standalone", "eagle", "eagle3", "nextn", "mtp", "frozen_kv_mtp")
 
 
 @dataclass
@@ -141,10 +141,21 @@ class Engine:
         self.device = target.lm_head.weight.device
         max_context = max_context or target.config.max_position_embeddings
         self.kv = target.new_kv_cache("target", spec.commit_style, num_slots, max_requests, max_context)
+        # what EAGLE-style drafters read: the last hidden state, or (EAGLE-3) the inputs of these layers
+        self.drafter_kv = drafter.kv if drafter is not None else None  # FROZEN_KV_MTP keeps none
+        self.capture_layers = drafter.capture_layers if drafter is not None else ()
+        if hasattr(drafter, "bind_target_kv"):  # FROZEN_KV_MTP attends to the target's KV
+            drafter.bind_target_kv(self.kv)
         self.metrics = SpecMetrics(spec.num_steps if spec.algo != "none" else 0, spec.num_draft_tokens)
         self.step_count = 0
 
     # ---- helpers -------------------------------------------------------------------------
+    def _target_forward(self, batch: ForwardBatch):
+        """Target logits and the features drafters read, (N, F) per row."""
+        out = self.target(batch, self.kv, self.capture_layers)
+        feats = torch.cat(out.aux_hidden_states, dim=-1) if self.capture_layers else out.hidden_states
+        return out.logits, feats
+
     def _append(self, r: Request, tokens: list[int]) -> list[int]:
         """Commit tokens to the output until EOS or max_new_tokens; returns what entered."""
         entered = []
@@ -180,13 +191,13 @@ class Engine:
             "req_to_token_tail_before": tail_before,
             "req_to_token_tail": self._req_to_token_tail(r.req),
         }
-        if self.drafter is not None:
-            rec["draft_seq_len"] = [draft_before, self.drafter.kv.seq_lens[r.req]]
+        if self.drafter_kv is not None:
+            rec["draft_seq_len"] = [draft_before, self.drafter_kv.seq_lens[r.req]]
         if r.finish_reason:
             self._finish(r)
         rec["events"] = self.kv.take_events(r.req)
-        if self.drafter is not None:
-            rec["events"] += self.drafter.kv.take_events(r.req)
+        if self.drafter_kv is not None:
+            rec["events"] += self.drafter_kv.take_events(r.req)
         rec["free_slots"] = len(self.kv.allocator.free_slots)
         return rec
 
@@ -196,14 +207,13 @@ class Engine:
         timer = _Timer(self.device)
         with timer("prefill"):
             batch = ForwardBatch.build(self.kv, [(r.req, 0, r.prompt_ids) for r in reqs])
-            out = self.target(batch, self.kv)
-            logits = out.logits
+            logits, feats = self._target_forward(batch)
         features, end = {}, 0
         for r in reqs:
             n = len(r.prompt_ids)
             end += n
             self.kv.commit(r.req, 0, n, list(range(n)))
-            features[r.req] = out.hidden_states[end - n:end]  # what EAGLE-style drafters read
+            features[r.req] = feats[end - n:end]
             self._append(r, [int(torch.argmax(logits[end - 1]))])
             self.metrics.observe_prefill(r.req)
         live = [r for r in reqs if not r.finish_reason]
@@ -214,7 +224,7 @@ class Engine:
         for r in reqs:
             rec = {"kind": "prefill", "request": r.req, "prompt_len": len(r.prompt_ids),
                    "first_token": r.output_ids[0], "finish_reason": r.finish_reason,
-                   "kv": self._kv_record(r, 0, 0 if self.drafter else None), "timing": timer.ms}
+                   "kv": self._kv_record(r, 0, 0 if self.drafter_kv is not None else None), "timing": timer.ms}
             if self.trace:
                 self.trace.write(rec, r.prompt_ids + r.output_ids)
 
@@ -231,7 +241,7 @@ class Engine:
 
     def _step(self, reqs: list[Request], tree: DraftTree | None, timer: _Timer) -> None:
         """VERIFY -> ACCEPT -> COMMIT -> EXTEND for one step of every request in `reqs`."""
-        draft_before = {r.req: self.drafter.kv.seq_lens[r.req] for r in reqs} if self.drafter else {}
+        draft_before = {r.req: self.drafter_kv.seq_lens[r.req] for r in reqs} if self.drafter_kv is not None else {}
         L = {r.req: self.kv.seq_lens[r.req] for r in reqs}  # target KV: committed tokens but the root
         tail_before = {r.req: self._req_to_token_tail(r.req) for r in reqs}
         if tree is None:
@@ -247,8 +257,7 @@ class Engine:
         with timer("verify"):  # node j of request r takes req_to_token[r, L + j]
             batch = ForwardBatch.build(self.kv, [(r.req, L[r.req], rows[r.req]) for r in reqs], masks,
                                        [positions[r.req] for r in reqs])
-            out = self.target(batch, self.kv)
-            logits = out.logits  # (sum of nodes, vocab)
+            logits, feats = self._target_forward(batch)  # (sum of nodes, vocab), (sum of nodes, F)
         with timer("accept"):
             results, verify, first_row, end = {}, {}, {}, 0
             for b, r in enumerate(reqs):
@@ -286,7 +295,7 @@ class Engine:
                 # the features of the accepted path's rows (root .. last correct draft)
                 self.drafter.draft_extend([
                     (r.req, results[r.req].accept_tokens,
-                     out.hidden_states[[first_row[r.req] + j for j in results[r.req].accept_nodes]])
+                     feats[[first_row[r.req] + j for j in results[r.req].accept_nodes]])
                     for r in live])
 
         for b, r in enumerate(reqs):

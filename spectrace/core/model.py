@@ -214,12 +214,17 @@ def read_checkpoint(path: str | Path):
 
 
 def check_keys(model: nn.Module, state: dict, path, what: str, optional=()) -> None:
-    """The checkpoint's keys must be exactly the model's (keys in `optional` may be absent)."""
-    expected = set(model.state_dict())
-    missing = sorted(expected - state.keys() - set(optional))
-    unexpected = sorted(state.keys() - expected)
+    """The checkpoint's keys must be exactly the model's (keys in `optional` may be absent), each
+    with the shape the config gives."""
+    expected = model.state_dict()
+    missing = sorted(expected.keys() - state.keys() - set(optional))
+    unexpected = sorted(state.keys() - expected.keys())
     if missing or unexpected:
         raise SpectraceError(f"checkpoint {path} is not a {what}: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    for k, v in state.items():
+        if tuple(v.shape) != tuple(expected[k].shape):
+            raise SpectraceError(f"checkpoint {path} does not match its config.json: {k} is {tuple(v.shape)}, "
+                                 f"the config makes it {tuple(expected[k].shape)}")
 
 
 def load_model(path: str | Path, dtype=torch.float32, device="cpu") -> CausalLM:

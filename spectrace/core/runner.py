@@ -9,17 +9,24 @@ import torch
 
 from spectrace.core.config import SpectraceError
 from spectrace.core.drafters.eagle import EagleDrafter, EagleHead, load_eagle
+from spectrace.core.drafters.eagle3 import load_eagle3
+from spectrace.core.drafters.frozen_kv_mtp import FrozenKVMtpDrafter, FrozenKVMtpHead, load_frozen_kv_mtp
 from spectrace.core.drafters.mtp import load_mtp
 from spectrace.core.drafters.standalone import StandaloneDrafter
 from spectrace.core.engine import ALGOS, Engine, Request, SpecConfig
 from spectrace.core.model import CausalLM, load_model, weights_digest
 from spectrace.core.trace import SCHEMA, TraceError, TraceWriter
-from spectrace.zoo import DRAFT_DIR, EAGLE_DIR, MTP_DIR, TARGET_DIR
-
-DEFAULT_DRAFTS = {"standalone": DRAFT_DIR, "eagle": EAGLE_DIR, "nextn": MTP_DIR, "mtp": MTP_DIR}
-# SGLang's resolution: NEXTN (and an MTP module) runs through the EAGLE worker
-RESOLVED = {"none": "NONE", "standalone": "STANDALONE", "eagle": "EAGLE", "nextn": "EAGLE", "mtp": "EAGLE"}
+from spectrace.zoo import DRAFT_DIR, EAGLE3_DIR, EAGLE_DIR, FROZEN_KV_MTP_DIR, MTP_DIR, TARGET_DIR
 from spectrace.zoo.prompts import HELD_OUT_PROMPTS
+
+DEFAULT_DRAFTS = {"standalone": DRAFT_DIR, "eagle": EAGLE_DIR, "eagle3": EAGLE3_DIR, "nextn": MTP_DIR,
+                  "mtp": MTP_DIR, "frozen_kv_mtp": FROZEN_KV_MTP_DIR}
+# SGLang's resolution: NEXTN (and an MTP module) runs through the EAGLE worker
+RESOLVED = {"none": "NONE", "standalone": "STANDALONE", "eagle": "EAGLE", "eagle3": "EAGLE3", "nextn": "EAGLE",
+            "mtp": "EAGLE", "frozen_kv_mtp": "FROZEN_KV_MTP"}
+# draft heads that read target features, by --algo
+HEAD_LOADERS = {"eagle": load_eagle, "eagle3": load_eagle3, "nextn": load_mtp, "mtp": load_mtp,
+                "frozen_kv_mtp": load_frozen_kv_mtp}
 
 
 @dataclass
@@ -65,9 +72,9 @@ def resolve_prompts(prompts: list[str], batch: int | None) -> list[str]:
 
 def spec_defaults(cfg: RunConfig, target_arch: str) -> tuple[int, int, int | None]:
     """(num_steps, topk, num_draft_tokens) as SGLang's `_auto_choose_speculative_params` picks
-    them when none is given: (5, 4, 8) for the EAGLE family on Llama targets, else (3, 1, 4).
+    them when none is given: (5, 4, 8) on Llama targets, except for STANDALONE, else (3, 1, 4).
     Values given are kept; topk 1 then forces num_draft_tokens = num_steps + 1."""
-    if cfg.algo in ("eagle", "nextn", "mtp") and target_arch == "LlamaForCausalLM":
+    if cfg.algo != "standalone" and target_arch == "LlamaForCausalLM":
         steps, topk, n = 5, 4, 8
     else:
         steps, topk, n = 3, 1, 4
@@ -109,13 +116,12 @@ def load_tokenizer(path: str):
 
 
 def load_drafter_model(algo: str, path: str, target: CausalLM, tok, dtype, device):
-    """The draft LM (standalone) or draft head (EAGLE, NEXTN/MTP) for `algo`."""
+    """The draft LM (standalone) or the draft head that reads target features (the others)."""
     if algo == "standalone":
         draft = load_model(path, dtype, device)
         check_vocab(target, draft, tok, path)
         return draft
-    load = load_eagle if algo == "eagle" else load_mtp
-    return load(path, target).to(dtype)
+    return HEAD_LOADERS[algo](path, target).to(dtype)
 
 
 def check_vocab(target: CausalLM, draft: CausalLM, tok, draft_path: str) -> None:
@@ -162,10 +168,12 @@ def build_engine(target: CausalLM, draft: CausalLM | None, spec: SpecConfig, pro
     columns = _context(target, draft) + _scratch_columns(spec)
     num_slots = sum(len(p) + spec.max_new_tokens + _scratch_columns(spec) for p in prompt_ids)
     drafter = None
-    if draft is not None:
+    shape = (spec.num_steps, spec.topk, spec.num_draft_tokens, spec.trace_topk)
+    if isinstance(draft, FrozenKVMtpHead):  # no draft KV: it reads the target's
+        drafter = FrozenKVMtpDrafter(draft, target, *shape)
+    elif draft is not None:
         draft_kv = draft.new_kv_cache("draft", spec.commit_style, num_slots, len(prompt_ids), columns)
-        shape = (spec.num_steps, spec.topk, spec.num_draft_tokens, spec.trace_topk)
-        if isinstance(draft, EagleHead):  # EAGLE and NEXTN/MTP heads
+        if isinstance(draft, EagleHead):  # EAGLE, EAGLE-3 and NEXTN/MTP heads
             drafter = EagleDrafter(draft, target, draft_kv, *shape)
         else:
             drafter = StandaloneDrafter(draft, draft_kv, *shape)

@@ -270,6 +270,16 @@ def draft_tree(first_probs, forward_beams, root_tokens, seq_lens, topk: int, num
         draft_topk=[[cand_pairs[b][int(c)] for c in top_scores_index[b]] for b in range(bs)])
 
 
+def beam_features(h_prev: torch.Tensor, i: int, parent_beam, topk: int) -> torch.Tensor:
+    """The hidden states level i's K paths continue (bs*K, H): at level 0 every path continues the
+    root's (h_prev (bs, H)); later, path k continues the path of level i-1 it was expanded from
+    (h_prev (bs*K, H), parent_beam (bs, K))."""
+    if i == 0:
+        return h_prev.repeat_interleave(topk, dim=0)
+    offset = torch.arange(0, parent_beam.shape[0] * topk, topk, device=h_prev.device).unsqueeze(1)
+    return h_prev[(parent_beam + offset).flatten()]
+
+
 def tree_capacity(topk: int, num_steps: int) -> int:
     """Candidates the draft loop scores: the most draft nodes a tree can hold (n - 1)."""
     return topk + (num_steps - 1) * topk * topk

@@ -1,15 +1,23 @@
-"""Train the embedded EAGLE-1 head (or, with --kind mtp, the NEXTN/MTP module) against the
-embedded target (frozen).
+"""Train the embedded draft heads against the embedded target (frozen): the EAGLE-1 head, the
+NEXTN/MTP module, the EAGLE-3 head and the FROZEN_KV_MTP assistant.
 
-    python -m spectrace.zoo.train_eagle --stdlib corpus/Lib --out spectrace/zoo/models/tiny-eagle
+    python -m spectrace.zoo.train_eagle --kind eagle --stdlib corpus/Lib --out spectrace/zoo/models/tiny-eagle
     python -m spectrace.zoo.train_eagle --kind mtp --stdlib corpus/Lib --out spectrace/zoo/models/tiny-mtp
+    python -m spectrace.zoo.train_eagle --kind eagle3 --stdlib corpus/Lib --out spectrace/zoo/models/tiny-eagle3
+    python -m spectrace.zoo.train_eagle --kind frozen_kv_mtp --stdlib corpus/Lib --out spectrace/zoo/models/tiny-frozen-kv-mtp
 
-The head reads (feature f_t, token x_{t+1}) and learns to produce f_{t+1}: a KL loss to the
-target's next-token distribution through the target's lm_head, plus EAGLE's smooth-L1 feature
-regression. Drafting feeds the head its own outputs from the second tree level on, so training
-unrolls the same way (`--unroll` levels, each fed the previous level's outputs), a small version
-of EAGLE-3's training-time test. The training forward is dense (one causal sequence per row);
-tests check it equals the paged forward the engine runs.
+Drafting feeds a head its own outputs from the second tree level on, so training unrolls the same
+way: EAGLE-3's training-time test. Level j (1-based) at anchor t reads token x_{t+j} with the
+target feature f_t (level 1) or level j-1's output at the same anchor, and predicts the target's
+distribution after x_{t+j}. Attention sees what it sees while drafting a chain:
+    EAGLE-1, MTP, EAGLE-3  level-1 keys at anchors <= t (the committed prefix, read from target
+                           features) and the keys of levels 2..j at anchor t only (the path's
+                           ancestors in the scratch KV); level j sits at position t + j - 1
+    FROZEN_KV_MTP          the target's last-layer keys at positions <= t; every level sits at t + 1
+Losses: EAGLE-1 and MTP: KL(target || head) + smooth-L1 regression of the output on f_{t+j}
+(EAGLE-1's feature loss); EAGLE-3: cross-entropy against the target restricted to the draft
+vocabulary, where the target's argmax lies in it (SafeAILab's `traineagle3`); FROZEN_KV_MTP: KL.
+The training forward is dense; tests check it equals the paged forward the engine runs.
 """
 from __future__ import annotations
 
@@ -25,59 +33,141 @@ import torch.nn.functional as F
 
 from spectrace.core.config import ModelConfig
 from spectrace.core.drafters.eagle import EagleHead
+from spectrace.core.drafters.eagle3 import Eagle3Head, default_capture_layers
+from spectrace.core.drafters.frozen_kv_mtp import FrozenKVMtpHead
 from spectrace.core.drafters.mtp import MtpHead
 from spectrace.core.model import rotate_half
 from spectrace.zoo import TARGET_DIR, corpus
 from spectrace.zoo.train import token_stream
 
+KINDS = ("eagle", "mtp", "eagle3", "frozen_kv_mtp")
 
-def head_config(target_hf):
-    """The head's config: the target's shapes with one layer (EAGLE-1's config.json layout)."""
+
+def head_config(target_hf, kind: str, draft_vocab_size: int | None = None):
+    """The head's config.json: the target's shapes, one layer (two for the FROZEN_KV_MTP
+    assistant), plus the fields each format adds."""
     from transformers import LlamaConfig
 
     d = target_hf.to_dict()
     keep = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
             "max_position_embeddings", "rms_norm_eps", "bos_token_id", "eos_token_id", "head_dim")
-    cfg = LlamaConfig(**{k: d[k] for k in keep if k in d}, num_hidden_layers=1,
-                      rope_theta=ModelConfig.from_hf(target_hf).rope_theta, tie_word_embeddings=False)
-    cfg.architectures = ["LlamaForCausalLM"]
+    extra = {}
+    L = target_hf.num_hidden_layers
+    if kind == "eagle3":  # ids i mean "the output of layer i": layer i + 1's input is captured
+        extra = {"draft_vocab_size": draft_vocab_size,
+                 "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in default_capture_layers(L)]}}
+    if kind == "frozen_kv_mtp":
+        extra = {"backbone_hidden_size": target_hf.hidden_size}
+    cfg = LlamaConfig(**{k: d[k] for k in keep if k in d}, num_hidden_layers=2 if kind == "frozen_kv_mtp" else 1,
+                      rope_theta=ModelConfig.from_hf(target_hf).rope_theta, tie_word_embeddings=False, **extra)
+    cfg.architectures = [{"eagle3": "LlamaForCausalLMEagle3", "frozen_kv_mtp": "FrozenKVMtpForCausalLM"}.get(
+        kind, "LlamaForCausalLM")]
     return cfg
 
 
-def dense_forward(head: EagleHead, ids: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
-    """The head over whole sequences, causal, no KV cache: ids (B, T), feats (B, T, H) -> (B, T, H)."""
-    B, T = ids.shape
-    layer, attn = head.layers[0], head.layers[0].self_attn
-    x = head.fuse(ids, feats)
-    cos, sin = head.rotary_emb(torch.arange(T, device=ids.device), x.dtype)  # (T, 1, d)
-    h = layer.input_layernorm(x)
-    q = attn.q_proj(h).view(B, T, attn.num_heads, attn.head_dim)
-    k = attn.k_proj(h).view(B, T, attn.num_kv_heads, attn.head_dim)
-    v = attn.v_proj(h).view(B, T, attn.num_kv_heads, attn.head_dim)
-    q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-    group = attn.num_heads // attn.num_kv_heads
-    k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
-    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
-    x = x + attn.o_proj(o.transpose(1, 2).reshape(B, T, -1))
+def new_head(kind: str, hf_cfg, target_cfg, d2t=None, t2d=None):
+    cfg = ModelConfig.from_hf(hf_cfg)
+    if kind == "eagle3":
+        head = Eagle3Head(cfg, len(d2t), target_cfg.hidden_size, default_capture_layers(target_cfg.num_hidden_layers))
+        head.d2t.copy_(d2t)
+        head.t2d.copy_(t2d)
+        return head
+    if kind == "frozen_kv_mtp":
+        return FrozenKVMtpHead(cfg, target_cfg.hidden_size, target_cfg.num_hidden_layers - 1)
+    return (MtpHead if kind == "mtp" else EagleHead)(cfg)
+
+
+def draft_vocab(train_ids: torch.Tensor, vocab_size: int, size: int):
+    """EAGLE-3's draft vocabulary: the `size` most frequent training tokens, in id order.
+    Returns d2t (draft id -> target id offset), t2d (target id in the draft vocab) and coverage."""
+    counts = torch.bincount(train_ids.long(), minlength=vocab_size)
+    used = torch.sort(torch.topk(counts, size).indices).values
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[used] = True
+    return used - torch.arange(size), t2d, counts[used].sum().item() / counts.sum().item()
+
+
+def _attend(q, keys, values, diag=()):
+    """q (B, n, h, d) at anchors 0..n-1; keys/values (B, n, kvh, d) visible at anchors <= the
+    query's; diag: (k, v) pairs seen only at the query's own anchor. Returns (B, n, h, d)."""
+    B, n, h, d = q.shape
+    group = h // keys.shape[2]
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, keys.repeat_interleave(group, 2)) * d ** -0.5
+    causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~causal, float("-inf"))
+    extra = [torch.einsum("bqhd,bqhd->bhq", q, k.repeat_interleave(group, 2)).unsqueeze(-1) * d ** -0.5
+             for k, _ in diag]
+    probs = torch.softmax(torch.cat([scores, *extra], dim=-1).float(), dim=-1).to(q.dtype)
+    out = torch.einsum("bhqk,bkhd->bqhd", probs[..., :n], values.repeat_interleave(group, 2))
+    for i, (_, v) in enumerate(diag):
+        out = out + probs[..., n + i].transpose(1, 2).unsqueeze(-1) * v.repeat_interleave(group, 2)
+    return out
+
+
+def _rope(x, cos, sin):
+    return x * cos + rotate_half(x) * sin
+
+
+def eagle_level(head: EagleHead, ids, feats, j: int, past: list):
+    """Level j of an EAGLE-1 / MTP / EAGLE-3 head: ids (B, n), feats (B, n, F) -> (B, n, H).
+    `past` collects each level's (k, v): level 1's are the prefix, later ones the ancestors."""
+    B, n = ids.shape
+    layer = head.layers[0]
+    attn = layer.self_attn
+    attn_in, x = head.layer_input(ids, feats)
+    cos, sin = head.rotary_emb(torch.arange(n, device=ids.device) + j - 1, x.dtype)  # (n, 1, d)
+    q = _rope(attn.q_proj(attn_in).view(B, n, attn.num_heads, attn.head_dim), cos, sin)
+    k = _rope(attn.k_proj(attn_in).view(B, n, attn.num_kv_heads, attn.head_dim), cos, sin)
+    v = attn.v_proj(attn_in).view(B, n, attn.num_kv_heads, attn.head_dim)
+    past.append((k, v))
+    o = _attend(q, *past[0], past[1:])
+    x = x + attn.o_proj(o.reshape(B, n, -1))
     return head.finish(x + layer.mlp(layer.post_attention_layernorm(x)))
 
 
-def unrolled_losses(head, lm_head, ids, feats, target_logp, unroll: int, reg_weight: float):
-    """Level 1 reads target features; level j >= 2 reads level j-1's outputs, one position on.
-    ids (B, T+1) tokens; feats (B, T, H) target features; target_logp (B, T, V) at each position.
+def frozen_level(head: FrozenKVMtpHead, embeds, feats, target_k, target_v):
+    """One level of the FROZEN_KV_MTP assistant, every anchor t at position t + 1 over the target's
+    keys at positions <= t: embeds, feats (B, n, H_t); target_k/v (B, n, kvh, d) post-RoPE.
+    Returns (hidden fed forward (B, n, H_t), logits (B, n, V))."""
+    B, n = feats.shape[:2]
+    x = head.pre_projection(torch.cat([embeds, feats], dim=-1))
+    cos, sin = head.rotary_emb(torch.arange(n, device=x.device) + 1, x.dtype)
+    for layer in head.model.layers:
+        attn = layer.self_attn
+        q = _rope(attn.q_proj(layer.input_layernorm(x)).view(B, n, attn.num_heads, attn.head_dim), cos, sin)
+        x = x + attn.o_proj(_attend(q, target_k, target_v).reshape(B, n, -1))
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    x = head.model.norm(x)
+    return head.post_projection(x), head.lm_head(x)
+
+
+def unrolled_losses(kind, head, target, ids, feats, target_logits, target_kv, unroll: int, reg_weight: float):
+    """ids (B, T+1) tokens; feats (B, T, F) target features; target_logits (B, T, V) at each
+    position; target_kv: the target's last-layer (k, v) (B, T, kvh, d), for FROZEN_KV_MTP.
     Returns per-level (loss, top-1 agreement with the target)."""
-    T = feats.shape[1]
-    out, inputs = [], feats[:, :-1]
+    n = feats.shape[1] - unroll  # anchors every level has a target for
+    inputs, past, out = feats[:, :n], [], []
     for j in range(1, unroll + 1):
-        n = T - j  # pairs (f_t, x_{t+1}) for t < n, at level j
-        h = dense_forward(head, ids[:, j:j + n], inputs[:, :n])
-        logp = F.log_softmax(lm_head(h).float(), -1)
-        tgt = target_logp[:, j:j + n]  # the target's distribution after x_{t+1}
-        kl = F.kl_div(logp, tgt, log_target=True, reduction="none").sum(-1).mean()
-        reg = F.smooth_l1_loss(h.float(), feats[:, j:j + n].float())
-        agree = (logp.argmax(-1) == tgt.argmax(-1)).float().mean()
-        out.append((kl + reg_weight * reg, agree))
-        inputs = h[:, :-1]  # the next level continues from this level's outputs
+        tok, tgt = ids[:, j:j + n], target_logits[:, j:j + n].float()
+        if kind == "frozen_kv_mtp":
+            h, logits = frozen_level(head, target.model.embed_tokens(tok), inputs, *(t[:, :n] for t in target_kv))
+        else:
+            h = eagle_level(head, tok, inputs, j, past)
+            logits = head.compute_logits(h, target.lm_head)
+        agree = (logits.argmax(-1) == tgt.argmax(-1)).float().mean()
+        if kind == "eagle3":  # cross-entropy over the draft vocabulary where the target's choice is in it
+            hot = head.hot_token_id
+            p = torch.softmax(tgt[..., hot], -1)
+            ce = -(p * F.log_softmax(head.lm_head(head.norm(h)).float(), -1)).sum(-1)
+            keep = head.t2d[tgt.argmax(-1)].float()
+            loss = (ce * keep).sum() / keep.sum().clamp(min=1)
+        else:
+            loss = F.kl_div(F.log_softmax(logits.float(), -1), F.log_softmax(tgt, -1), log_target=True,
+                            reduction="none").sum(-1).mean()
+            if kind in ("eagle", "mtp"):
+                loss = loss + reg_weight * F.smooth_l1_loss(h.float(), feats[:, j:j + n].float())
+        out.append((loss, agree))
+        inputs = h
     return out
 
 
@@ -96,27 +186,44 @@ def train(args) -> dict:
     train_ids = token_stream(tok, texts["train"], tok.eos_token_id)
     heldout_ids = token_stream(tok, texts["heldout"], tok.eos_token_id)
 
-    cfg = head_config(target.config)
-    head = (MtpHead if args.kind == "mtp" else EagleHead)(ModelConfig.from_hf(cfg)).to(device)
-    head.embed_tokens.weight.data.copy_(target.model.embed_tokens.weight)
-    head.embed_tokens.weight.requires_grad_(False)  # EAGLE keeps the target's embedding frozen
+    d2t = t2d = None
+    coverage = None
+    if args.kind == "eagle3":
+        d2t, t2d, coverage = draft_vocab(train_ids, target.config.vocab_size, args.draft_vocab)
+        print(f"draft vocabulary: {args.draft_vocab} tokens cover {coverage:.3f} of the training tokens")
+    cfg = head_config(target.config, args.kind, args.draft_vocab)
+    head = new_head(args.kind, cfg, target.config, d2t, t2d).to(device)
+    if hasattr(head, "embed_tokens"):  # EAGLE heads keep a frozen copy of the target's embedding
+        head.embed_tokens.weight.data.copy_(target.model.embed_tokens.weight)
+        head.embed_tokens.weight.requires_grad_(False)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+    capture = head.capture_layers
 
     def batch_from(stream, starts):
+        """Tokens (B, T+1) and the target's features, logits and last-layer KV over the first T."""
         x = torch.stack([stream[s:s + args.seq_len + 1] for s in starts]).long().to(device)
         with torch.no_grad(), amp:
-            out = target(x[:, :-1], output_hidden_states=True)
-        return x, out.hidden_states[-1].float(), F.log_softmax(out.logits.float(), -1)
+            out = target(x[:, :-1], output_hidden_states=True, use_cache=args.kind == "frozen_kv_mtp")
+        hs = out.hidden_states  # hs[i]: the input of layer i; hs[-1]: after the final norm
+        feats = torch.cat([hs[i] for i in capture], -1) if capture else hs[-1]
+        kv = None
+        if args.kind == "frozen_kv_mtp":
+            layer = (getattr(out, "cache", None) or out.past_key_values).layers[-1]
+            kv = (layer.keys.transpose(1, 2), layer.values.transpose(1, 2))  # (B, T, kvh, d)
+        return x, feats.float(), out.logits, kv
+
+    def losses(batch):
+        x, f, logits, kv = batch
+        return unrolled_losses(args.kind, head, target, x, f, logits, kv, args.unroll, args.reg_weight)
 
     def evaluate():
         g = torch.Generator().manual_seed(1)
         starts = torch.randint(0, len(heldout_ids) - args.seq_len - 1, (32,), generator=g)
         head.eval()
         with torch.no_grad(), amp:
-            x, f, lp = batch_from(heldout_ids, starts)
-            res = unrolled_losses(head, target.lm_head, x, f, lp, args.unroll, args.reg_weight)
+            res = losses(batch_from(heldout_ids, starts))
         head.train()
         return [round(a.item(), 4) for _, a in res]
 
@@ -127,9 +234,9 @@ def train(args) -> dict:
         for g in opt.param_groups:
             g["lr"] = lr
         starts = torch.randint(0, len(train_ids) - args.seq_len - 1, (args.batch,), generator=gen)
-        x, f, lp = batch_from(train_ids, starts)
+        batch = batch_from(train_ids, starts)
         with amp:
-            res = unrolled_losses(head, target.lm_head, x, f, lp, args.unroll, args.reg_weight)
+            res = losses(batch)
             loss = sum(l for l, _ in res) / len(res)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -146,7 +253,8 @@ def train(args) -> dict:
     cfg.save_pretrained(out)
     from safetensors.torch import save_file
 
-    state = {k: v.detach().to(torch.bfloat16).contiguous().cpu() for k, v in head.state_dict().items()}
+    state = {k: (v.detach().to(torch.bfloat16) if v.is_floating_point() else v).contiguous().cpu()
+             for k, v in head.state_dict().items()}
     save_file(state, out / "model.safetensors", metadata={"format": "pt"})
     report = {"model": args.kind, "params": sum(p.numel() for p in head.parameters()),
               "trainable_params": sum(p.numel() for p in params), "target": str(args.target),
@@ -155,6 +263,8 @@ def train(args) -> dict:
                            "seconds": round(time.time() - t0, 1),
                            "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                            "history": history},
+              "capture_layers": list(capture) or None,
+              "draft_vocab": {"size": args.draft_vocab, "train_coverage": round(coverage, 4)} if coverage else None,
               "heldout_agreement": history[-1]["heldout_agreement"],
               "command": "python -m spectrace.zoo.train_eagle " + " ".join(sys.argv[1:])}
     (out / "train_report.json").write_text(json.dumps(report, indent=1) + "\n")
@@ -163,24 +273,43 @@ def train(args) -> dict:
     return report
 
 
+CARDS = {  # (what the head is, what it shares with the target, its loss)
+    "eagle": ("EAGLE-1 head: fc over [embedding; target feature] (2H -> H, with bias), one Llama decoder "
+              "layer without input_layernorm",
+              "the target's embedding (a frozen copy) and the target's lm_head (not stored)",
+              "KL(target || head) + {reg} x smooth-L1 regression on the next target feature"),
+    "mtp": ("NEXTN/MTP module (DeepSeek-V3 style): eh_proj over [enorm(embedding); hnorm(target feature)], "
+            "one Llama decoder layer, shared_head.norm",
+            "the target's embedding (a frozen copy) and the target's lm_head (not stored)",
+            "KL(target || head) + {reg} x smooth-L1 regression on the next target feature"),
+    "eagle3": ("EAGLE-3 head: fc over the target's features entering layers {taps} (3H -> H), a midlayer whose "
+               "q/k/v read [input_layernorm(embedding); hidden_norm(feature)], norm and its own lm_head over "
+               "a draft vocabulary of {vocab} tokens (d2t / t2d maps; {cov:.1%} of training tokens)",
+               "the target's embedding (a frozen copy)",
+               "cross-entropy against the target restricted to the draft vocabulary, where the target's argmax "
+               "is in it"),
+    "frozen_kv_mtp": ("FROZEN_KV_MTP assistant (Gemma 4 assistant data flow, Llama blocks): pre_projection over "
+                      "[target embedding; hidden] (2H -> H), two Llama blocks whose attention has queries only "
+                      "and reads the target's last-layer KV, norm, post_projection (H -> H) and its own lm_head",
+                      "the target's embedding and KV (read, not stored)", "KL(target || head)"),
+}
+
+
 def write_card(report: dict, out: Path) -> None:
     t = report["training"]
     agree = ", ".join(f"level {i + 1}: {a:.3f}" for i, a in enumerate(report["heldout_agreement"]))
-    what = {
-        "eagle": "EAGLE-1 head of spectrace, trained against `{t}` (frozen): fc over [embedding; target "
-                 "feature] (2H -> H, with bias), one Llama decoder layer without input_layernorm",
-        "mtp": "NEXTN/MTP module of spectrace (DeepSeek-V3 style), trained against `{t}` (frozen): eh_proj "
-               "over [enorm(embedding); hnorm(target feature)], one Llama decoder layer, shared_head.norm",
-    }[report["model"]].format(t=report["target"])
+    vocab = report.get("draft_vocab") or {}
+    what, shares, loss = CARDS[report["model"]]
+    what = what.format(taps=report.get("capture_layers"), vocab=vocab.get("size"), cov=vocab.get("train_coverage", 0))
     (out / "README.md").write_text(f"""# {out.name}
 
-The embedded {what}, the target's embedding (a frozen copy) and the target's lm_head (not stored).
+The embedded {what}, trained by spectrace against `{report['target']}` (frozen). It uses {shares}.
 {report['params']:,} parameters ({report['trainable_params']:,} trained); bf16 weights.
 
 - **Corpus**: the target's (see its card), train split.
 - **Training**: {t['steps']} AdamW steps of {t['batch']} x {t['seq_len']} tokens, lr {t['lr']} (cosine), loss =
-  KL(target || head) + {t['reg_weight']} x smooth-L1 feature regression, unrolled over {t['unroll']} levels
-  (level j >= 2 reads level j-1's outputs), seed {t['seed']}; {t['seconds']} s on {t['device']}.
+  {loss.format(reg=t['reg_weight'])}, unrolled over {t['unroll']} levels as the head drafts (EAGLE-3's
+  training-time test: level j >= 2 reads level j-1's outputs), seed {t['seed']}; {t['seconds']} s on {t['device']}.
 - **Held-out**: teacher-forced top-1 agreement with the target's argmax, {agree}.
 - **Reproduce**: `{report['command']}`.
 """)
@@ -188,7 +317,7 @@ The embedded {what}, the target's embedding (a frozen copy) and the target's lm_
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m spectrace.zoo.train_eagle")
-    ap.add_argument("--kind", choices=["eagle", "mtp"], default="eagle")
+    ap.add_argument("--kind", choices=KINDS, default="eagle")
     ap.add_argument("--stdlib", type=Path, default=corpus.default_stdlib())
     ap.add_argument("--target", default=str(TARGET_DIR))
     ap.add_argument("--out", type=Path, required=True)
@@ -196,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--unroll", type=int, default=3)
+    ap.add_argument("--unroll", type=int, default=5, help="levels of the training-time test")
+    ap.add_argument("--draft-vocab", type=int, default=3072, help="EAGLE-3's draft vocabulary size")
     ap.add_argument("--reg-weight", type=float, default=1.0)
     ap.add_argument("--eval-every", type=int, default=500)
     ap.add_argument("--seed", type=int, default=0)

@@ -27,10 +27,15 @@ from spectrace.core.drafters.scratch import TreeScratch
 from spectrace.core.kv import KVCache
 from spectrace.core.model import (CausalLM, DecoderLayer, KVCacheOwner, RotaryEmbedding, check_keys,
                                    read_checkpoint)
-from spectrace.core.tree import DraftTree, draft_tree
+from spectrace.core.tree import DraftTree, beam_features, draft_tree
 
 
 class EagleHead(nn.Module, KVCacheOwner):
+    """The EAGLE-1 head; MTP and EAGLE-3 heads subclass it and change `layer_input`, `finish`
+    and `compute_logits`, the three places where they differ."""
+
+    capture_layers: tuple[int, ...] = ()  # target layers whose inputs are the features; () = last hidden
+
     def __init__(self, cfg: ModelConfig, fc_bias: bool = True):
         super().__init__()
         self.config = cfg
@@ -41,21 +46,28 @@ class EagleHead(nn.Module, KVCacheOwner):
         self.layers[0].input_layernorm = nn.Identity()  # EAGLE's layer 0 has none: fc output is the input
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
 
-    def fuse(self, input_ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        """(..., H) input of the decoder layer from tokens and features one position back."""
-        return self.fc(torch.cat([self.embed_tokens(input_ids), features], dim=-1))
+    def layer_input(self, input_ids: torch.Tensor, features: torch.Tensor):
+        """(attention input, residual) of the decoder layer from tokens and features one position back."""
+        x = self.fc(torch.cat([self.embed_tokens(input_ids), features], dim=-1))
+        return self.layers[0].input_layernorm(x), x
 
     def finish(self, h: torch.Tensor) -> torch.Tensor:
-        """What the lm_head reads and the next level is fed: EAGLE-1 uses the layer output as is."""
+        """What the next tree level is fed: EAGLE-1 uses the layer output as is."""
         return h
+
+    def compute_logits(self, h: torch.Tensor, target_lm_head: nn.Module) -> torch.Tensor:
+        """(N, target vocab) draft logits of what `forward` returned: EAGLE-1 reads the target's lm_head."""
+        return target_lm_head(h).float()
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, kv: KVCache, features: torch.Tensor) -> torch.Tensor:
-        """features (N, H): the target's (or the head's own) hidden state one position back.
-        Returns h (N, H), to be read by the target's lm_head."""
-        x = self.fuse(batch.input_ids, features)
+        """features (N, F): the target's (or the head's own) hidden state one position back.
+        Returns h (N, H), fed to the next level and read by `compute_logits`."""
+        layer = self.layers[0]
+        attn_in, x = self.layer_input(batch.input_ids, features)
         cos, sin = self.rotary_emb(batch.positions, x.dtype)
-        return self.finish(self.layers[0](x, cos, sin, batch, kv))
+        x = x + layer.self_attn(attn_in, cos, sin, batch, kv)
+        return self.finish(x + layer.mlp(layer.post_attention_layernorm(x)))
 
 
 def load_eagle(path: str | Path, target: CausalLM) -> EagleHead:
@@ -85,6 +97,7 @@ class EagleDrafter:
     def __init__(self, head: EagleHead, target: CausalLM, kv: KVCache, num_steps: int, topk: int = 1,
                  num_draft_tokens: int | None = None, trace_topk: int = 5):
         self.head, self.lm_head, self.kv, self.trace_topk = head, target.lm_head, kv, trace_topk
+        self.capture_layers = head.capture_layers
         self.num_steps, self.topk = num_steps, topk
         self.num_draft_tokens = num_draft_tokens or num_steps + 1
         self.next_probs: dict[int, torch.Tensor] = {}  # req -> (vocab,) draft distribution after the root
@@ -92,7 +105,7 @@ class EagleDrafter:
 
     @torch.no_grad()
     def _probs(self, h: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(self.lm_head(h).float(), dim=-1)
+        return torch.softmax(self.head.compute_logits(h, self.lm_head), dim=-1)
 
     def _extend(self, items: list[tuple[int, list[int], torch.Tensor]]) -> None:
         batch = ForwardBatch.build(self.kv, [(req, self.kv.seq_lens[req], toks) for req, toks, _ in items])
@@ -120,11 +133,7 @@ class EagleDrafter:
 
         def forward_beams(i, input_ids, parent_beam):
             nonlocal h_prev
-            if i == 0:  # every level-0 path continues the root
-                feats = h_prev.repeat_interleave(K, dim=0)
-            else:  # each path continues the path it was expanded from
-                offset = torch.arange(0, len(reqs) * K, K, device=h_prev.device).unsqueeze(1)
-                feats = h_prev[(parent_beam + offset).flatten()]
+            feats = beam_features(h_prev, i, parent_beam, K)
             h_prev = self.head(scratch.batch(i, input_ids, parent_beam), self.kv, feats)  # (bs*K, H)
             return self._probs(h_prev)
 

@@ -33,8 +33,9 @@ class MtpHead(EagleHead):
         self.shared_head.norm = RMSNorm(H, cfg.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
 
-    def fuse(self, input_ids, features):
-        return self.eh_proj(torch.cat([self.enorm(self.embed_tokens(input_ids)), self.hnorm(features)], dim=-1))
+    def layer_input(self, input_ids, features):
+        x = self.eh_proj(torch.cat([self.enorm(self.embed_tokens(input_ids)), self.hnorm(features)], dim=-1))
+        return self.layers[0].input_layernorm(x), x
 
     def finish(self, h):
         return self.shared_head.norm(h)

@@ -25,6 +25,7 @@ from spectrace.core.tree import DraftTree, draft_tree
 
 class StandaloneDrafter:
     algo = "standalone"
+    capture_layers: tuple[int, ...] = ()  # reads no target features
 
     def __init__(self, model: CausalLM, kv: KVCache, num_steps: int, topk: int = 1,
                  num_draft_tokens: int | None = None, trace_topk: int = 5):

@@ -1,0 +1,107 @@
+"""EAGLE-3: the head reads the target's low, middle and high features and drafts over its own,
+smaller vocabulary.
+
+    features   the residual stream entering target layers 2, L//2 and L-3, concatenated (3 H_t):
+               `CausalLM.forward(capture_layers=...)`, as SGLang's `set_eagle3_layers_to_capture`
+    fc         3 H_t -> H, applied only to target features; deeper tree levels feed the head its
+               own H-wide output, which skips fc (SGLang: `if hidden.shape[-1] != embeds.shape[-1]`)
+    midlayer   q/k/v read cat(input_layernorm(embed(x)), hidden_norm(h)) (2H wide); the residual
+               stream is h; the rest is a Llama layer
+    head       lm_head(norm(h)) over draft_vocab_size tokens; draft id i is target id i + d2t[i]
+               (SGLang's hot_token_id); other target ids get -inf, as in vLLM
+
+Unlike EAGLE-1, the level output fed forward is taken before `norm` (SafeAILab's `cnets.Model`
+returns both). Checkpoint: SafeAILab's EAGLE-3 layout (`fc.weight`, `midlayer.*`, `norm.weight`,
+`lm_head.weight`, `d2t`, `t2d`, optional `embed_tokens.weight`), a one-layer Llama config with
+`draft_vocab_size`; `eagle_config.eagle_aux_hidden_state_layer_ids` (ids i mean "the output of
+layer i", so layer i + 1 is captured) overrides the default taps.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from spectrace.core.config import ModelConfig, SpectraceError
+from spectrace.core.drafters.eagle import EagleHead
+from spectrace.core.model import CausalLM, DecoderLayer, RMSNorm, RotaryEmbedding, check_keys, read_checkpoint
+
+
+def default_capture_layers(num_target_layers: int) -> tuple[int, ...]:
+    L = num_target_layers
+    return (2, L // 2, L - 3)
+
+
+class Eagle3Head(EagleHead):
+    def __init__(self, cfg: ModelConfig, draft_vocab_size: int, target_hidden_size: int,
+                 capture_layers: tuple[int, ...]):
+        nn.Module.__init__(self)
+        self.config = cfg
+        H = cfg.hidden_size
+        self.capture_layers = tuple(capture_layers)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, H)
+        self.fc = nn.Linear(len(capture_layers) * target_hidden_size, H, bias=False)
+        self.midlayer = DecoderLayer(cfg, 0)
+        attn = self.midlayer.self_attn  # q/k/v read [embedding; feature]: twice as wide
+        for name in ("q_proj", "k_proj", "v_proj"):
+            old = getattr(attn, name)
+            setattr(attn, name, nn.Linear(2 * H, old.out_features, bias=old.bias is not None))
+        self.midlayer.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
+        self.norm = RMSNorm(H, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(H, draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(draft_vocab_size, dtype=torch.int64))
+        self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
+        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
+
+    @property
+    def layers(self):  # one pool layer for the draft KV, as for EAGLE-1
+        return [self.midlayer]
+
+    @property
+    def hot_token_id(self) -> torch.Tensor:
+        """Target id of each draft id."""
+        return self.d2t + torch.arange(len(self.d2t), device=self.d2t.device)
+
+    def layer_input(self, input_ids, features):
+        h = self.fc(features) if features.shape[-1] != self.config.hidden_size else features
+        emb = self.midlayer.input_layernorm(self.embed_tokens(input_ids))
+        return torch.cat([emb, self.midlayer.hidden_norm(h)], dim=-1), h
+
+    def compute_logits(self, h, target_lm_head=None):
+        draft_logits = self.lm_head(self.norm(h)).float()  # (..., draft vocab)
+        logits = draft_logits.new_full((*h.shape[:-1], self.config.vocab_size), float("-inf"))
+        logits[..., self.hot_token_id] = draft_logits
+        return logits
+
+
+def load_eagle3(path: str | Path, target: CausalLM) -> Eagle3Head:
+    """Strict loading of SafeAILab's EAGLE-3 layout (`midlayer.` as stored there)."""
+    hf, state = read_checkpoint(path)
+    cfg = ModelConfig.from_hf(hf)
+    Ht, L = target.config.hidden_size, target.config.num_hidden_layers
+    ids = (getattr(hf, "eagle_config", None) or {}).get("eagle_aux_hidden_state_layer_ids")
+    capture = tuple(i + 1 for i in ids) if ids else default_capture_layers(L)
+    draft_vocab = getattr(hf, "draft_vocab_size", None) or cfg.vocab_size
+    made_for = getattr(hf, "target_hidden_size", None) or cfg.hidden_size  # SafeAILab's rule for fc's width
+    fc = state.get("fc.weight")
+    want = (cfg.hidden_size, len(capture) * Ht)
+    if made_for != Ht or fc is None or tuple(fc.shape) != want:
+        shape = None if fc is None else tuple(fc.shape)
+        raise SpectraceError(f"EAGLE-3 checkpoint {path} does not fit the target: made for hidden size {made_for} "
+                             f"(fc.weight {shape}), the target's is {Ht} (fc.weight {want} for {len(capture)} taps)")
+    if cfg.vocab_size != target.config.vocab_size:
+        raise SpectraceError(f"EAGLE-3 checkpoint {path} has vocabulary {cfg.vocab_size}, "
+                             f"the target {target.config.vocab_size}")
+    if any(not 0 <= i < L for i in capture):
+        raise SpectraceError(f"EAGLE-3 checkpoint {path} taps layers {list(capture)}; the target has {L}")
+    head = Eagle3Head(cfg, draft_vocab, Ht, capture)
+    own_embedding = cfg.hidden_size != Ht  # a head narrower than the target must bring its own
+    check_keys(head, state, path, "EAGLE-3 head", optional=[] if own_embedding else ["embed_tokens.weight"])
+    state.setdefault("embed_tokens.weight", target.model.embed_tokens.weight.detach().cpu())
+    head.load_state_dict(state)
+    hot = head.hot_token_id
+    if hot.min() < 0 or hot.max() >= cfg.vocab_size or not head.t2d[hot].all():
+        raise SpectraceError(f"EAGLE-3 checkpoint {path}: d2t maps draft ids outside the vocabulary or t2d")
+    p = target.lm_head.weight
+    return head.to(device=p.device, dtype=p.dtype).eval()
