@@ -1,6 +1,9 @@
 """The `spectrace` command.
 
-    spectrace run --algo standalone --no-tui      a speculative run on the embedded models
+    spectrace run --algo eagle --topk 4           a speculative run on the embedded models, then
+                                                  its walkthrough (the summary with --no-tui)
+    spectrace replay TRACE                        the walkthrough of any trace (no model needed)
+    spectrace render TRACE --step N -o tree.svg   a step's draft tree as a Graphviz figure
     spectrace bench                               tokens/s and tau on the held-out prompts
 
 Every user error is one line on stderr and exit code 2.
@@ -57,7 +60,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--batch", type=int, default=None,
                      help="number of requests; built-in held-out prompts fill up what --prompt leaves")
     run.add_argument("--trace", default=None, metavar="PATH", help="default: runs/<time>-<algo>.jsonl")
-    run.add_argument("--no-tui", action="store_true", help="print the text and metrics summary")
+    run.add_argument("--no-tui", action="store_true",
+                     help="print the text and metrics summary instead of opening the walkthrough")
+    replay = sub.add_parser("replay", help="open the walkthrough of a trace")
+    replay.add_argument("trace", metavar="TRACE")
+    render = sub.add_parser("render", help="draw a step's draft tree with Graphviz")
+    render.add_argument("trace", metavar="TRACE")
+    render.add_argument("--step", type=int, default=None, help="decode step number (the trace's `step`)")
+    render.add_argument("--request", type=int, default=None, help="request of that step (default: the first)")
+    render.add_argument("--all", action="store_true", help="every step: OUT's name gets -step<N>-req<R>")
+    render.add_argument("-o", "--out", required=True, metavar="FILE", help="FILE.svg, FILE.png or FILE.dot")
     bench = sub.add_parser("bench", help="tokens/s and tau of algorithms on the held-out prompts")
     _add_run_options(bench)
     bench.add_argument("--algos", nargs="+", default=["none", "standalone"])
@@ -67,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _check_supported(args) -> None:
     """Options whose machinery arrives in later work are refused, not ignored."""
+    if args.command in ("replay", "render"):
+        return
     algos = args.algos if hasattr(args, "algos") else [args.algo]
     available = ("none", "standalone", "eagle", "eagle3", "nextn", "mtp", "frozen_kv_mtp")
     for algo in algos:
@@ -104,9 +118,47 @@ def cmd_run(args) -> int:
     from spectrace.viz.text import run_summary
 
     result = run(_run_config(args, prompts=args.prompt, batch=args.batch, trace=args.trace))
-    if not args.no_tui and sys.stdout.isatty():
-        print("spectrace: the TUI walkthrough is not built yet; printing the summary", file=sys.stderr)
+    if not args.no_tui and sys.stdin.isatty() and sys.stdout.isatty():
+        from spectrace.viz.tui.app import replay
+
+        replay(result.trace_path)
     print(run_summary(result, args.algo))
+    return 0
+
+
+def cmd_replay(args) -> int:
+    from spectrace.viz.tui.app import replay
+
+    replay(args.trace)
+    return 0
+
+
+def cmd_render(args) -> int:
+    """One figure (--step N [--request R]) or one per step (--all)."""
+    from pathlib import Path
+
+    from spectrace.core.trace import TraceFile
+    from spectrace.viz.graph import step_graph, write_figure
+
+    trace = TraceFile(args.trace)
+    for notice in trace.notices:
+        print(f"spectrace: note: {notice}", file=sys.stderr)
+    picked = [i for i, m in enumerate(trace.index)
+              if (args.all or m.step == args.step) and args.request in (None, m.request)]
+    if not args.all:
+        if args.step is None:
+            raise UsageError("render needs --step N (or --all)")
+        if not picked:
+            steps = sorted({m.step for m in trace.index})
+            which = f"no step {args.step}" + (f" of request {args.request}" if args.request is not None else "")
+            where = f"steps {steps[0]}..{steps[-1]}" if steps else "no decode steps"
+            raise UsageError(f"{which} in {args.trace} ({where})")
+        picked = picked[:1]
+    out = Path(args.out)
+    for i in picked:
+        rec = trace.step(i)
+        path = out if not args.all else out.with_name(f"{out.stem}-step{rec['step']}-req{rec['request']}{out.suffix}")
+        print(write_figure(step_graph(rec, trace.token_text), path))
     return 0
 
 
@@ -142,12 +194,13 @@ def cmd_bench(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from spectrace.core.config import SpectraceError
+    from spectrace.core.trace import TraceError
 
     args = build_parser().parse_args(argv)
     try:
         _check_supported(args)
-        return {"run": cmd_run, "bench": cmd_bench}[args.command](args)
-    except (UsageError, SpectraceError) as e:
+        return {"run": cmd_run, "bench": cmd_bench, "replay": cmd_replay, "render": cmd_render}[args.command](args)
+    except (UsageError, SpectraceError, TraceError) as e:
         print(f"spectrace: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -14,6 +14,7 @@ their text, so a viewer needs neither tokenizer nor model. Reading needs no torc
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
@@ -58,7 +59,19 @@ class TraceWriter:
 
 
 @dataclass
+class StepMeta:
+    """What the index keeps of a step record without parsing it."""
+    line: int  # 1-based line number in the file
+    step: int
+    request: int
+    accept_len: int
+    committed: list[int]  # committed_tokens: what the timeline and token stream need
+    timing: dict  # phase times in ms: what the running speed-up estimate needs
+
+
+@dataclass
 class Trace:
+    """A fully read trace (`read_trace`): every step parsed and validated."""
     header: dict
     prefills: list[dict] = field(default_factory=list)
     steps: list[dict] = field(default_factory=list)
@@ -82,64 +95,126 @@ def _check_step(rec: dict, lineno: int) -> None:
         raise TraceError(f"line {lineno}: accept_tokens != correct_drafts + [bonus_token]")
 
 
-def read_trace(path: str | Path) -> Trace:
-    """Read and validate a trace; raise TraceError with a one-line reason if it is unusable."""
-    path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise TraceError(f"no trace file at {path}") from None
-    except OSError as e:
-        raise TraceError(f"cannot read trace {path}: {e.strerror}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise TraceError(f"{path} is not a spectrace trace (not UTF-8 text)") from None
-    lines = text.split("\n")
-    complete = text.endswith("\n")
-    if complete:
-        lines.pop()  # the empty string after the final newline
-    if not lines or not lines[0].strip():
-        raise TraceError(f"trace {path} is empty")
-    records = []
-    for i, line in enumerate(lines, start=1):
-        try:
-            rec = json.loads(line)
-            if not isinstance(rec, dict):
-                raise ValueError
-        except ValueError:
-            if i == len(lines) and i > 1 and not complete:
-                torn = f"trace ends in a torn line (line {i}); read up to the last complete record"
-                records.append(("torn", torn))
-                break
-            if i == 1:
-                raise TraceError(f"{path} is not a spectrace trace (line 1 is not a JSON header)") from None
-            raise TraceError(f"trace {path} is corrupted at line {i} (not a JSON object)") from None
-        records.append((i, rec))
+# the writer's key order makes a step line start and end predictably: the index reads these
+# fields with a regex and parses the whole record only when a viewer asks for it
+_STEP_HEAD = re.compile(r'\{"kind": "step", "step": (\d+), "request": (\d+), ')
+_ACCEPT_LEN = re.compile(r'"accept_len": (\d+), ')
+_COMMITTED = re.compile(r'"committed_tokens": \[([0-9, ]*)\]')
+_TIMING = re.compile(r'"timing": (\{[^{}]*\})')
+_TOKENS = ', "tokens": {'
 
-    _, header = records[0]
-    schema = header.get("schema")
-    if header.get("kind") != "header" or not isinstance(schema, str) or not schema.startswith(SCHEMA_PREFIX):
-        raise TraceError(f"{path} is not a spectrace trace (no spectrace.trace header)")
-    if schema != SCHEMA:
-        raise TraceError(f"trace schema {schema} is not readable by this spectrace, which reads {SCHEMA}")
-    trace = Trace(header=header)
-    trace.tokens.update({int(k): v for k, v in header.get("tokens", {}).items()})
-    for lineno, rec in records[1:]:
-        if lineno == "torn":
-            trace.notices.append(rec)
-            continue
-        kind = rec.get("kind")
-        trace.tokens.update({int(k): v for k, v in rec.get("tokens", {}).items()})
-        if kind == "step":
+
+def _json_object(line: str):
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+class TraceFile:
+    """A trace opened lazily, so ten thousand steps open in a blink: the header, prefill and
+    summary records and a small index of the steps (`StepMeta`) are read at open, and each step
+    record is parsed and validated when asked for (`step(i)`)."""
+
+    def __init__(self, path: str | Path):
+        self.path = path = Path(path)
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            raise TraceError(f"no trace file at {path}") from None
+        except IsADirectoryError:
+            raise TraceError(f"{path} is a directory, not a trace file") from None
+        except OSError as e:
+            raise TraceError(f"cannot read trace {path}: {e.strerror}") from None
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise TraceError(f"{path} is not a spectrace trace (not UTF-8 text)") from None
+        lines = text.split("\n")
+        complete = text.endswith("\n")
+        if complete:
+            lines.pop()  # the empty string after the final newline
+        if not lines or not lines[0].strip():
+            raise TraceError(f"trace {path} is empty")
+        self.notices: list[str] = []
+        if len(lines) > 1 and not complete and _json_object(lines[-1]) is None:
+            lines.pop()
+            self.notices.append(f"trace ends in a torn line (line {len(lines) + 1}); "
+                                f"read up to the last complete record")
+        self._lines = lines
+        header = _json_object(lines[0])
+        if header is None:
+            raise TraceError(f"{path} is not a spectrace trace (line 1 is not a JSON header)")
+        schema = header.get("schema")
+        if header.get("kind") != "header" or not isinstance(schema, str) or not schema.startswith(SCHEMA_PREFIX):
+            raise TraceError(f"{path} is not a spectrace trace (no spectrace.trace header)")
+        if schema != SCHEMA:
+            raise TraceError(f"trace schema {schema} is not readable by this spectrace, which reads {SCHEMA}")
+        self.header = header
+        self.prefills: list[dict] = []
+        self.summary: dict | None = None
+        self.index: list[StepMeta] = []
+        self.tokens: dict[int, str] = {}
+        self._add_tokens(header.get("tokens", {}))
+        for lineno, line in enumerate(lines[1:], start=2):
+            if line.startswith('{"kind": "step"'):
+                self._index_step(lineno, line)
+                continue
+            rec = _json_object(line)
+            if rec is None:
+                raise TraceError(f"trace {path} is corrupted at line {lineno} (not a JSON object)")
+            self._add_tokens(rec.get("tokens", {}))
+            kind = rec.get("kind")
+            if kind == "prefill":
+                self.prefills.append(rec)
+            elif kind == "summary":
+                self.summary = rec
+            else:
+                raise TraceError(f"trace {path} line {lineno}: unknown record kind {kind!r}")
+        if self.summary is None:
+            self.notices.append("the run did not finish: no summary record")
+        self._cache: dict[int, dict] = {}
+
+    def _add_tokens(self, tokens: dict) -> None:
+        self.tokens.update({int(k): v for k, v in tokens.items()})
+
+    def _index_step(self, lineno: int, line: str) -> None:
+        head, acc, com, tim = (_STEP_HEAD.match(line), _ACCEPT_LEN.search(line), _COMMITTED.search(line),
+                               _TIMING.search(line))
+        cut = line.rfind(_TOKENS)
+        tokens = _json_object(line[cut + len(_TOKENS) - 1:-1]) if cut > 0 and line.endswith("}}") else None
+        timing = _json_object(tim.group(1)) if tim else None
+        if head is None or acc is None or com is None or tokens is None or timing is None:
+            raise TraceError(f"trace {self.path} is corrupted at line {lineno} (not a step record)")
+        self._add_tokens(tokens)
+        committed = [int(t) for t in com.group(1).split(",") if t.strip()]
+        self.index.append(StepMeta(lineno, int(head.group(1)), int(head.group(2)), int(acc.group(1)), committed,
+                                   timing))
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def step(self, i: int) -> dict:
+        """The i-th step record of the file, parsed and validated."""
+        if i not in self._cache:
+            lineno = self.index[i].line
+            rec = _json_object(self._lines[lineno - 1])
+            if rec is None or rec.get("kind") != "step":
+                raise TraceError(f"trace {self.path} is corrupted at line {lineno} (not a JSON object)")
             _check_step(rec, lineno)
-            trace.steps.append(rec)
-        elif kind == "prefill":
-            trace.prefills.append(rec)
-        elif kind == "summary":
-            trace.summary = rec
-        else:
-            raise TraceError(f"trace {path} line {lineno}: unknown record kind {kind!r}")
-    if trace.summary is None:
-        trace.notices.append("the run did not finish: no summary record")
-    return trace
+            if len(self._cache) > 256:  # a viewer walks nearby steps; keep memory flat
+                self._cache.clear()
+            self._cache[i] = rec
+        return self._cache[i]
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokens.get(token_id, f"<{token_id}>")
+
+
+def read_trace(path: str | Path) -> Trace:
+    """Read and validate a whole trace; raise TraceError with a one-line reason if it is unusable."""
+    f = TraceFile(path)
+    steps = [f.step(i) for i in range(len(f))]
+    return Trace(header=f.header, prefills=f.prefills, steps=steps, summary=f.summary, tokens=f.tokens,
+                 notices=f.notices)

@@ -257,7 +257,7 @@ def train(args) -> dict:
              for k, v in head.state_dict().items()}
     save_file(state, out / "model.safetensors", metadata={"format": "pt"})
     report = {"model": args.kind, "params": sum(p.numel() for p in head.parameters()),
-              "trainable_params": sum(p.numel() for p in params), "target": str(args.target),
+              "trainable_params": sum(p.numel() for p in params), "target": _shown_path(args.target),
               "training": {"steps": args.steps, "batch": args.batch, "seq_len": args.seq_len, "lr": args.lr,
                            "unroll": args.unroll, "reg_weight": args.reg_weight, "seed": args.seed,
                            "seconds": round(time.time() - t0, 1),
@@ -271,6 +271,12 @@ def train(args) -> dict:
     write_card(report, out)
     print(f"saved {out}")
     return report
+
+
+def _shown_path(path) -> str:
+    """A path as the card shows it: relative to the working directory when under it."""
+    p = Path(path).resolve()
+    return str(p.relative_to(Path.cwd())) if p.is_relative_to(Path.cwd()) else str(path)
 
 
 CARDS = {  # (what the head is, what it shares with the target, its loss)
