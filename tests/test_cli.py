@@ -21,9 +21,10 @@ def _run(capsys, *args):
     return code, out, err
 
 
-def test_standalone_prints_the_same_text_as_none(capsys, tmp_path):
+def test_every_algorithm_prints_the_same_text_as_none(capsys, tmp_path):
+    """The whole `spectrace run` path (loading, defaults, engine, trace, summary) per algorithm."""
     texts = {}
-    for algo in ("none", "standalone"):
+    for algo in ("none", "standalone", "eagle", "eagle3", "nextn", "mtp", "frozen_kv_mtp"):
         trace = tmp_path / f"{algo}.jsonl"
         code, out, err = _run(capsys, "run", "--algo", algo, "--no-tui", "--batch", "2",
                               "--max-new-tokens", "20", "--trace", str(trace))
@@ -33,8 +34,13 @@ def test_standalone_prints_the_same_text_as_none(capsys, tmp_path):
         per_req = {r["request"]: len(r["output_ids"]) for r in t.summary["requests"]}
         if algo == "none":  # one step per generated token after the first
             assert len(t.steps) == sum(n - 1 for n in per_req.values())
-    assert texts["none"] == texts["standalone"]
-    assert "accept_length tau" in out and "SpecDecoding metrics: Mean acceptance length" in out
+        else:
+            assert "SpecDecoding metrics: Mean acceptance length" in out
+            expected = "standalone" if algo == "standalone" else "eagle_family"
+            shape = (5, 4, 8) if expected == "eagle_family" else (3, 1, 4)  # SGLang's choice for a Llama target
+            cfg = t.header["config"]
+            assert (cfg["num_steps"], cfg["topk"], cfg["num_draft_tokens"]) == shape
+        assert texts[algo] == texts["none"], algo
 
 
 @pytest.fixture

@@ -90,6 +90,10 @@ class FrozenKVMtpHead(nn.Module):
         self.lm_head = nn.Linear(H, cfg.vocab_size, bias=False)
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
 
+    @property
+    def layers(self):
+        return self.model.layers
+
     @torch.no_grad()
     def forward(self, embeds, features, positions, kv: KVCache, rows):
         """embeds, features (N, H_t): target embedding of each row's token and the hidden state

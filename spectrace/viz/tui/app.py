@@ -1,0 +1,267 @@
+"""The walkthrough: a Textual app that replays a trace step by step and phase by phase.
+
+    left/right  step          [ / ]  phase          up/down  node          r  next request
+    space       play / pause  g      export this step's Graphviz figure     ?  help    q  quit
+
+The panels' contents come from `panels.py`; this module holds the cursor (request, step, phase,
+node) and the layout. Records are read from the trace lazily, one step at a time.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.text import Text
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Footer, Static
+
+from spectrace.core.config import SpectraceError
+from spectrace.core.trace import TraceError, TraceFile
+from spectrace.viz import graph
+from spectrace.viz.steptree import ViewNode, step_tree
+from spectrace.viz.tui import panels
+
+HELP = """[b]spectrace walkthrough[/b]
+
+A step is one round of speculative decoding. Its phases:
+  [cyan]DRAFT d[/cyan]   the drafter grows the tree level by level (q: draft probability, s: path score)
+  [cyan]VERIFY[/cyan]    one target forward over every node with the tree mask (p: target probability)
+  [cyan]ACCEPT[/cyan]    the rule walks from the root: [green]✓ correct[/green], [red]✗ rejected[/red], · never reached,
+            and the [blue]★ bonus[/blue] token the target adds after the last correct node
+  [cyan]COMMIT[/cyan]    the target KV keeps the accepted path; the rest is released
+  [cyan]EXTEND[/cyan]    the drafter catches up on the accepted tokens
+
+Keys:  left/right step   [ ] phase   up/down node   r request   space play/pause
+       g export this step as a Graphviz figure   ? this help   q quit
+
+accept_len = correct drafts + 1 bonus;  α = correct / proposed;  τ = tokens / verify passes.
+Press any key to close."""
+
+
+class HelpScreen(ModalScreen):
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > Static { width: 96; max-width: 100%; height: auto; border: round $accent; padding: 0 1;
+                          background: $surface; }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Static(HELP)
+
+    def on_key(self, event) -> None:
+        event.stop()
+        self.dismiss()
+
+
+class Panel(VerticalScroll, can_focus=False):
+    """A titled, scrollable box around one Static."""
+
+    def __init__(self, title: str, id: str):
+        super().__init__(id=id)
+        self.border_title = title
+        self.body = Static()
+
+    def compose(self) -> ComposeResult:
+        yield self.body
+
+    def show(self, renderable, title: str | None = None) -> None:
+        self.body.update(renderable)
+        if title is not None:
+            self.border_title = title
+
+
+class Walkthrough(App):
+    TITLE = "spectrace"
+    ENABLE_COMMAND_PALETTE = False
+    CSS = """
+    Screen { layout: vertical; }
+    #title { height: 1; background: $primary-background; color: $text; padding: 0 1; }
+    #phases { height: 1; padding: 0 1; }
+    #timeline { height: 3; border: round $secondary; padding: 0 1; }
+    #middle { height: 3fr; }
+    #bottom { height: 2fr; }
+    #tree, #inspector, #stream, #kv { border: round $secondary; padding: 0 1; width: 1fr; }
+    #metrics { height: 4; border: round $secondary; padding: 0 1; }
+    Panel { scrollbar-size-vertical: 1; }
+    """
+    BINDINGS = [
+        Binding("left", "step(-1)", "step", priority=True),
+        Binding("right", "step(1)", "step", show=False, priority=True),
+        Binding("left_square_bracket", "phase(-1)", "phase", priority=True),
+        Binding("right_square_bracket", "phase(1)", "phase", show=False, priority=True),
+        Binding("up", "node(-1)", "node", priority=True),
+        Binding("down", "node(1)", "node", show=False, priority=True),
+        Binding("r", "request", "request"),
+        Binding("space", "play", "play"),
+        Binding("g", "export", "figure"),
+        Binding("question_mark", "help", "help"),
+        Binding("q", "quit", "quit"),
+    ]
+
+    def __init__(self, trace: TraceFile, export_dir: Path | None = None):
+        super().__init__()
+        self.trace = trace
+        self.algo = trace.header.get("config", {}).get("algo", "?")
+        self.requests = sorted({m.request for m in trace.index})
+        self.by_request = {r: [i for i, m in enumerate(trace.index) if m.request == r] for r in self.requests}
+        self.request = self.requests[0]
+        self.position = 0  # index into the request's steps
+        self.phase_name = "ACCEPT"
+        self.node = 1
+        self.export_dir = export_dir or Path(trace.path).parent
+        self._timer = None
+        self.error: str | None = None
+
+    # ---- state ---------------------------------------------------------------------------
+    @property
+    def record(self) -> dict:
+        return self.trace.step(self.by_request[self.request][self.position])
+
+    @property
+    def phases(self) -> list[str]:
+        return panels.phases_of(self.record, self.algo)
+
+    @property
+    def nodes(self) -> list[ViewNode]:
+        return step_tree(self.record, self.trace.token_text)
+
+    def _clamp(self) -> None:
+        """Keep the phase and node valid after the step changed."""
+        phases = self.phases
+        if self.phase_name not in phases:
+            kind = self.phase_name.split()[0]
+            drafts = [p for p in phases if p.startswith("DRAFT")]
+            self.phase_name = (drafts[-1] if kind == "DRAFT" and drafts else "VERIFY")
+        shown = panels.visible_nodes(self.nodes, self.phase_name)
+        if self.node not in shown:
+            self.node = shown[1] if len(shown) > 1 else shown[0]
+
+    # ---- layout --------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield Static(id="title")
+        yield Static(id="phases")
+        yield Panel("steps: accept_len", "timeline")
+        with Horizontal(id="middle"):
+            yield Panel("draft tree", "tree")
+            yield Panel("node", "inspector")
+        with Horizontal(id="bottom"):
+            yield Panel("tokens", "stream")
+            yield Panel("KV cache", "kv")
+        yield Panel("metrics", "metrics")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self._clamp()
+        self.refresh_panels()
+        for notice in self.trace.notices:
+            self.notify(notice, title="trace", timeout=6)
+
+    def refresh_panels(self) -> None:
+        cfg = self.trace.header.get("config", {})
+        steps = self.by_request[self.request]
+        try:
+            rec, nodes = self.record, self.nodes
+        except TraceError as e:  # a corrupted line deep in the file surfaces when visited
+            self.query_one("#inspector", Panel).show(Text(str(e), style="bold red"))
+            return
+        title = Text()
+        title.append(f"spectrace {self.algo}", style="bold")
+        title.append(f" ({cfg.get('resolved_algorithm', '?')} {cfg.get('num_steps')},{cfg.get('topk')},"
+                     f"{cfg.get('num_draft_tokens')} {rec['accept']['rule']})  ")
+        title.append(f"request {self.request} ({self.requests.index(self.request) + 1}/{len(self.requests)})  ",
+                     style="bold")
+        title.append(f"step {rec['step']} ({self.position + 1}/{len(steps)})  accept_len {rec['accept_len']}",
+                     style="bold yellow")
+        self.query_one("#title", Static).update(title)
+        bar = Text("phase ")
+        for p in self.phases:
+            bar.append(f" {p} ", style="bold reverse cyan" if p == self.phase_name else "dim")
+        self.query_one("#phases", Static).update(bar)
+        width = max(10, self.size.width - 6)
+        self.query_one("#timeline", Panel).show(panels.timeline(self.trace, self.request, self.position, width))
+        self.query_one("#tree", Panel).show(panels.tree_panel(nodes, self.phase_name, self.node),
+                                            f"draft tree · {self.phase_name}")
+        self.query_one("#inspector", Panel).show(
+            panels.inspector_panel(self.trace, rec, nodes, self.phase_name, self.node), f"node {self.node}")
+        self.query_one("#stream", Panel).show(panels.stream_panel(self.trace, self.request, self.position,
+                                                                  self.phase_name))
+        self.query_one("#kv", Panel).show(panels.kv_panel(rec, self.phase_name), f"KV cache · {self.phase_name}")
+        self.query_one("#metrics", Panel).show(panels.running_metrics(self.trace, self.request, self.position))
+        self.query_one("#stream", Panel).scroll_end(animate=False)
+
+    # ---- actions -------------------------------------------------------------------------
+    def action_step(self, delta: int) -> None:
+        self.position = max(0, min(self.position + delta, len(self.by_request[self.request]) - 1))
+        self._clamp()
+        self.refresh_panels()
+
+    def action_phase(self, delta: int) -> None:
+        phases = self.phases
+        i = max(0, min(phases.index(self.phase_name) + delta, len(phases) - 1))
+        self.phase_name = phases[i]
+        self._clamp()
+        self.refresh_panels()
+
+    def action_node(self, delta: int) -> None:
+        shown = panels.visible_nodes(self.nodes, self.phase_name)
+        i = shown.index(self.node) if self.node in shown else 0
+        self.node = shown[max(0, min(i + delta, len(shown) - 1))]
+        self.refresh_panels()
+
+    def action_request(self) -> None:
+        self.request = self.requests[(self.requests.index(self.request) + 1) % len(self.requests)]
+        self.position = min(self.position, len(self.by_request[self.request]) - 1)
+        self._clamp()
+        self.refresh_panels()
+
+    def _tick(self) -> None:
+        """Play: the next phase, or the next step's first phase; stop at the end."""
+        phases = self.phases
+        if phases.index(self.phase_name) + 1 < len(phases):
+            self.action_phase(1)
+        elif self.position + 1 < len(self.by_request[self.request]):
+            self.position += 1
+            self.phase_name = self.phases[0]
+            self._clamp()
+            self.refresh_panels()
+        else:
+            self.action_play()
+
+    def action_play(self) -> None:
+        if self._timer is None:
+            self._timer = self.set_interval(0.7, self._tick)
+            self.notify("playing (space to pause)", timeout=2)
+        else:
+            self._timer.stop()
+            self._timer = None
+
+    def export_figure(self) -> Path:
+        rec = self.record
+        stem = Path(self.trace.path).stem
+        out = self.export_dir / f"{stem}-step{rec['step']}-req{rec['request']}.svg"
+        g = graph.step_graph(rec, self.trace.token_text)
+        try:
+            return graph.write_figure(g, out)
+        except SpectraceError:  # no renderer: the DOT source still tells the story
+            return graph.write_figure(g, out.with_suffix(".dot"))
+
+    def action_export(self) -> None:
+        try:
+            path = self.export_figure()
+        except SpectraceError as e:
+            self.notify(str(e), severity="error", timeout=6)
+            return
+        self.notify(f"wrote {path}", title="figure", timeout=6)
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+
+def replay(path: str | Path) -> None:
+    """Open the walkthrough on a trace file (raises TraceError / SpectraceError for bad input)."""
+    trace = TraceFile(path)
+    if not trace.index:
+        raise TraceError(f"trace {path} holds no decode steps to replay")
+    Walkthrough(trace).run()

@@ -1,0 +1,282 @@
+"""What each panel of the walkthrough shows, as Rich renderables built from trace records.
+
+Pure functions of (trace, step, phase, selected node): the Textual app only lays them out and
+moves the cursor, and tests read them without a terminal. A step plays in phases:
+    DRAFT d   the tree as the drafter has grown it down to depth d (tokens, q, path score)
+    VERIFY    every node with the target's probability p of its token (one forward, tree mask)
+    ACCEPT    the walk: fates (correct, rejected, unreached) and the bonus token
+    COMMIT    the target's KV keeps the accepted path; the rest is released
+    EXTEND    the drafter catches up on the accepted tokens (DRAFT_EXTEND)
+"""
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+from rich.tree import Tree
+
+from spectrace.core.trace import TraceFile
+from spectrace.viz.graph import FATE_COLORS, visible
+from spectrace.viz.steptree import ViewNode, preorder, target_prob
+
+MARKS = {"root": "●", "correct": "✓", "rejected": "✗", "unreached": "·", "bonus": "★"}
+DRAFTED = "cyan"
+BLOCKS = "▁▂▃▄▅▆▇█"
+
+
+def phases_of(rec: dict, algo: str) -> list[str]:
+    draft = rec.get("draft")
+    depth = max(draft["depths"]) if draft and draft["depths"] else 0
+    phases = [f"DRAFT {d}" for d in range(1, depth + 1)] + ["VERIFY", "ACCEPT", "COMMIT"]
+    return phases + (["EXTEND"] if algo != "none" else [])
+
+
+def _after(phase: str, name: str) -> bool:
+    order = ["DRAFT", "VERIFY", "ACCEPT", "COMMIT", "EXTEND"]
+    return order.index(phase.split()[0]) >= order.index(name)
+
+
+def visible_nodes(nodes: list[ViewNode], phase: str) -> list[int]:
+    """Node indices shown in `phase`, in tree (preorder) order."""
+    if phase.startswith("DRAFT"):
+        depth = int(phase.split()[1])
+        keep = {n.index for n in nodes if n.fate != "bonus" and n.depth <= depth}
+    elif phase == "VERIFY":
+        keep = {n.index for n in nodes if n.fate != "bonus"}
+    else:
+        keep = {n.index for n in nodes}
+    return [i for i in preorder(nodes) if i in keep]
+
+
+def tok(text: str) -> str:
+    return f'"{visible(text)}"'
+
+
+def node_label(n: ViewNode, phase: str, selected: bool) -> Text:
+    walked = _after(phase, "ACCEPT")
+    color = FATE_COLORS[n.fate][1] if walked or n.fate == "root" else DRAFTED
+    t = Text()
+    t.append(f"{MARKS[n.fate] if walked or n.fate == 'root' else '○'} ", style=color)
+    t.append(tok(n.text), style=f"bold {color}")
+    if n.q is not None:
+        t.append(f"  q {n.q:.2f}  s {n.score:.3f}", style="dim")
+    if n.p is not None and _after(phase, "VERIFY"):
+        t.append(f"  p {n.p:.2f}", style="")
+    if n.fate == "bonus":
+        t.append("  bonus", style=color)
+    if selected:
+        t.stylize("reverse")
+    return t
+
+
+def tree_panel(nodes: list[ViewNode], phase: str, selected: int) -> Tree:
+    shown = set(visible_nodes(nodes, phase))
+    branches: dict[int, Tree] = {}
+    root = Tree(node_label(nodes[0], phase, selected == 0), guide_style="grey50")
+    branches[0] = root
+    for i in preorder(nodes):
+        if i == 0 or i not in shown:
+            continue
+        n = nodes[i]
+        branches[i] = branches[n.parent].add(node_label(n, phase, selected == i))
+    return root
+
+
+def _topk_table(title_a: str, pairs_a: list, title_b: str, pairs_b: list, trace: TraceFile, mark: int | None) -> Table:
+    table = Table(box=None, padding=(0, 1), show_edge=False)
+    table.add_column(title_a, no_wrap=True)
+    table.add_column("", justify="right")
+    table.add_column(title_b, no_wrap=True)
+    table.add_column("", justify="right")
+    for k in range(max(len(pairs_a), len(pairs_b))):
+        cells = []
+        for pairs in (pairs_a, pairs_b):
+            if k < len(pairs):
+                t, p = pairs[k]
+                style = "bold" if t == mark else ""
+                cells += [Text(tok(trace.token_text(t)), style=style), f"{p:.3f}"]
+            else:
+                cells += ["", ""]
+        table.add_row(*cells)
+    return table
+
+
+def inspector_panel(trace: TraceFile, rec: dict, nodes: list[ViewNode], phase: str, selected: int) -> Group:
+    """The selected node: the rule's verdict first (once the walk ran), then its numbers, then the
+    draft's and the target's top candidates after its parent side by side."""
+    n = nodes[selected]
+    verify, draft = rec["verify"], rec.get("draft")
+    head = Text()
+    head.append(f"{tok(n.text)}", style=f"bold {FATE_COLORS[n.fate][1]}")
+    head.append(f"  node {n.index}  id {n.token}  depth {n.depth}")
+    if n.parent is not None:
+        head.append(f"  parent {n.parent} {tok(nodes[n.parent].text)}", style="dim")
+    parts = [head]
+    if n.fate == "root":
+        parts.append(Text("The root: the last committed token. Its target KV is written by this step's verify, "
+                          "and its row's logits judge its children.", style="dim"))
+        if _after(phase, "VERIFY"):
+            parts.append(_topk_table("target p after the root", verify["target_topk"][0], "", [], trace,
+                                     verify["target_predict"][0]))
+        return Group(*parts)
+    if n.fate == "bonus":
+        parts.append(Text(f"bonus: the target's own token after node {n.parent}, the last node of the accepted path; "
+                          f"accept_len = {len(rec['correct_drafts'])} correct + 1 bonus = {rec['accept_len']}",
+                          style=FATE_COLORS["bonus"][1]))
+        parts.append(_topk_table(f"target p after node {n.parent}", verify["target_topk"][n.parent], "", [], trace,
+                                 n.token))
+        return Group(*parts)
+    if _after(phase, "ACCEPT"):
+        parts.append(decision_text(trace, rec, n, verify["target_predict"][n.parent]))
+    numbers = Text(f"draft q {n.q:.4f}  path score {n.score:.4f}")
+    draft_pairs = draft["draft_topk"][n.index - 1] if draft else []
+    if not _after(phase, "VERIFY"):
+        parts += [numbers, _topk_table(f"draft q after node {n.parent}", draft_pairs, "", [], trace, n.token)]
+        return Group(*parts)
+    p = target_prob(rec, n.parent, n.token)
+    numbers.append(f"  target p {p:.4f}" if p is not None else "  target p below the recorded top-k")
+    parts += [numbers, _topk_table("draft q", draft_pairs, "target p", verify["target_topk"][n.parent], trace,
+                                   n.token)]
+    return Group(*parts)
+
+
+def decision_text(trace: TraceFile, rec: dict, n: ViewNode, argmax: int) -> Text:
+    """The acceptance arithmetic for one node, written out as the seeds write it."""
+    rule = rec["accept"]["rule"]
+    color = FATE_COLORS[n.fate][1]
+    t = Text()
+    if rule == "greedy":
+        t.append("greedy: accept iff draft == argmax p(· | parent): ", style="bold")
+        t.append(f"{tok(n.text)} {'==' if n.token == argmax else '!='} {tok(trace.token_text(argmax))} -> ")
+    else:
+        t.append(f"rule {rule}\n", style="bold")
+    verdict = {"correct": "correct: on the accepted path",
+               "rejected": "rejected: tried and refused",
+               "unreached": "never reached: the walk stopped or took an earlier sibling"}[n.fate]
+    t.append(verdict, style=f"bold {color}")
+    return t
+
+
+def stream_panel(trace: TraceFile, request: int, position: int, phase: str) -> Text:
+    """The request's text: prompt tail, committed output before this step, then this step's
+    accepted drafts (green) and bonus (blue) once the walk has run."""
+    metas = [m for m in trace.index if m.request == request]
+    prompts = trace.header.get("config", {}).get("prompts", [])
+    prefill = next((p for p in trace.prefills if p["request"] == request), None)
+    t = Text()
+    if request < len(prompts):
+        t.append(visible(prompts[request][-240:]).replace("↵", "↵\n"), style="grey50")
+    out = [prefill["first_token"]] if prefill else []
+    for m in metas[:position]:
+        out += m.committed
+    for tid in out:
+        t.append(trace.token_text(tid))
+    if position < len(metas) and _after(phase, "ACCEPT"):
+        m = metas[position]
+        correct = m.committed[:max(0, m.accept_len - 1)]
+        for tid in correct:
+            t.append(trace.token_text(tid), style=f"bold {FATE_COLORS['correct'][1]} on #1b3320")
+        if len(m.committed) == m.accept_len:  # the bonus entered (not cut by EOS / the token limit)
+            t.append(trace.token_text(m.committed[-1]), style=f"bold {FATE_COLORS['bonus'][1]} on #172a3f")
+    return t
+
+
+def _span(xs: list[int]) -> str:
+    if not xs:
+        return "-"
+    return " ".join(str(x) for x in xs) if len(xs) <= 10 else " ".join(map(str, xs[:8])) + f" … ({len(xs)})"
+
+
+def split_draft_events(events: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(scratch events of DRAFT, events of EXTEND) of the draft pool: the scratch ends with its free."""
+    draft = [e for e in events if e["pool"] == "draft"]
+    for i, e in enumerate(draft):
+        if e["op"] == "commit":
+            break
+        if e["op"] == "free":
+            return draft[:i + 1], draft[i + 1:]
+    return [], draft
+
+
+def kv_panel(rec: dict, phase: str) -> Text:
+    kv = rec["kv"]
+    events = kv["events"]
+    target = [e for e in events if e["pool"] == "target"]
+    scratch, extend = split_draft_events(events)
+    if phase.startswith("DRAFT"):
+        shown, what = scratch, "draft scratch KV, [topk][step] (released after drafting)"
+    elif phase in ("VERIFY", "ACCEPT"):
+        shown, what = [e for e in target if e["op"] in ("alloc", "reuse", "write")], "target KV of the verify rows"
+    elif phase == "COMMIT":
+        shown, what = [e for e in target if e["op"] not in ("alloc", "reuse", "write")], "target KV commit"
+    else:
+        shown, what = extend, "draft KV (DRAFT_EXTEND)"
+    before, after = kv["target_seq_len"]
+    t = Text()
+    t.append(f"{kv['style']}", style="bold")
+    t.append(f"  target seq_len {before}" + (f" -> {after}" if _after(phase, "COMMIT") else ""))
+    if kv.get("draft_seq_len"):
+        d0, d1 = kv["draft_seq_len"]
+        t.append(f"  draft {d0}" + (f" -> {d1}" if phase == "EXTEND" else ""))
+    elif rec.get("draft") is not None:
+        t.append("  no draft KV (reads the target's)")
+    t.append("\n")
+    if kv["style"] == "vllm" and _after(phase, "COMMIT"):
+        n = len(rec["verify"]["tokens"])
+        rejected = before + n - after
+        t.append(f"num_computed_tokens = {before} + {n} verified - {rejected} rejected = {after}\n", style="yellow")
+    tail = kv["req_to_token_tail"] if _after(phase, "COMMIT") else kv.get("req_to_token_tail_before")
+    if tail:
+        t.append(f"req_to_token[{rec['request']}, {tail['start']}:] ", style="bold")
+        t.append(_span(tail["slots"]) + "\n")
+    t.append(what + "\n", style="dim")
+    for e in shown:
+        t.append(f"{e['pool']:<6} {e['op']:<8}", style="bold")
+        if "positions" in e and e["op"] != "move":
+            t.append(f" pos {_span(e['positions'])}")
+        if "slots" in e:
+            t.append(f" slots {_span(e['slots'])}")
+        if e["op"] == "move":
+            t.append(f" {_span(e['from_slots'])} -> {_span(e['to_slots'])}")
+        t.append("\n")
+    return t
+
+
+def timeline(trace: TraceFile, request: int, position: int, width: int) -> Text:
+    """accept_len of each step of the request as a bar, the current step marked."""
+    metas = [m for m in trace.index if m.request == request]
+    top = max([m.accept_len for m in metas] + [1])
+    width = max(10, width)
+    start = max(0, min(position - width // 2, len(metas) - width))
+    t = Text()
+    for k, m in enumerate(metas[start:start + width], start=start):
+        bar = BLOCKS[min(len(BLOCKS) - 1, round((m.accept_len / top) * (len(BLOCKS) - 1)))]
+        t.append(bar, style="reverse bold yellow" if k == position else "green")
+    return t
+
+
+def running_metrics(trace: TraceFile, request: int, position: int) -> Text:
+    """α, τ, verify count and per-position acceptance over the request's steps so far, and the
+    speed-up estimate τ / (1 + r) with r = drafting time / verify time."""
+    metas = [m for m in trace.index if m.request == request][:position + 1]
+    cfg = trace.header.get("config", {})
+    proposed_per_step = max(0, (cfg.get("num_draft_tokens") or 1) - 1)
+    steps = len(metas)
+    completion = 1 + sum(len(m.committed) for m in metas)  # the prefill's first token counts, as in SGLang
+    correct = sum(m.accept_len - 1 for m in metas)
+    t = Text()
+    tau = completion / steps if steps else 0.0
+    t.append(f"verify_ct {steps}   τ {tau:.2f}   ", style="bold")
+    if proposed_per_step:
+        t.append(f"α {correct / (steps * proposed_per_step):.2f}   ", style="bold")
+        depth = max((m.accept_len for m in metas), default=1) - 1
+        rates = [sum(m.accept_len - 1 > k for m in metas) / steps for k in range(max(depth, 0))]
+        if rates:
+            t.append("accepted at position " + " ".join(f"{k + 1}:{r:.2f}" for k, r in enumerate(rates)))
+        draft_ms = sum(m.timing.get("draft", 0) + m.timing.get("extend", 0) for m in metas)
+        verify_ms = sum(m.timing.get("verify", 0) for m in metas)
+        if verify_ms:
+            r = draft_ms / verify_ms
+            t.append(f"\nspeed-up ≈ τ/(1+r) = {tau:.2f}/(1+{r:.2f}) = {tau / (1 + r):.2f}", style="bold")
+            t.append("  a step = one verify + drafting (r = draft/verify time) and yields τ tokens", style="dim")
+    return t

@@ -1,0 +1,209 @@
+"""The walkthrough: flows with Textual's Pilot, text snapshots at fixed sizes, bad traces.
+
+The trace under test is tests/data/walkthrough.jsonl, a committed EAGLE run (tree 5, 4, 8; two
+requests; sglang commit style) so that snapshots do not move when models are retrained. Refresh
+it and the snapshots with `SPECTRACE_UPDATE_SNAPSHOTS=1 pytest tests/test_tui.py` after a change
+of the trace format or of the panels, and read the diff.
+"""
+import asyncio
+import io
+import json
+import os
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from spectrace.cli import main
+from spectrace.core.trace import TraceFile
+from spectrace.viz.steptree import step_tree
+from spectrace.viz.tui import panels
+from spectrace.viz.tui.app import HelpScreen, Walkthrough
+
+DATA = Path(__file__).with_name("data")
+TRACE = DATA / "walkthrough.jsonl"
+SNAPSHOTS = Path(__file__).with_name("snapshots")
+UPDATE = os.environ.get("SPECTRACE_UPDATE_SNAPSHOTS") == "1"
+
+
+def screen_text(app) -> str:
+    """The screen as plain text, as Textual's own screenshot export composes it."""
+    w, h = app.size
+    console = Console(width=w, height=h, file=io.StringIO(), record=True, legacy_windows=False, safe_box=False)
+    console.print(app.screen._compositor.render_update(full=True, screen_stack=app._background_screens))
+    return console.export_text()
+
+
+def drive(keys, size=(100, 30), export_dir=None):
+    """Open the walkthrough on TRACE, press `keys`, return (app, screen text); `app.top_screen`
+    keeps the screen on top at the end, read before the app shuts down."""
+    async def go():
+        app = Walkthrough(TraceFile(TRACE), export_dir=export_dir)
+        async with app.run_test(size=size) as pilot:
+            await pilot.pause()
+            for k in keys:
+                await pilot.press(k)
+                await pilot.pause()
+            app.top_screen = app.screen if app.is_running else None
+            return app, screen_text(app) if app.is_running else ""
+    return asyncio.run(go())
+
+
+def test_opens_on_the_first_step_with_the_walk_shown():
+    app, text = drive([])
+    rec = app.record
+    assert (app.position, app.phase_name, app.node) == (0, "ACCEPT", 1)
+    assert rec["step"] == TraceFile(TRACE).step(0)["step"]
+    assert "greedy: accept iff draft == argmax" in text and "phase" in text and "τ" in text
+
+
+def test_steps_phases_and_nodes_move_and_the_inspector_follows():
+    app, text = drive(["right", "right", "left", "left_square_bracket", "down"])
+    rec = app.record
+    assert app.position == 1 and app.phase_name == "VERIFY"
+    nodes = step_tree(rec, app.trace.token_text)
+    shown = panels.visible_nodes(nodes, "VERIFY")
+    assert app.node == shown[2]  # root, first node, then one down
+    n = nodes[app.node]
+    assert f"node {n.index}" in text and f"draft q {n.q:.4f}" in text  # the inspector reads that node
+    assert "greedy: accept iff" not in text  # the walk has not run yet in VERIFY
+    # phases clamp at both ends
+    app, _ = drive(["left_square_bracket"] * 20)
+    assert app.phase_name == "DRAFT 1"
+    app, _ = drive(["right_square_bracket"] * 20)
+    assert app.phase_name == "EXTEND"
+
+
+def test_draft_phases_grow_the_tree_level_by_level():
+    app, _ = drive(["left_square_bracket"] * 20)
+    nodes = app.nodes
+    seen = []
+    for d in range(1, max(n.depth for n in nodes if n.fate != "bonus") + 1):
+        shown = panels.visible_nodes(nodes, f"DRAFT {d}")
+        assert all(nodes[i].depth <= d for i in shown)
+        seen.append(len(shown))
+    assert seen == sorted(seen) and seen[-1] == len(nodes) - 1  # everything but the bonus at the end
+
+
+def test_request_switch_and_help_and_quit():
+    app, text = drive(["r"])
+    assert app.request == app.requests[1] and f"request {app.request} (2/2)" in text
+    app, _ = drive(["question_mark"])
+    assert isinstance(app.top_screen, HelpScreen)
+    app, _ = drive(["question_mark", "x"])
+    assert not isinstance(app.top_screen, HelpScreen)
+    app, _ = drive(["q"])
+    assert app.return_code in (0, None) and not app.is_running
+
+
+def test_play_advances_phases_then_steps(monkeypatch):
+    async def go():
+        app = Walkthrough(TraceFile(TRACE))
+        async with app.run_test(size=(100, 30)) as pilot:
+            await pilot.press("left_square_bracket", "left_square_bracket")
+            before = (app.position, app.phases.index(app.phase_name))
+            await pilot.press("space")
+            await pilot.pause(2.0)
+            await pilot.press("space")
+            after = (app.position, app.phases.index(app.phase_name))
+            return before, after, app._timer
+    before, after, timer = asyncio.run(go())
+    assert after > before and timer is None
+
+
+def test_export_writes_this_steps_figure(tmp_path):
+    app, _ = drive(["right", "g"], export_dir=tmp_path)
+    rec = app.record
+    files = list(tmp_path.iterdir())
+    assert [f.name for f in files] == [f"walkthrough-step{rec['step']}-req{rec['request']}.svg"]
+    assert "<svg" in files[0].read_text()
+
+
+def test_stream_highlights_accepted_drafts_and_bonus():
+    trace = TraceFile(TRACE)
+    meta = trace.index[0]
+    text = panels.stream_panel(trace, meta.request, 0, "ACCEPT")
+    plain = text.plain
+    committed = "".join(trace.token_text(t) for t in meta.committed)
+    assert plain.endswith(committed)
+    assert panels.stream_panel(trace, meta.request, 0, "VERIFY").plain == plain[: len(plain) - len(committed)]
+
+
+@pytest.mark.parametrize("name, keys, size", [
+    ("first-step-100x30", [], (100, 30)),
+    ("draft-level-2-100x30", ["right", "right", "left_square_bracket"] * 1 + ["left_square_bracket"] * 3 +
+     ["right_square_bracket"], (100, 30)),
+    ("commit-80x24", ["right", "right_square_bracket", "down", "down"], (80, 24)),
+])
+def test_snapshots(name, keys, size):
+    _, text = drive(keys, size)
+    path = SNAPSHOTS / f"{name}.txt"
+    if UPDATE:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    assert text == path.read_text(encoding="utf-8"), f"screen differs from {path}"
+
+
+# ---- bad traces: one clear line, exit code 2; a truncated trace replays what it holds ------
+
+def _lines():
+    return TRACE.read_text(encoding="utf-8").splitlines(keepends=True)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: None, "no trace file"),
+    (lambda p: p.write_text(""), "is empty"),
+    (lambda p: p.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00"), "not a spectrace trace"),
+    (lambda p: p.write_text(_lines()[0][:40]), "not a spectrace trace"),
+    (lambda p: p.write_text("".join(_lines()[:3]) + "{garbage\n" + "".join(_lines()[3:])), "corrupted at line 4"),
+    (lambda p: p.write_text(json.dumps({**json.loads(_lines()[0]), "schema": "spectrace.trace/9"}) + "\n"),
+     "spectrace.trace/9 is not readable"),
+    (lambda p: p.write_text("".join(_lines()[:3])), "no decode steps"),
+])
+def test_bad_traces_are_one_line_and_exit_2(tmp_path, capsys, make, message):
+    path = tmp_path / "t.jsonl"
+    make(path)
+    assert main(["replay", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and message in err
+
+
+def test_truncated_trace_replays_up_to_its_last_complete_step(tmp_path):
+    lines = _lines()
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("".join(lines[:8]) + lines[8][: len(lines[8]) // 2], encoding="utf-8")
+    trace = TraceFile(cut)
+    assert any("torn line" in n for n in trace.notices)
+    assert len(trace) == sum(1 for line in lines[:8] if line.startswith('{"kind": "step"'))
+
+    async def go():
+        app = Walkthrough(trace)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await pilot.press(*["right"] * 50)
+            return app.position, [n.message for n in app._notifications]
+    position, notes = asyncio.run(go())
+    assert position == len(app_steps := [m for m in trace.index if m.request == trace.index[0].request]) - 1
+    assert any("torn line" in n for n in notes) and app_steps
+
+
+def test_replay_and_render_need_no_torch(tmp_path):
+    """A viewer machine needs neither model nor torch: block torch and drive the viewer code."""
+    import subprocess
+    import sys
+
+    code = f"""
+import sys, asyncio
+sys.modules["torch"] = None  # any import of torch now fails
+from spectrace.cli import main
+from spectrace.core.trace import TraceFile
+from spectrace.viz.tui.app import Walkthrough
+assert main(["render", {str(TRACE)!r}, "--step", "1", "-o", {str(tmp_path / 'f.svg')!r}]) == 0
+async def go():
+    app = Walkthrough(TraceFile({str(TRACE)!r}))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("right", "down", "left_square_bracket")
+        return app.position
+assert asyncio.run(go()) == 1
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
