@@ -169,7 +169,7 @@ def cmd_bench(args) -> int:
 
     print(f"held-out prompts: {len(HELD_OUT_PROMPTS)}, max_new_tokens {args.max_new_tokens}, "
           f"device {args.device}, batch 1, greedy")
-    print(f"{'algo':<12} {'steps,topk,n':>12} {'tokens/s':>9} {'tau':>6} {'alpha':>6} {'verify_ct':>9}")
+    print(f"{'algo':<14} {'steps,topk,n':>12} {'tokens/s':>9} {'tau':>6} {'alpha':>6} {'verify_ct':>9}")
     for algo in args.algos:
         tokens = wall = verify = correct = proposed = 0
         for i, prompt in enumerate(HELD_OUT_PROMPTS):
@@ -188,7 +188,7 @@ def cmd_bench(args) -> int:
         alpha = f"{correct / proposed:.3f}" if proposed else "-"
         sp = best.spec
         shape = "-" if algo == "none" else f"{sp.num_steps},{sp.topk},{sp.num_draft_tokens}"
-        print(f"{algo:<12} {shape:>12} {tokens / wall:>9.1f} {tau:>6} {alpha:>6} {verify:>9}")
+        print(f"{algo:<14} {shape:>12} {tokens / wall:>9.1f} {tau:>6} {alpha:>6} {verify:>9}")
     return 0
 
 

@@ -146,6 +146,7 @@ class Engine:
         self.capture_layers = drafter.capture_layers if drafter is not None else ()
         if hasattr(drafter, "bind_target_kv"):  # FROZEN_KV_MTP attends to the target's KV
             drafter.bind_target_kv(self.kv)
+        self._events: dict[int, list[dict]] = {}  # req -> this step's KV events so far
         self.metrics = SpecMetrics(spec.num_steps if spec.algo != "none" else 0, spec.num_draft_tokens)
         self.step_count = 0
 
@@ -181,6 +182,14 @@ class Engine:
         start = max(0, end - n)
         return {"start": start, "slots": self.kv.req_to_token[req, start:end].tolist()}
 
+    def _collect(self, reqs: list[Request], phase: str) -> None:
+        """Move the KV events of both pools into this step's record, each tagged with the phase
+        that caused it (prefill, draft, verify, commit, extend, finish)."""
+        for r in reqs:
+            for kv in (self.kv, self.drafter_kv):
+                for e in kv.take_events(r.req) if kv is not None else []:
+                    self._events.setdefault(r.req, []).append({**e, "phase": phase})
+
     def _kv_record(self, r: Request, target_before: int, draft_before: int | None,
                    tail_before: dict | None = None) -> dict:
         """KV state of one request after a step; a finished request releases its slots here,
@@ -195,9 +204,8 @@ class Engine:
             rec["draft_seq_len"] = [draft_before, self.drafter_kv.seq_lens[r.req]]
         if r.finish_reason:
             self._finish(r)
-        rec["events"] = self.kv.take_events(r.req)
-        if self.drafter_kv is not None:
-            rec["events"] += self.drafter_kv.take_events(r.req)
+        self._collect([r], "finish")
+        rec["events"] = self._events.pop(r.req, [])
         rec["free_slots"] = len(self.kv.allocator.free_slots)
         return rec
 
@@ -216,11 +224,13 @@ class Engine:
             features[r.req] = feats[end - n:end]
             self._append(r, [int(torch.argmax(logits[end - 1]))])
             self.metrics.observe_prefill(r.req)
+        self._collect(reqs, "prefill")
         live = [r for r in reqs if not r.finish_reason]
         if self.drafter is not None and live:
             with timer("draft_extend"):
                 self.drafter.draft_extend_for_prefill(
                     [(r.req, r.prompt_ids + r.output_ids, features[r.req]) for r in live])
+            self._collect(live, "extend")
         for r in reqs:
             rec = {"kind": "prefill", "request": r.req, "prompt_len": len(r.prompt_ids),
                    "first_token": r.output_ids[0], "finish_reason": r.finish_reason,
@@ -237,6 +247,7 @@ class Engine:
         with timer("draft"):
             tree = self.drafter.draft([r.req for r in reqs], [r.output_ids[-1] for r in reqs],
                                       [self.kv.seq_lens[r.req] for r in reqs])
+        self._collect(reqs, "draft")
         self._step(reqs, tree, timer)
 
     def _step(self, reqs: list[Request], tree: DraftTree | None, timer: _Timer) -> None:
@@ -258,6 +269,7 @@ class Engine:
             batch = ForwardBatch.build(self.kv, [(r.req, L[r.req], rows[r.req]) for r in reqs], masks,
                                        [positions[r.req] for r in reqs])
             logits, feats = self._target_forward(batch)  # (sum of nodes, vocab), (sum of nodes, F)
+        self._collect(reqs, "verify")
         with timer("accept"):
             results, verify, first_row, end = {}, {}, {}, 0
             for b, r in enumerate(reqs):
@@ -289,6 +301,7 @@ class Engine:
                 res = results[r.req]
                 self.kv.commit(r.req, L[r.req], len(rows[r.req]), res.accept_nodes)
                 committed[r.req] = self._append(r, res.accept_tokens)
+        self._collect(reqs, "commit")
         live = [r for r in reqs if not r.finish_reason]
         if self.drafter is not None and live:
             with timer("extend"):
@@ -297,6 +310,7 @@ class Engine:
                     (r.req, results[r.req].accept_tokens,
                      feats[[first_row[r.req] + j for j in results[r.req].accept_nodes]])
                     for r in live])
+            self._collect(live, "extend")
 
         for b, r in enumerate(reqs):
             res = results[r.req]

@@ -22,6 +22,7 @@ from spectrace.viz.steptree import ViewNode, preorder, target_prob
 MARKS = {"root": "●", "correct": "✓", "rejected": "✗", "unreached": "·", "bonus": "★"}
 DRAFTED = "cyan"
 BLOCKS = "▁▂▃▄▅▆▇█"
+STREAM_STEPS = 200  # steps of committed text the token stream shows before the current one
 
 
 def phases_of(rec: dict, algo: str) -> list[str]:
@@ -167,8 +168,11 @@ def stream_panel(trace: TraceFile, request: int, position: int, phase: str) -> T
     if request < len(prompts):
         t.append(visible(prompts[request][-240:]).replace("↵", "↵\n"), style="grey50")
     out = [prefill["first_token"]] if prefill else []
-    for m in metas[:position]:
+    for m in metas[max(0, position - STREAM_STEPS):position]:
         out += m.committed
+    if position > STREAM_STEPS:  # a long run shows its recent past; the prompt is long gone by then
+        t = Text("… ", style="grey50")
+        out = out[1:]
     for tid in out:
         t.append(trace.token_text(tid))
     if position < len(metas) and _after(phase, "ACCEPT"):
@@ -187,30 +191,20 @@ def _span(xs: list[int]) -> str:
     return " ".join(str(x) for x in xs) if len(xs) <= 10 else " ".join(map(str, xs[:8])) + f" … ({len(xs)})"
 
 
-def split_draft_events(events: list[dict]) -> tuple[list[dict], list[dict]]:
-    """(scratch events of DRAFT, events of EXTEND) of the draft pool: the scratch ends with its free."""
-    draft = [e for e in events if e["pool"] == "draft"]
-    for i, e in enumerate(draft):
-        if e["op"] == "commit":
-            break
-        if e["op"] == "free":
-            return draft[:i + 1], draft[i + 1:]
-    return [], draft
+PHASE_EVENTS = {"DRAFT": ("draft",), "VERIFY": ("verify",), "ACCEPT": ("verify",), "COMMIT": ("commit", "finish"),
+                "EXTEND": ("extend",)}
+PHASE_WHAT = {"DRAFT": "draft KV scratch, [topk][step], released after drafting",
+              "VERIFY": "target KV of the verify rows", "ACCEPT": "target KV of the verify rows",
+              "COMMIT": "target KV: keep the accepted path, release the rest", "EXTEND": "draft KV (DRAFT_EXTEND)"}
+SHOWN_FIELDS = ("pool", "op", "req", "phase", "positions", "slots", "from_slots", "to_slots", "tokens")
 
 
 def kv_panel(rec: dict, phase: str) -> Text:
+    """Sequence lengths, the tail of `req_to_token`, and the KV events of this phase (the trace
+    tags each event with the phase that caused it)."""
     kv = rec["kv"]
-    events = kv["events"]
-    target = [e for e in events if e["pool"] == "target"]
-    scratch, extend = split_draft_events(events)
-    if phase.startswith("DRAFT"):
-        shown, what = scratch, "draft scratch KV, [topk][step] (released after drafting)"
-    elif phase in ("VERIFY", "ACCEPT"):
-        shown, what = [e for e in target if e["op"] in ("alloc", "reuse", "write")], "target KV of the verify rows"
-    elif phase == "COMMIT":
-        shown, what = [e for e in target if e["op"] not in ("alloc", "reuse", "write")], "target KV commit"
-    else:
-        shown, what = extend, "draft KV (DRAFT_EXTEND)"
+    kind = phase.split()[0]
+    shown = [e for e in kv["events"] if e.get("phase") in PHASE_EVENTS[kind]]
     before, after = kv["target_seq_len"]
     t = Text()
     t.append(f"{kv['style']}", style="bold")
@@ -229,15 +223,19 @@ def kv_panel(rec: dict, phase: str) -> Text:
     if tail:
         t.append(f"req_to_token[{rec['request']}, {tail['start']}:] ", style="bold")
         t.append(_span(tail["slots"]) + "\n")
-    t.append(what + "\n", style="dim")
+    t.append(PHASE_WHAT[kind] + "\n", style="dim")
     for e in shown:
         t.append(f"{e['pool']:<6} {e['op']:<8}", style="bold")
-        if "positions" in e and e["op"] != "move":
-            t.append(f" pos {_span(e['positions'])}")
-        if "slots" in e:
-            t.append(f" slots {_span(e['slots'])}")
         if e["op"] == "move":
-            t.append(f" {_span(e['from_slots'])} -> {_span(e['to_slots'])}")
+            t.append(f" slots {_span(e['from_slots'])} -> {_span(e['to_slots'])}")
+        else:
+            for name, label in (("positions", "pos"), ("slots", "slots")):
+                if name in e:
+                    t.append(f" {label} {_span(e[name])}")
+        extra = {k: v for k, v in e.items() if k not in SHOWN_FIELDS}
+        if extra:
+            t.append(" " + " ".join(f"{k}={_span(v) if isinstance(v, list) else v}" for k, v in extra.items()),
+                     style="dim")
         t.append("\n")
     return t
 
