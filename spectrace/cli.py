@@ -39,8 +39,19 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topk", "--speculative-eagle-topk", dest="topk", type=int, default=None,
                    help="branching of the draft tree; 1 is a chain")
     p.add_argument("--num-draft-tokens", "--speculative-num-draft-tokens", dest="num_draft_tokens", type=int)
-    p.add_argument("--acceptance", default="greedy")
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--acceptance", default=None, type=str.lower,
+                   help="greedy, target_only, rejection, vllm, tree_rejection; default greedy at temperature 0, "
+                        "else target_only (SGLang's choice)")
+    p.add_argument("--speculative-use-rejection-sampling", dest="use_rejection", action="store_true",
+                   help="SGLang's spelling of --acceptance rejection")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    p.add_argument("--top-k", dest="top_k", type=int, default=0, help="0: off")
+    p.add_argument("--top-p", dest="top_p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0, help="each request draws from its own generator, seeded from this")
+    p.add_argument("--speculative-accept-threshold-single", dest="threshold_single", type=float, default=1.0,
+                   help="target_only: accept a draft whose target probability reaches this")
+    p.add_argument("--speculative-accept-threshold-acc", dest="threshold_acc", type=float, default=1.0,
+                   help="target_only: raise the acceptance probability from p to min(1, p / this)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--commit-style", choices=["sglang", "vllm"], default="sglang",
                    help="how rejected KV is released: sglang remap+free, vllm num_computed_tokens rollback")
@@ -91,10 +102,10 @@ def _check_supported(args) -> None:
         # SGLang: topk 1 forces num_draft_tokens = num_steps + 1, with a warning
         print(f"spectrace: warning: topk 1 forces --num-draft-tokens to num_steps + 1 = {args.num_steps + 1}",
               file=sys.stderr)
-    if args.acceptance != "greedy":
-        raise UsageError(f"--acceptance {args.acceptance} is not available yet (available: greedy)")
-    if args.temperature != 0.0:
-        raise UsageError("--temperature > 0 (sampling) is not available yet; runs are greedy")
+    if args.use_rejection:
+        if args.acceptance not in (None, "rejection"):
+            raise UsageError(f"--speculative-use-rejection-sampling contradicts --acceptance {args.acceptance}")
+        args.acceptance = "rejection"
     if args.backend != "explicit":
         raise UsageError("--backend triton is not available yet (available: explicit)")
 
@@ -103,8 +114,9 @@ def _run_config(args, **over):
     from spectrace.core.runner import RunConfig
 
     kw = dict(algo=args.algo, num_steps=args.num_steps, topk=args.topk, num_draft_tokens=args.num_draft_tokens,
-              max_new_tokens=args.max_new_tokens,
-              commit_style=args.commit_style, device=args.device, dtype=args.dtype)
+              max_new_tokens=args.max_new_tokens, acceptance=args.acceptance, temperature=args.temperature,
+              top_k=args.top_k, top_p=args.top_p, seed=args.seed, threshold_single=args.threshold_single,
+              threshold_acc=args.threshold_acc, commit_style=args.commit_style, device=args.device, dtype=args.dtype)
     if args.target_model:
         kw["target_model"] = args.target_model
     if args.draft_model:

@@ -18,11 +18,17 @@ from typing import Callable
 
 import torch
 
-from spectrace.core.acceptance.greedy import greedy_walk
+from spectrace.core import acceptance
+from spectrace.core.acceptance.greedy import AcceptResult, greedy_walk
+from spectrace.core.acceptance.rejection import rejection_walk
+from spectrace.core.acceptance.target_only import target_only_walk
+from spectrace.core.acceptance.tree_rejection import tree_rejection_walk
+from spectrace.core.acceptance.vllm import vllm_accept
 from spectrace.core.batch import ForwardBatch
 from spectrace.core.config import SpectraceError
 from spectrace.core.metrics import SpecMetrics
 from spectrace.core.model import CausalLM
+from spectrace.core.sampling import SamplingParams, probs_from_logits, request_generator, sample, topk_pairs
 from spectrace.core.trace import TraceWriter
 from spectrace.core.tree import DraftTree, tree_capacity
 
@@ -38,8 +44,25 @@ class SpecConfig:
     max_new_tokens: int = 64
     commit_style: str = "sglang"
     trace_topk: int = 5  # target and draft candidates recorded per row
+    acceptance: str | None = None  # None: SGLang's default, greedy at temperature 0, else target_only
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    threshold_single: float = 1.0
+    threshold_acc: float = 1.0
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
 
     def __post_init__(self):
+        if self.acceptance is None:
+            self.acceptance = acceptance.default_rule(self.temperature)
+        acceptance.check(self.acceptance, self.algo, self.topk, self.temperature, self.threshold_single,
+                         self.threshold_acc)
+        if self.top_p <= 0 or self.top_p > 1:
+            raise SpectraceError(f"--top-p must lie in (0, 1], got {self.top_p}")
         if self.algo == "none":
             self.num_draft_tokens = 1
             return
@@ -64,6 +87,7 @@ class Request:
     prompt_ids: list[int]
     output_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # "eos" or "length"
+    gen: torch.Generator | None = None  # this request's random numbers (sampling only)
 
     @property
     def committed_len(self) -> int:
@@ -123,11 +147,6 @@ def _tree_record(tree: DraftTree, b: int, res) -> dict:
     }
 
 
-def _topk_pairs(probs: torch.Tensor, k: int) -> list[list]:
-    p, i = torch.topk(probs, k)
-    return [[int(a), round(float(b), 6)] for a, b in zip(i, p)]
-
-
 class Engine:
     def __init__(self, target: CausalLM, spec: SpecConfig, eos_token_ids, drafter=None,
                  trace: TraceWriter | None = None, num_slots: int | None = None,
@@ -144,6 +163,8 @@ class Engine:
         # what EAGLE-style drafters read: the last hidden state, or (EAGLE-3) the inputs of these layers
         self.drafter_kv = drafter.kv if drafter is not None else None  # FROZEN_KV_MTP keeps none
         self.capture_layers = drafter.capture_layers if drafter is not None else ()
+        if spec.acceptance in acceptance.CHAIN_RULES:  # drafts are sampled from q = softmax(logits / T)
+            drafter.temperature = spec.temperature
         if hasattr(drafter, "bind_target_kv"):  # FROZEN_KV_MTP attends to the target's KV
             drafter.bind_target_kv(self.kv)
         self._events: dict[int, list[dict]] = {}  # req -> this step's KV events so far
@@ -175,6 +196,31 @@ class Engine:
         self.kv.release(r.req)
         if self.drafter is not None:
             self.drafter.release(r.req)
+
+    def _first_token(self, r: Request, logits: torch.Tensor) -> int:
+        """The prefill's token: the argmax, or a sample of p."""
+        if self.spec.sampling.greedy:
+            return int(torch.argmax(logits))
+        return sample(probs_from_logits(logits, self.spec.sampling), r.gen)
+
+    def _accept(self, r: Request, b: int, tree: DraftTree | None, rows: list[int], probs: torch.Tensor) -> AcceptResult:
+        """The sampling rules, on one request's tree; probs (n, V) the target's after each node."""
+        rule, gen, k = self.spec.acceptance, r.gen, self.spec.trace_topk
+        if tree is None:  # plain sampling
+            return AcceptResult([], sample(probs[0], gen), [0], [], {"dist": "target", "node": 0,
+                                                                    "topk": topk_pairs(probs[0], k)})
+        nt, ns = tree.retrive_next_token[b].tolist(), tree.retrive_next_sibling[b].tolist()
+        if rule == "target_only":
+            coins = torch.rand(len(rows), generator=gen)  # SGLang: one float32 coin per node, then the final
+            return target_only_walk(rows, nt, ns, probs, coins, float(torch.rand((), generator=gen)),
+                                    self.spec.num_steps, self.spec.threshold_single, self.spec.threshold_acc,
+                                    trace_topk=k)
+        if rule == "rejection":
+            coins = torch.rand(len(rows) - 1, generator=gen)
+            return rejection_walk(rows, probs, tree.draft_probs[b].cpu(), coins, float(torch.rand((), generator=gen)), k)
+        if rule == "vllm":
+            return vllm_accept(rows, probs, tree.draft_probs[b].cpu(), gen, k)
+        return tree_rejection_walk(rows, nt, ns, probs, gen, self.spec.num_steps, k)
 
     def _req_to_token_tail(self, req: int, n: int = 16) -> dict:
         """The last n committed entries of `req_to_token` for one request: the pointers a viewer shows."""
@@ -222,7 +268,7 @@ class Engine:
             end += n
             self.kv.commit(r.req, 0, n, list(range(n)))
             features[r.req] = feats[end - n:end]
-            self._append(r, [int(torch.argmax(logits[end - 1]))])
+            self._append(r, [self._first_token(r, logits[end - 1])])
             self.metrics.observe_prefill(r.req)
         self._collect(reqs, "prefill")
         live = [r for r in reqs if not r.finish_reason]
@@ -245,8 +291,10 @@ class Engine:
     def speculative_step(self, reqs: list[Request]) -> None:
         timer = _Timer(self.device)
         with timer("draft"):
+            sampled = self.spec.acceptance in acceptance.CHAIN_RULES
             tree = self.drafter.draft([r.req for r in reqs], [r.output_ids[-1] for r in reqs],
-                                      [self.kv.seq_lens[r.req] for r in reqs])
+                                      [self.kv.seq_lens[r.req] for r in reqs],
+                                      [r.gen for r in reqs] if sampled else None)
         self._collect(reqs, "draft")
         self._step(reqs, tree, timer)
 
@@ -278,20 +326,23 @@ class Engine:
                 lg = logits[end:end + n]
                 end += n
                 target_predict = torch.argmax(lg, dim=-1).tolist()  # ties: lowest id, as in AR
-                if tree is None:
-                    results[r.req] = greedy_walk(rows[r.req], [-1], [-1], target_predict, 0)
-                    parents = []
-                else:
-                    results[r.req] = greedy_walk(rows[r.req], tree.retrive_next_token[b].tolist(),
-                                                 tree.retrive_next_sibling[b].tolist(), target_predict,
-                                                 self.spec.num_steps)
-                    parents = tree.parents(b)
-                probs = torch.softmax(lg, dim=-1)
+                parents = tree.parents(b) if tree is not None else []
+                if self.spec.sampling.greedy:
+                    probs = torch.softmax(lg, dim=-1)
+                    if tree is None:
+                        results[r.req] = greedy_walk(rows[r.req], [-1], [-1], target_predict, 0)
+                    else:
+                        results[r.req] = greedy_walk(rows[r.req], tree.retrive_next_token[b].tolist(),
+                                                     tree.retrive_next_sibling[b].tolist(), target_predict,
+                                                     self.spec.num_steps)
+                else:  # what the rule compares against: p after temperature, top-k and top-p
+                    probs = probs_from_logits(lg, self.spec.sampling).cpu()
+                    results[r.req] = self._accept(r, b, tree, rows[r.req], probs)
                 verify[r.req] = {
                     "tokens": rows[r.req],
                     "positions": positions[r.req],
                     "target_predict": target_predict,
-                    "target_topk": [_topk_pairs(p, self.spec.trace_topk) for p in probs],
+                    "target_topk": [topk_pairs(p, self.spec.trace_topk) for p in probs],
                     # target probability of node j's token after its parent
                     "p_draft": [round(float(probs[p, rows[r.req][j + 1]]), 6) for j, p in enumerate(parents)],
                 }
@@ -321,8 +372,9 @@ class Engine:
                 "committed_tokens": committed[r.req], "finish_reason": r.finish_reason,
                 "draft": _tree_record(tree, b, res) if tree is not None else None,
                 "verify": verify[r.req],
-                "accept": {"rule": "greedy" if tree is not None else "none", "accept_nodes": res.accept_nodes,
-                           "decisions": res.decisions},
+                "accept": {"rule": self.spec.acceptance if tree is not None else "none",
+                           "accept_nodes": res.accept_nodes, "decisions": res.decisions,
+                           "bonus_from": res.bonus_from},
                 "kv": self._kv_record(r, L[r.req], draft_before.get(r.req), tail_before[r.req]),
                 "timing": {**timer.ms, "batch_size": len(reqs)},
             }
@@ -337,7 +389,7 @@ class Engine:
 
     # ---- the loop ------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]]) -> tuple[list[Request], dict]:
-        reqs = [Request(i, list(p)) for i, p in enumerate(prompts)]
+        reqs = [Request(i, list(p), gen=request_generator(self.spec.seed, i)) for i, p in enumerate(prompts)]
         t0 = time.perf_counter()
         self.prefill(reqs)
         while live := [r for r in reqs if not r.finish_reason]:

@@ -41,6 +41,13 @@ class RunConfig:
     target_model: str = str(TARGET_DIR)
     draft_model: str | None = None  # default: the embedded drafter of the algorithm
     trace: str | None = None  # default: runs/<time>-<algo>.jsonl
+    acceptance: str | None = None  # None: greedy at temperature 0, target_only otherwise (SGLang)
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    threshold_single: float = 1.0
+    threshold_acc: float = 1.0
     commit_style: str = "sglang"
     device: str = "cpu"
     dtype: str | None = None  # default: float32 on CPU, bfloat16 on GPU
@@ -208,7 +215,9 @@ def run(cfg: RunConfig) -> RunResult:
         ids = [tok.encode(p, add_special_tokens=False) for p in prompts]
         num_steps, topk, n = spec_defaults(cfg, _architecture(cfg.target_model))
         spec = SpecConfig(algo=cfg.algo, num_steps=num_steps, topk=topk, num_draft_tokens=n,
-                          max_new_tokens=cfg.max_new_tokens, commit_style=cfg.commit_style)
+                          max_new_tokens=cfg.max_new_tokens, commit_style=cfg.commit_style,
+                          acceptance=cfg.acceptance, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                          seed=cfg.seed, threshold_single=cfg.threshold_single, threshold_acc=cfg.threshold_acc)
         context = _context(target, draft)
         for i, p in enumerate(ids):
             if not p:
@@ -227,7 +236,7 @@ def run(cfg: RunConfig) -> RunResult:
         header = {"kind": "header", "schema": SCHEMA,
                   "config": {**asdict(cfg), "prompts": prompts, "draft_model": draft_path,
                              "num_steps": spec.num_steps, "topk": spec.topk,
-                             "num_draft_tokens": spec.num_draft_tokens, "acceptance": "greedy",
+                             "num_draft_tokens": spec.num_draft_tokens, "acceptance": spec.acceptance,
                              "resolved_algorithm": RESOLVED[cfg.algo]},
                   "models": models, "eos_token_ids": sorted(engine.eos), "device": cfg.device,
                   "torch": torch.__version__}

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from spectrace.core.sampling import sample
+
 
 class TreeMaskMode(enum.IntEnum):
     FULL_MASK = 0  # per request n x (prefix + n) rows, flattened and concatenated
@@ -214,6 +216,7 @@ class DraftTree:
     q: torch.Tensor  # (bs, n-1) draft probability of each node given its parent
     scores: torch.Tensor  # (bs, n-1) path score (product of q from the root)
     draft_topk: list[list[list]]  # per request and node: the draft's top [token, q] at its parent
+    draft_probs: torch.Tensor | None = None  # sampled chains: (bs, n-1, V), row j = the q node j+1 was drawn from
 
     def parents(self, b: int) -> list[int]:
         """Parent node of each node 1..n-1 (0 = root), read off the mask."""
@@ -222,21 +225,28 @@ class DraftTree:
 
 
 def draft_tree(first_probs, forward_beams, root_tokens, seq_lens, topk: int, num_steps: int,
-               num_draft_tokens: int, trace_topk: int = 5) -> DraftTree:
+               num_draft_tokens: int, trace_topk: int = 5, generators=None) -> DraftTree:
     """SGLang's EAGLE draft loop, then `organize_draft_results` and `build_tree`.
 
     first_probs (bs, V): the draft's distribution after the root. forward_beams(i, input_ids,
     parent_beam) runs the drafter on the K kept paths of level i (input_ids (bs*K,); parent_beam
     (bs, K) says which path of level i-1 each extends, None at level 0) and returns the next
     distributions (bs*K, V). The last level runs no forward. seq_lens: the target's committed
-    KV length per request (root excluded)."""
+    KV length per request (root excluded). generators (one per request): a chain (topk 1) whose
+    drafts are sampled from q instead of taken as its argmax, as SGLang's
+    `sample_draft_proposal` does for rejection sampling; the tree then keeps each q."""
     bs, K = first_probs.shape[0], topk
     wide = max(K, trace_topk)
+    level_probs = []
 
-    def top(probs):  # the tree uses the top K; the trace keeps the top `wide`
+    def top(probs):  # the tree uses the top K (or a sample); the trace keeps the top `wide`
         p, i = torch.topk(probs, wide, dim=-1)
         pairs = [[[int(a), round(float(b), 6)] for a, b in zip(ii, pp)] for ii, pp in zip(i, p)]
-        return p[:, :K].contiguous(), i[:, :K].contiguous(), pairs
+        if generators is None:
+            return p[:, :K].contiguous(), i[:, :K].contiguous(), pairs
+        level_probs.append(probs)
+        picked = torch.tensor([[sample(probs[b], generators[b])] for b in range(bs)], device=probs.device)
+        return torch.gather(probs, 1, picked), picked, pairs
 
     topk_p, topk_index, beam_pairs = top(first_probs)
     score_list, token_list, parents_list, q_list, cand_pairs = [], [], [], [], [[] for _ in range(bs)]
@@ -267,7 +277,8 @@ def draft_tree(first_probs, forward_beams, root_tokens, seq_lens, topk: int, num
         retrive_next_token=rnt, retrive_next_sibling=rns,
         q=torch.gather(torch.cat(q_list, dim=1), 1, top_scores_index),
         scores=torch.gather(all_scores, 1, top_scores_index),
-        draft_topk=[[cand_pairs[b][int(c)] for c in top_scores_index[b]] for b in range(bs)])
+        draft_topk=[[cand_pairs[b][int(c)] for c in top_scores_index[b]] for b in range(bs)],
+        draft_probs=torch.stack(level_probs[:num_steps], dim=1) if generators is not None else None)
 
 
 def beam_features(h_prev: torch.Tensor, i: int, parent_beam, topk: int) -> torch.Tensor:

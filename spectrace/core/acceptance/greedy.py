@@ -17,6 +17,7 @@ class AcceptResult:
     bonus_token: int  # the target's +1 after the last correct draft
     accept_nodes: list[int] = field(default_factory=list)  # tree nodes of the path, root (0) first
     decisions: list[dict] = field(default_factory=list)  # every node the walk looked at
+    bonus_from: dict | None = None  # sampling rules: the distribution the bonus was drawn from
 
     @property
     def accept_tokens(self) -> list[int]:  # what enters the sequence: correct drafts + bonus

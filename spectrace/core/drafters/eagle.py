@@ -98,6 +98,7 @@ class EagleDrafter:
                  num_draft_tokens: int | None = None, trace_topk: int = 5):
         self.head, self.lm_head, self.kv, self.trace_topk = head, target.lm_head, kv, trace_topk
         self.capture_layers = head.capture_layers
+        self.temperature = 1.0  # q = softmax(logits / T); the engine sets T when drafts are sampled
         self.num_steps, self.topk = num_steps, topk
         self.num_draft_tokens = num_draft_tokens or num_steps + 1
         self.next_probs: dict[int, torch.Tensor] = {}  # req -> (vocab,) draft distribution after the root
@@ -105,7 +106,7 @@ class EagleDrafter:
 
     @torch.no_grad()
     def _probs(self, h: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(self.head.compute_logits(h, self.lm_head), dim=-1)
+        return torch.softmax(self.head.compute_logits(h, self.lm_head) / self.temperature, dim=-1)
 
     def _extend(self, items: list[tuple[int, list[int], torch.Tensor]]) -> None:
         batch = ForwardBatch.build(self.kv, [(req, self.kv.seq_lens[req], toks) for req, toks, _ in items])
@@ -125,7 +126,8 @@ class EagleDrafter:
         """items: (req, accept_tokens, target features of the accepted rows: root .. last correct)."""
         self._extend(items)
 
-    def draft(self, reqs: list[int], root_tokens: list[int], target_seq_lens: list[int]) -> DraftTree:
+    def draft(self, reqs: list[int], root_tokens: list[int], target_seq_lens: list[int],
+              generators=None) -> DraftTree:
         K = self.topk
         # the head's KV ends at the root's position: level-0 pairs (h_root, d) sit right there
         scratch = TreeScratch(self.kv, reqs, K, self.num_steps, [self.kv.seq_lens[r] for r in reqs])
@@ -139,7 +141,8 @@ class EagleDrafter:
 
         first = torch.stack([self.next_probs[r] for r in reqs])
         tree = draft_tree(first, forward_beams, torch.tensor(root_tokens, device=first.device),
-                          target_seq_lens, K, self.num_steps, self.num_draft_tokens, self.trace_topk)
+                          target_seq_lens, K, self.num_steps, self.num_draft_tokens, self.trace_topk,
+                          generators)
         scratch.release()
         return tree
 

@@ -138,6 +138,7 @@ class FrozenKVMtpDrafter:
         self.num_steps, self.topk = num_steps, topk
         self.num_draft_tokens = num_draft_tokens or num_steps + 1
         self.target_kv: KVCache | None = None
+        self.temperature = 1.0  # q = softmax(logits / T); the engine sets T when drafts are sampled
         self.seed_feature: dict[int, torch.Tensor] = {}  # req -> (H_t,) target feature of the root's row
 
     def bind_target_kv(self, kv: KVCache) -> None:
@@ -154,14 +155,15 @@ class FrozenKVMtpDrafter:
         Nothing runs: there is no assistant KV to extend."""
         self.draft_extend_for_prefill(items)
 
-    def draft(self, reqs: list[int], root_tokens: list[int], target_seq_lens: list[int]) -> DraftTree:
+    def draft(self, reqs: list[int], root_tokens: list[int], target_seq_lens: list[int],
+              generators=None) -> DraftTree:
         K, device = self.topk, self.head.lm_head.weight.device
 
         def run(input_ids, features, n):  # n rows per request, all at the root's position
             positions = torch.tensor([p for p in target_seq_lens for _ in range(n)], device=device)
             rows = [(r, L, n) for r, L in zip(reqs, target_seq_lens)]
             h, logits = self.head(self.embed(input_ids), features, positions, self.target_kv, rows)
-            return h, torch.softmax(logits, dim=-1)
+            return h, torch.softmax(logits / self.temperature, dim=-1)
 
         roots = torch.tensor(root_tokens, device=device)
         h_prev, first = run(roots, torch.stack([self.seed_feature[r] for r in reqs]), 1)  # the seed
@@ -172,7 +174,8 @@ class FrozenKVMtpDrafter:
             return probs
 
         return draft_tree(first, forward_beams, roots, target_seq_lens, K, self.num_steps,
-                          self.num_draft_tokens, self.trace_topk)
+                          self.num_draft_tokens, self.trace_topk,
+                          generators)
 
     def release(self, req: int) -> None:
         self.seed_feature.pop(req, None)

@@ -33,6 +33,7 @@ class StandaloneDrafter:
         self.num_steps, self.topk = num_steps, topk
         self.num_draft_tokens = num_draft_tokens or num_steps + 1
         self.next_probs: dict[int, torch.Tensor] = {}  # req -> (vocab,) draft p(. | committed)
+        self.temperature = 1.0  # q = softmax(logits / T); the engine sets T when drafts are sampled
 
     def _extend(self, items) -> None:
         """Append tokens to each request's draft KV and keep the distribution after the last.
@@ -44,7 +45,7 @@ class StandaloneDrafter:
             start = self.kv.seq_lens[req]
             self.kv.commit(req, start, len(toks), list(range(len(toks))))
             end += len(toks)
-            self.next_probs[req] = torch.softmax(logits[end - 1], dim=-1)
+            self.next_probs[req] = torch.softmax(logits[end - 1] / self.temperature, dim=-1)
 
     def draft_extend_for_prefill(self, items) -> None:
         """items: (req, prompt + first token, _): the draft reads what the target has committed."""
@@ -54,17 +55,19 @@ class StandaloneDrafter:
         """items: (req, accept_tokens of this step, _)."""
         self._extend(items)
 
-    def draft(self, reqs: list[int], root_tokens: list[int], target_seq_lens: list[int]) -> DraftTree:
+    def draft(self, reqs: list[int], root_tokens: list[int], target_seq_lens: list[int],
+              generators=None) -> DraftTree:
         # level-0 inputs follow the root, which the draft KV already holds
         scratch = TreeScratch(self.kv, reqs, self.topk, self.num_steps, [self.kv.seq_lens[r] for r in reqs])
 
         def forward_beams(i, input_ids, parent_beam):
             logits = self.model(scratch.batch(i, input_ids, parent_beam), self.kv).logits
-            return torch.softmax(logits, dim=-1)
+            return torch.softmax(logits / self.temperature, dim=-1)
 
         first = torch.stack([self.next_probs[r] for r in reqs])
         tree = draft_tree(first, forward_beams, torch.tensor(root_tokens, device=first.device),
-                          target_seq_lens, self.topk, self.num_steps, self.num_draft_tokens, self.trace_topk)
+                          target_seq_lens, self.topk, self.num_steps, self.num_draft_tokens, self.trace_topk,
+                          generators)
         scratch.release()
         return tree
 

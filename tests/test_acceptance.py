@@ -1,0 +1,127 @@
+"""Which acceptance rules keep the target's distribution: chi-square tests against the exact
+target distribution on small vocabularies, for one step and for whole two-token continuations.
+
+The synthetic model is a Markov chain over V tokens: the target's distribution after token x is
+P[x] (the root's is p0) and the draft's is Q[x]; trees take the draft's top 2 at each node, two
+levels deep; chains sample two drafts from Q. A two-token continuation is the first two tokens
+a run emits: one step when it emits two or more, else a second step rooted at the first token.
+Exact: P(t1, t2) = p0[t1] * P[t1][t2]. Samples: 40,000 per test, enough that a rule biased by
+1% in total variation fails (the chi-square's noncentrality is then about 30 for these V).
+"""
+import math
+
+import pytest
+import torch
+
+from spectrace.core.acceptance.rejection import rejection_walk
+from spectrace.core.acceptance.target_only import target_only_walk
+from spectrace.core.acceptance.tree_rejection import tree_rejection_walk
+from spectrace.core.acceptance.vllm import vllm_accept
+from spectrace.core.sampling import sample
+
+V, N = 4, 40_000
+
+
+def chi_square(counts: torch.Tensor, probs: torch.Tensor, z: float = 3.09) -> tuple[float, float]:
+    """Pearson's statistic (bins with expected count < 5 merged) and its critical value at
+    alpha = 0.001 (Wilson-Hilferty)."""
+    n = counts.sum()
+    exp = probs.double().flatten() * n
+    obs = counts.double().flatten()
+    small = exp < 5
+    if small.any():
+        exp = torch.cat([exp[~small], exp[small].sum().view(1)])
+        obs = torch.cat([obs[~small], obs[small].sum().view(1)])
+    stat = float(((obs - exp) ** 2 / exp).sum())
+    df = len(exp) - 1
+    crit = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+    return stat, crit
+
+
+def markov(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    p0 = torch.softmax(torch.randn(V, generator=g) * 1.5, -1)
+    P = torch.softmax(torch.randn(V, V, generator=g) * 1.5, -1)
+    q0 = torch.softmax(torch.randn(V, generator=g) * 1.5, -1)
+    Q = torch.softmax(torch.randn(V, V, generator=g) * 1.5, -1)
+    return p0, P, q0, Q
+
+
+def tree_step(rule, root_p, root_q, P, Q, gen, **kw):
+    """One step on a top-2, depth-2 tree: nodes 0 root; 1, 2; 3, 4 under 1; 5, 6 under 2."""
+    a = torch.topk(root_q, 2).indices.tolist()
+    kids = [torch.topk(Q[x], 2).indices.tolist() for x in a]
+    cand = [-1, a[0], a[1], kids[0][0], kids[0][1], kids[1][0], kids[1][1]]
+    nt, ns = [1, 3, 5, -1, -1, -1, -1], [-1, 2, -1, 4, -1, 6, -1]
+    tp = torch.stack([root_p] + [P[t] for t in cand[1:]])
+    if rule == "target_only":
+        coins = torch.rand(7, generator=gen)
+        return target_only_walk(cand, nt, ns, tp, coins, float(torch.rand((), generator=gen)), 2, **kw).accept_tokens
+    return tree_rejection_walk(cand, nt, ns, tp, gen, 2).accept_tokens
+
+
+def chain_step(rule, root_p, root_q, P, Q, gen, one_hot=False):
+    """One step on a chain of two drafts sampled from the draft (argmax drafts when one_hot)."""
+    d1 = int(root_q.argmax()) if one_hot else sample(root_q, gen)
+    d2 = int(Q[d1].argmax()) if one_hot else sample(Q[d1], gen)
+    cand = [-1, d1, d2]
+    tp = torch.stack([root_p, P[d1], P[d2]])
+    dp = None if one_hot else torch.stack([root_q, Q[d1]])
+    if rule == "rejection":
+        coins = torch.rand(2, generator=gen)
+        return rejection_walk(cand, tp, dp, coins, float(torch.rand((), generator=gen))).accept_tokens
+    return vllm_accept(cand, tp, dp, gen).accept_tokens
+
+
+STEPS = {"target_only": tree_step, "tree_rejection": tree_step, "rejection": chain_step, "vllm": chain_step}
+
+
+def continuations(rule, seed, **kw):
+    p0, P, q0, Q = markov(seed)
+    step = STEPS[rule]
+    gen = torch.Generator().manual_seed(seed + 1)
+    first, pairs = torch.zeros(V), torch.zeros(V, V)
+    for _ in range(N):
+        out = step(rule, p0, q0, P, Q, gen, **kw)
+        if len(out) < 2:
+            out = out + step(rule, P[out[0]], Q[out[0]], P, Q, gen, **kw)[:1]
+        first[out[0]] += 1
+        pairs[out[0], out[1]] += 1
+    return (p0, P), first, pairs
+
+
+LOSSLESS = [("target_only", {}), ("tree_rejection", {}), ("rejection", {}), ("vllm", {}),
+            ("vllm", {"one_hot": True})]
+
+
+@pytest.mark.parametrize("rule, kw", LOSSLESS, ids=[f"{r}{'-one_hot' if k else ''}" for r, k in LOSSLESS])
+def test_lossless_rules_keep_the_target_distribution(rule, kw):
+    (p0, P), first, pairs = continuations(rule, seed=3, **kw)
+    stat, crit = chi_square(first, p0)
+    assert stat < crit, f"first token: chi2 {stat:.1f} >= {crit:.1f}"
+    stat, crit = chi_square(pairs, p0[:, None] * P)
+    assert stat < crit, f"two-token continuation: chi2 {stat:.1f} >= {crit:.1f}"
+
+
+def test_the_test_catches_a_one_percent_bias():
+    """The same statistic rejects a sampler whose output is off by 1% in total variation."""
+    p0, P, _, _ = markov(3)
+    biased = p0.clone()
+    biased[p0.argmax()] += 0.01
+    biased[p0.argmin()] -= 0.01
+    gen = torch.Generator().manual_seed(5)
+    counts = torch.bincount(torch.multinomial(biased, N, replacement=True, generator=gen), minlength=V)
+    stat, crit = chi_square(counts, p0)
+    assert stat > crit
+
+
+@pytest.mark.parametrize("single, acc", [(0.5, 1.0), (1.0, 0.5)])
+def test_target_only_with_thresholds_below_one_is_biased(single, acc, capsys):
+    (p0, P), first, pairs = continuations("target_only", seed=3, threshold_single=single, threshold_acc=acc)
+    exact = p0[:, None] * P
+    stat, crit = chi_square(pairs, exact)
+    tv = 0.5 * float((pairs / pairs.sum() - exact).abs().sum())
+    with capsys.disabled():
+        print(f"\ntarget_only threshold_single={single} threshold_acc={acc}: total variation from the target "
+              f"over two-token continuations {tv:.3f} (chi2 {stat:.0f}, critical {crit:.0f})")
+    assert stat > crit and tv > 0.01
