@@ -32,6 +32,9 @@ def chi_square(counts: torch.Tensor, probs: torch.Tensor, z: float = 3.09) -> tu
     if small.any():
         exp = torch.cat([exp[~small], exp[small].sum().view(1)])
         obs = torch.cat([obs[~small], obs[small].sum().view(1)])
+        if exp[-1] == 0:  # outcomes the target never produces: any count there is a failure
+            assert obs[-1] == 0, f"{int(obs[-1])} samples where the target has no mass"
+            exp, obs = exp[:-1], obs[:-1]
     stat = float(((obs - exp) ** 2 / exp).sum())
     df = len(exp) - 1
     crit = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
@@ -125,3 +128,102 @@ def test_target_only_with_thresholds_below_one_is_biased(single, acc, capsys):
         print(f"\ntarget_only threshold_single={single} threshold_acc={acc}: total variation from the target "
               f"over two-token continuations {tv:.3f} (chi2 {stat:.0f}, critical {crit:.0f})")
     assert stat > crit and tv > 0.01
+
+
+# ---- the peers' entry points ---------------------------------------------------------------
+
+def test_vllm_rejection_sampler_matches_its_documented_cases():
+    from spectrace.compat.vllm import GREEDY_TEMPERATURE, RejectionSampler, SamplingMetadata, SpecDecodeMetadata
+
+    # greedy: the output at a mismatch is the target argmax; then placeholders; no drafts -> bonus first
+    drafts = [[1, 2, 3], [], [3, 0]]
+    meta = SpecDecodeMetadata.make_dummy(drafts, "cpu")
+    assert meta.cu_num_draft_tokens.tolist() == [3, 3, 5] and meta.max_spec_len == 3
+    logits = torch.full((5, V), -10.0)
+    for row, tok in enumerate([1, 0, 3, 3, 0]):  # argmax per draft position
+        logits[row, tok] = 10.0
+    sm = SamplingMetadata(torch.full((3,), float(GREEDY_TEMPERATURE)), all_greedy=True, all_random=False)
+    out = RejectionSampler()(meta, None, logits, torch.tensor([[7], [8], [9]]), sm)
+    assert out.tolist() == [[1, 0, -1, -1], [8, -1, -1, -1], [3, 0, 9, -1]]
+
+
+@pytest.mark.parametrize("with_probs", [True, False])
+def test_vllm_rejection_sampler_is_lossless_at_the_first_position(with_probs):
+    """vLLM's own statistical setup (two drafts per request, bonus column dropped), judged by chi-square:
+    every emitted draft-position token is a sample of the target."""
+    from spectrace.compat.vllm import RejectionSampler, SamplingMetadata, SpecDecodeMetadata
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.softmax(torch.randn(V, generator=g), -1)
+    target_logits = torch.randn(V, generator=g)
+    p = torch.softmax(target_logits, -1)
+    B = 20_000
+    if with_probs:
+        drafts = torch.multinomial(q, 2 * B, replacement=True, generator=g).view(B, 2)
+    else:
+        drafts = torch.full((B, 2), int(q.argmax()))
+    meta = SpecDecodeMetadata.make_dummy(drafts.tolist(), "cpu")
+    sm = SamplingMetadata(torch.ones(B), all_greedy=False, all_random=True,
+                          generators={i: torch.Generator().manual_seed(i) for i in range(B)})
+    out = RejectionSampler()(meta, q.repeat(2 * B, 1) if with_probs else None, target_logits.repeat(2 * B, 1),
+                             torch.zeros(B, 1, dtype=torch.long), sm)
+    first = torch.bincount(out[:, 0].long(), minlength=V)
+    stat, crit = chi_square(first, p)
+    assert stat < crit
+
+
+def test_sglang_target_only_kernel_form_matches_the_walk():
+    from spectrace.compat.sglang import tree_speculative_sampling_target_only
+
+    p0, P, q0, Q = markov(1)
+    a = torch.topk(q0, 2).indices.tolist()
+    cand = torch.tensor([[0, a[0], a[1]]])
+    tp = torch.stack([p0, P[a[0]], P[a[1]]]).unsqueeze(0)
+    coins = torch.tensor([[0.99, 0.5, 0.5]])  # a high root coin: both children rejected -> residual bonus
+    predicts = torch.full((3,), -1, dtype=torch.int32)
+    accept_index = torch.full((1, 2), -1, dtype=torch.int32)
+    accept_num = torch.zeros(1, dtype=torch.int32)
+    draft_probs = torch.zeros_like(tp)
+    tree_speculative_sampling_target_only(predicts, accept_index, accept_num, cand, torch.tensor([[0, 1, 2]]),
+                                          torch.tensor([[1, -1, -1]]), torch.tensor([[-1, 2, -1]]), coins,
+                                          torch.tensor([0.3]), tp, draft_probs)
+    tried = p0[a[0]] + p0[a[1]]
+    assert tried < 0.99
+    assert accept_num.item() == 0 and accept_index.tolist() == [[0, -1]]
+    # the rejected siblings' mass was written into draft_probs, so the bonus avoids them
+    assert draft_probs[0, 0, a[0]] == p0[a[0]] and int(predicts[0]) not in a
+
+
+# ---- the embedded model: whole two-token continuations through the engine ------------------
+
+@pytest.mark.parametrize("rule, algo, topk", [("target_only", "eagle", 4), ("tree_rejection", "eagle3", 4),
+                                              ("rejection", "mtp", 1), ("vllm", "eagle", 1)])
+def test_engine_two_token_continuations_follow_the_target(target, drafters, tokenizer, rule, algo, topk):
+    """B requests of one prompt, each with its own generator, 2 new tokens: the first comes from
+    prefill, the second from the rule's first verify; their joint law must be the target's,
+    p(t1 | prompt) p(t2 | prompt, t1), with temperature 1 and top-k 6 (36 outcomes)."""
+    from spectrace.core.batch import ForwardBatch
+    from spectrace.core.engine import SpecConfig
+    from spectrace.core.runner import build_engine
+    from spectrace.core.sampling import SamplingParams, probs_from_logits
+
+    prompt = tokenizer.encode("def parse(self, text):\n    for line in text.split")
+    params = SamplingParams(1.0, 6, 1.0)
+
+    def p_next(ids):
+        kv = target.new_kv_cache("t", "sglang", len(ids), 1, len(ids))
+        return probs_from_logits(target(ForwardBatch.build(kv, [(0, 0, ids)]), kv).logits[-1], params)
+
+    p1 = p_next(prompt)
+    exact = torch.zeros(len(p1), len(p1))
+    for t in torch.nonzero(p1).flatten().tolist():  # top-k 6: six first tokens are possible
+        exact[t] = p1[t] * p_next(prompt + [t])
+    B = 2000
+    spec = SpecConfig(algo=algo, num_steps=3, topk=topk, num_draft_tokens=6 if topk > 1 else None, max_new_tokens=2,
+                      acceptance=rule, temperature=1.0, top_k=6, seed=11)
+    reqs, _ = build_engine(target, drafters[algo], spec, [prompt] * B, ()).generate([prompt] * B)
+    counts = torch.zeros_like(exact)
+    for r in reqs:
+        counts[r.output_ids[0], r.output_ids[1]] += 1
+    stat, crit = chi_square(counts, exact)
+    assert stat < crit, f"chi2 {stat:.1f} >= {crit:.1f}"

@@ -60,7 +60,14 @@ def other_vocab_model(tmp_path):
     (["--draft-model", "OTHER"], "vocabulary"),
     (["--trace", "/proc/forbidden/t.jsonl"], "cannot write trace"),
     (["--batch", "1", "--prompt", "a", "--prompt", "b"], "--batch 1 is smaller"),
-    (["--temperature", "0.7"], "not available yet"),
+    (["--acceptance", "rejection", "--temperature", "0.7"], "only for EAGLE"),
+    (["--algo", "eagle", "--speculative-use-rejection-sampling", "--temperature", "0.7"], "needs --topk 1"),
+    (["--acceptance", "greedy", "--temperature", "0.7"], "needs --temperature 0"),
+    (["--algo", "eagle", "--acceptance", "vllm", "--topk", "1"], "give --temperature > 0"),
+    (["--algo", "eagle", "--acceptance", "tree_rejection", "--temperature", "1",
+      "--speculative-accept-threshold-single", "0.5"], "thresholds belong to target_only"),
+    (["--temperature", "1", "--speculative-accept-threshold-acc", "1.5"], "must lie in [0, 1]"),
+    (["--acceptance", "typical"], "unknown --acceptance"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, other_vocab_model, args, message):
     args = [other_vocab_model if a == "OTHER" else a for a in args]

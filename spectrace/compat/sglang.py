@@ -1,5 +1,5 @@
 """SGLang's speculative-decoding tree functions, with its names, argument order and in-place
-outputs, on CPU tensors. Thin adapters over `spectrace.core`; see reference/sglang.md 1-2.
+outputs, on CPU tensors. Thin adapters over `spectrace.core`; see reference/sglang.md 1-3.
 """
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import torch
 
 from spectrace.core import tree
 from spectrace.core.acceptance import greedy
+from spectrace.core.acceptance.target_only import tree_speculative_sampling_target_only
 from spectrace.core.tree import TreeMaskMode, organize_draft_results
 
 __all__ = ["TreeMaskMode", "organize_draft_results", "build_tree_kernel_efficient", "verify_tree_greedy",
-           "reconstruct_indices_from_tree_mask"]
+           "tree_speculative_sampling_target_only", "reconstruct_indices_from_tree_mask"]
 
 
 def build_tree_kernel_efficient(verified_id, parent_list, top_scores_index, draft_tokens, seq_lens,

@@ -1,0 +1,90 @@
+"""vLLM's rejection sampler with its v0.8.5 names and call, on CPU tensors; a thin adapter over
+`spectrace.core.acceptance.vllm` (see reference/vllm.md section 1).
+
+    sampler = RejectionSampler()
+    out = sampler(metadata, draft_probs, target_logits, bonus_token_ids, sampling_metadata)
+    # out: int32 [B, max_spec_len + 1], PLACEHOLDER_TOKEN_ID (-1) after a rejection
+
+v0.8.5 semantics: greedy requests carry temperature GREEDY_TEMPERATURE (-1); probabilities are
+softmax(top-k/top-p(logits / T)); draft_probs None means the drafts were argmax (one-hot q).
+Uniforms are float64 as in current vLLM (float32 `torch.rand` can return 0.0).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from spectrace.core.acceptance.vllm import PLACEHOLDER_TOKEN_ID, draw_randoms, vllm_walk
+from spectrace.core.sampling import SamplingParams, probs_from_logits
+
+GREEDY_TEMPERATURE = -1
+MAX_SPEC_LEN = 32
+
+__all__ = ["RejectionSampler", "SpecDecodeMetadata", "SamplingMetadata", "PLACEHOLDER_TOKEN_ID",
+           "GREEDY_TEMPERATURE", "MAX_SPEC_LEN"]
+
+
+@dataclass
+class SpecDecodeMetadata:
+    draft_token_ids: torch.Tensor  # int32 [N], every request's drafts, flattened
+    num_draft_tokens: list[int]  # [B]
+    cu_num_draft_tokens: torch.Tensor  # int32 [B], inclusive cumsum
+    target_logits_indices: torch.Tensor
+    bonus_logits_indices: torch.Tensor
+    logits_indices: torch.Tensor
+
+    def __post_init__(self):
+        self.max_spec_len = max(self.num_draft_tokens) if self.num_draft_tokens else 0
+
+    @classmethod
+    def make_dummy(cls, draft_token_ids: list[list[int]], device) -> "SpecDecodeMetadata":
+        """Real cumsums; the logits indices are zeros, as in vLLM's helper for tests."""
+        num = [len(d) for d in draft_token_ids]
+        flat = [t for d in draft_token_ids for t in d]
+        n = len(flat)
+        return cls(draft_token_ids=torch.tensor(flat, dtype=torch.int32, device=device),
+                   num_draft_tokens=num,
+                   cu_num_draft_tokens=torch.tensor(num, dtype=torch.int32, device=device).cumsum(0).to(torch.int32),
+                   target_logits_indices=torch.zeros(n, dtype=torch.int32, device=device),
+                   bonus_logits_indices=torch.zeros(len(num), dtype=torch.int32, device=device),
+                   logits_indices=torch.zeros(n + len(num), dtype=torch.int32, device=device))
+
+
+@dataclass
+class SamplingMetadata:
+    temperature: torch.Tensor  # [B]; GREEDY_TEMPERATURE (-1) marks greedy requests
+    all_greedy: bool
+    all_random: bool
+    top_k: torch.Tensor | None = None  # [B]
+    top_p: torch.Tensor | None = None  # [B]
+    generators: dict[int, torch.Generator] | None = None  # request index -> its generator
+
+
+class RejectionSampler(torch.nn.Module):
+    def forward(self, metadata: SpecDecodeMetadata, draft_probs: torch.Tensor | None, target_logits: torch.Tensor,
+                bonus_token_ids: torch.Tensor, sampling_metadata: SamplingMetadata) -> torch.Tensor:
+        """draft_probs [N, V] or None; target_logits [N, V]; bonus_token_ids [B, 1]."""
+        assert metadata.max_spec_len <= MAX_SPEC_LEN
+        B = len(metadata.num_draft_tokens)
+        out = torch.full((B, metadata.max_spec_len + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int32)
+        gens = sampling_metadata.generators or {}
+        start = 0
+        for r, n in enumerate(metadata.num_draft_tokens):
+            rows = slice(start, start + n)
+            start += n
+            temp = float(sampling_metadata.temperature[r])
+            greedy = sampling_metadata.all_greedy or temp == GREEDY_TEMPERATURE
+            drafts = metadata.draft_token_ids[rows].tolist()
+            if greedy:
+                probs, u, e = target_logits[rows].float(), None, None  # argmax of logits = argmax of p
+            else:
+                params = SamplingParams(temp, int(sampling_metadata.top_k[r]) if sampling_metadata.top_k is not None else 0,
+                                        float(sampling_metadata.top_p[r]) if sampling_metadata.top_p is not None else 1.0)
+                probs = probs_from_logits(target_logits[rows], params)
+                # unseeded requests draw from the global generator; requests without drafts draw nothing
+                u, e = draw_randoms(n, target_logits.shape[-1], gens.get(r)) if n else (None, None)
+            dp = None if draft_probs is None else draft_probs[rows].float()
+            row, _ = vllm_walk(drafts, probs, dp, int(bonus_token_ids[r, 0]), u, e, greedy)
+            out[r, :len(row)] = torch.tensor(row, dtype=torch.int32)
+        return out
