@@ -175,12 +175,14 @@ def cmd_render(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    """Each held-out prompt alone (batch 1), greedy; best wall time of --repeat runs."""
+    """Each held-out prompt alone (batch 1); best wall time of --repeat runs."""
     from spectrace.core.runner import run
     from spectrace.zoo.prompts import HELD_OUT_PROMPTS
 
     print(f"held-out prompts: {len(HELD_OUT_PROMPTS)}, max_new_tokens {args.max_new_tokens}, "
-          f"device {args.device}, batch 1, greedy")
+          f"device {args.device}, batch 1, " + (f"temperature {args.temperature}, acceptance "
+                                                  f"{args.acceptance or 'target_only'}, seed {args.seed}"
+                                                  if args.temperature else "greedy"))
     print(f"{'algo':<14} {'steps,topk,n':>12} {'tokens/s':>9} {'tau':>6} {'alpha':>6} {'verify_ct':>9}")
     for algo in args.algos:
         tokens = wall = verify = correct = proposed = 0

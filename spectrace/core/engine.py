@@ -384,6 +384,8 @@ class Engine:
                 ids |= {t for row in verify[r.req]["target_topk"] for t, _ in row}
                 if tree is not None:
                     ids |= {t for row in tree.draft_topk[b] for t, _ in row}
+                if res.bonus_from is not None:
+                    ids |= {t for t, _ in res.bonus_from["topk"]}
                 self.trace.write(rec, ids)
         self.step_count += 1
 

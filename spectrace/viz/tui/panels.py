@@ -17,7 +17,7 @@ from rich.tree import Tree
 
 from spectrace.core.trace import TraceFile
 from spectrace.viz.graph import FATE_COLORS, visible
-from spectrace.viz.steptree import ViewNode, preorder, target_prob
+from spectrace.viz.steptree import ViewNode, preorder
 
 MARKS = {"root": "●", "correct": "✓", "rejected": "✗", "unreached": "·", "bonus": "★"}
 DRAFTED = "cyan"
@@ -121,11 +121,13 @@ def inspector_panel(trace: TraceFile, rec: dict, nodes: list[ViewNode], phase: s
                                      verify["target_predict"][0]))
         return Group(*parts)
     if n.fate == "bonus":
-        parts.append(Text(f"bonus: the target's own token after node {n.parent}, the last node of the accepted path; "
-                          f"accept_len = {len(rec['correct_drafts'])} correct + 1 bonus = {rec['accept_len']}",
-                          style=FATE_COLORS["bonus"][1]))
-        parts.append(_topk_table(f"target p after node {n.parent}", verify["target_topk"][n.parent], "", [], trace,
-                                 n.token))
+        parts.append(bonus_text(rec, n))
+        src = rec["accept"].get("bonus_from")
+        if src is not None:
+            parts.append(_topk_table("bonus drawn from", src["topk"], "", [], trace, n.token))
+        else:
+            parts.append(_topk_table(f"target p after node {n.parent}", verify["target_topk"][n.parent], "", [], trace,
+                                     n.token))
         return Group(*parts)
     if _after(phase, "ACCEPT"):
         parts.append(decision_text(trace, rec, n, verify["target_predict"][n.parent]))
@@ -134,11 +136,39 @@ def inspector_panel(trace: TraceFile, rec: dict, nodes: list[ViewNode], phase: s
     if not _after(phase, "VERIFY"):
         parts += [numbers, _topk_table(f"draft q after node {n.parent}", draft_pairs, "", [], trace, n.token)]
         return Group(*parts)
-    p = target_prob(rec, n.parent, n.token)
-    numbers.append(f"  target p {p:.4f}" if p is not None else "  target p below the recorded top-k")
+    numbers.append(f"  target p {n.p:.4f}")  # p(token | parent), recorded for every node
     parts += [numbers, _topk_table("draft q", draft_pairs, "target p", verify["target_topk"][n.parent], trace,
                                    n.token)]
     return Group(*parts)
+
+
+RULE_TEXT = {
+    "greedy": "greedy: accept iff draft == argmax p(· | parent)",
+    "target_only": "target_only: accept iff coin <= prob_acc / threshold_acc or p >= threshold_single "
+                   "(one coin per level; prob_acc sums the tried siblings' p)",
+    "rejection": "rejection: accept iff coin * q < p, i.e. with probability min(1, p / q)",
+    "vllm": "vllm: accept iff q > 0 and p / q >= u; a rejection emits a recovered token ~ relu(p - q)",
+    "tree_rejection": "tree_rejection: accept iff coin <= p'(x), q = 1 for a top-k sibling; a rejected "
+                      "sibling's mass is removed from p' and the rest renormalised",
+}
+
+
+def _arithmetic(rule: str, d: dict, trace: TraceFile, argmax: int) -> str:
+    """The numbers of one decision, in the rule's own comparison."""
+    ok = d["accepted"]
+    if rule == "greedy" or "target_argmax" in d:
+        t = d.get("target_argmax", argmax)
+        return f"{tok(trace.token_text(d['draft']))} {'==' if ok else '!='} {tok(trace.token_text(t))}"
+    if rule == "target_only":
+        lhs = f"coin {d['coin']:.3f} {'<=' if d['coin'] <= d['prob_acc'] / d['threshold_acc'] else '>'} " \
+              f"prob_acc {d['prob_acc']:.3f} / {d['threshold_acc']:g}"
+        return f"{lhs};  p {d['p']:.3f} {'>=' if d['p'] >= d['threshold_single'] else '<'} {d['threshold_single']:g}"
+    if rule == "rejection":
+        return f"coin {d['coin']:.3f} * q {d['q']:.3f} = {d['coin'] * d['q']:.3f} {'<' if ok else '>='} p {d['p']:.3f}"
+    if rule == "vllm":
+        ratio = d["p"] / d["q"] if d["q"] > 0 else float("nan")
+        return f"p {d['p']:.3f} / q {d['q']:.3f} = {ratio:.3f} {'>=' if ok else '<'} u {d['coin']:.3f}"
+    return f"coin {d['coin']:.3f} {'<=' if ok else '>'} p' {d['p']:.3f}"
 
 
 def decision_text(trace: TraceFile, rec: dict, n: ViewNode, argmax: int) -> Text:
@@ -146,15 +176,31 @@ def decision_text(trace: TraceFile, rec: dict, n: ViewNode, argmax: int) -> Text
     rule = rec["accept"]["rule"]
     color = FATE_COLORS[n.fate][1]
     t = Text()
-    if rule == "greedy":
-        t.append("greedy: accept iff draft == argmax p(· | parent): ", style="bold")
-        t.append(f"{tok(n.text)} {'==' if n.token == argmax else '!='} {tok(trace.token_text(argmax))} -> ")
-    else:
-        t.append(f"rule {rule}\n", style="bold")
+    t.append(RULE_TEXT.get(rule, f"rule {rule}") + "\n", style="bold")
+    d = next((d for d in rec["accept"]["decisions"] if d["node"] == n.index), None)
+    if d is not None:
+        t.append("  " + _arithmetic(rule, d, trace, argmax) + "  ->  ")
     verdict = {"correct": "correct: on the accepted path",
                "rejected": "rejected: tried and refused",
                "unreached": "never reached: the walk stopped or took an earlier sibling"}[n.fate]
     t.append(verdict, style=f"bold {color}")
+    return t
+
+
+def bonus_text(rec: dict, n: ViewNode) -> Text:
+    """Where the bonus came from: the target's argmax (greedy), p after the last accepted node,
+    or the residual once drafts there were rejected."""
+    src = rec["accept"].get("bonus_from")
+    t = Text(f"bonus: the target's own token after node {n.parent}, the last node of the accepted path; "
+             f"accept_len = {len(rec['correct_drafts'])} correct + 1 bonus = {rec['accept_len']}\n",
+             style=FATE_COLORS["bonus"][1])
+    if src is None:
+        t.append("greedy: the argmax of p after that node", style="dim")
+    elif src["dist"] == "target":
+        t.append("sampled from p after that node" + (f" (coin {src['coin']:.3f})" if "coin" in src else ""), style="dim")
+    else:
+        t.append("sampled from the residual: p with the rejected drafts' mass removed, relu(p - q), renormalised"
+                 + (f" (coin {src['coin']:.3f})" if "coin" in src else ""), style="dim")
     return t
 
 
