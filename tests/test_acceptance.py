@@ -227,3 +227,24 @@ def test_engine_two_token_continuations_follow_the_target(target, drafters, toke
         counts[r.output_ids[0], r.output_ids[1]] += 1
     stat, crit = chi_square(counts, exact)
     assert stat < crit, f"chi2 {stat:.1f} >= {crit:.1f}"
+
+
+def test_vllm_greedy_and_random_requests_share_a_batch():
+    """One batch, a greedy request beside a seeded random one: the greedy row follows the argmax
+    rule; the random row is what the same request gets alone with the same seed."""
+    from spectrace.compat.vllm import GREEDY_TEMPERATURE, RejectionSampler, SamplingMetadata, SpecDecodeMetadata
+
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(4, V, generator=g)
+    drafts = [[int(logits[0].argmax()), 0], [1, 2]]
+    meta = SpecDecodeMetadata.make_dummy(drafts, "cpu")
+    sm = SamplingMetadata(torch.tensor([float(GREEDY_TEMPERATURE), 1.0]), all_greedy=False, all_random=False,
+                          generators={1: torch.Generator().manual_seed(9)})
+    out = RejectionSampler()(meta, None, logits, torch.tensor([[5], [6]]), sm)
+    argmax = logits[:2].argmax(-1).tolist()
+    want = [argmax[0], argmax[1]] + ([5] if drafts[0][1] == argmax[1] else [-1])
+    assert out[0].tolist() == want
+    alone = RejectionSampler()(SpecDecodeMetadata.make_dummy(drafts[1:], "cpu"), None, logits[2:],
+                               torch.tensor([[6]]), SamplingMetadata(torch.tensor([1.0]), False, True,
+                                                                      generators={0: torch.Generator().manual_seed(9)}))
+    assert out[1].tolist() == alone[0].tolist()
