@@ -2,9 +2,11 @@
 target distribution on small vocabularies, for one step and for whole two-token continuations.
 
 The synthetic model is a Markov chain over V tokens: the target's distribution after token x is
-P[x] (the root's is p0) and the draft's is Q[x]; trees take the draft's top 2 at each node, two
-levels deep; chains sample two drafts from Q. A two-token continuation is the first two tokens
-a run emits: one step when it emits two or more, else a second step rooted at the first token.
+P[x] (the root's is p0) and the draft's is Q[x]. target_only's tree takes the draft's top 2 at
+each node, two levels deep; tree_rejection's is sampled by the engine's draft loop (topk 2, two
+levels, 4 of the 6 candidates kept); chains sample two drafts. A two-token continuation is the
+first two tokens a run emits: one step when it emits two or more, else a second step rooted at
+the first token.
 Exact: P(t1, t2) = p0[t1] * P[t1][t2]. Samples: 40,000 per test, enough that a rule biased by
 1% in total variation fails (the chi-square's noncentrality is then about 30 for these V).
 """
@@ -18,6 +20,7 @@ from spectrace.core.acceptance.target_only import target_only_walk
 from spectrace.core.acceptance.tree_rejection import tree_rejection_walk
 from spectrace.core.acceptance.vllm import vllm_accept
 from spectrace.core.sampling import sample
+from spectrace.core.tree import SampledDrafts, draft_tree
 
 V, N = 4, 40_000
 
@@ -57,10 +60,19 @@ def tree_step(rule, root_p, root_q, P, Q, gen, **kw):
     cand = [-1, a[0], a[1], kids[0][0], kids[0][1], kids[1][0], kids[1][1]]
     nt, ns = [1, 3, 5, -1, -1, -1, -1], [-1, 2, -1, 4, -1, 6, -1]
     tp = torch.stack([root_p] + [P[t] for t in cand[1:]])
-    if rule == "target_only":
-        coins = torch.rand(7, generator=gen)
-        return target_only_walk(cand, nt, ns, tp, coins, float(torch.rand((), generator=gen)), 2, **kw).accept_tokens
-    return tree_rejection_walk(cand, nt, ns, tp, gen, 2).accept_tokens
+    coins = torch.rand(7, generator=gen)
+    return target_only_walk(cand, nt, ns, tp, coins, float(torch.rand((), generator=gen)), 2, **kw).accept_tokens
+
+
+def sampled_tree_step(rule, root_p, root_q, P, Q, gen):
+    """One step on a tree the draft loop samples: topk 2, two levels, the 4 best of 6 candidates."""
+    sampled = SampledDrafts([gen], torch.tensor([[0.5, 0.25]]))  # 4 of 6: root, 1st child and theirs first
+    tree = draft_tree(root_q.view(1, V), lambda i, ids, parent_beam: Q[ids], torch.tensor([0]), [5],
+                      topk=2, num_steps=2, num_draft_tokens=5, sampled=sampled)
+    cand = tree.draft_tokens[0].tolist()
+    tp = torch.stack([root_p] + [P[t] for t in cand[1:]])
+    return tree_rejection_walk(cand, tree.retrive_next_token[0].tolist(), tree.retrive_next_sibling[0].tolist(),
+                               tp, tree.draft_probs[0], gen, 2).accept_tokens
 
 
 def chain_step(rule, root_p, root_q, P, Q, gen, one_hot=False):
@@ -76,7 +88,7 @@ def chain_step(rule, root_p, root_q, P, Q, gen, one_hot=False):
     return vllm_accept(cand, tp, dp, gen).accept_tokens
 
 
-STEPS = {"target_only": tree_step, "tree_rejection": tree_step, "rejection": chain_step, "vllm": chain_step}
+STEPS = {"target_only": tree_step, "tree_rejection": sampled_tree_step, "rejection": chain_step, "vllm": chain_step}
 
 
 def continuations(rule, seed, **kw):

@@ -180,6 +180,7 @@ def test_truncated_trace_replays_up_to_its_last_complete_step(tmp_path):
         app = Walkthrough(trace)
         async with app.run_test(size=(100, 30)) as pilot:
             await pilot.press(*["right"] * 50)
+            await pilot.pause()  # let a loaded machine finish the moves and notifications
             return app.position, [n.message for n in app._notifications]
     position, notes = asyncio.run(go())
     assert position == len(app_steps := [m for m in trace.index if m.request == trace.index[0].request]) - 1

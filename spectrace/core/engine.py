@@ -22,7 +22,7 @@ from spectrace.core import acceptance
 from spectrace.core.acceptance.greedy import AcceptResult, greedy_walk
 from spectrace.core.acceptance.rejection import rejection_walk
 from spectrace.core.acceptance.target_only import target_only_walk
-from spectrace.core.acceptance.tree_rejection import tree_rejection_walk
+from spectrace.core.acceptance.tree_rejection import SiblingStats, tree_rejection_walk
 from spectrace.core.acceptance.vllm import vllm_accept
 from spectrace.core.batch import ForwardBatch
 from spectrace.core.config import SpectraceError
@@ -30,7 +30,7 @@ from spectrace.core.metrics import SpecMetrics
 from spectrace.core.model import CausalLM
 from spectrace.core.sampling import SamplingParams, probs_from_logits, request_generator, sample, topk_pairs
 from spectrace.core.trace import TraceWriter
-from spectrace.core.tree import DraftTree, tree_capacity
+from spectrace.core.tree import DraftTree, SampledDrafts, tree_capacity
 
 ALGOS = ("none", "standalone", "eagle", "eagle3", "nextn", "mtp", "frozen_kv_mtp")
 
@@ -133,7 +133,7 @@ def _tree_record(tree: DraftTree, b: int, res) -> dict:
     depths = []
     for p in parents:
         depths.append(1 if p == 0 else depths[p - 1] + 1)
-    return {
+    rec = {
         "tokens": tree.draft_tokens[b, 1:].tolist(),
         "parents": parents,  # node index, 0 = the root
         "depths": depths,
@@ -145,6 +145,9 @@ def _tree_record(tree: DraftTree, b: int, res) -> dict:
         "retrive_next_sibling": tree.retrive_next_sibling[b].tolist(),
         "fates": _fates(tree.draft_tokens.shape[1], res),
     }
+    if tree.sibling_worth is not None:  # a sampled tree's scores are products of these, not of q
+        rec["sibling_worth"] = [round(float(x), 6) for x in tree.sibling_worth[b]]
+    return rec
 
 
 class Engine:
@@ -163,11 +166,12 @@ class Engine:
         # what EAGLE-style drafters read: the last hidden state, or (EAGLE-3) the inputs of these layers
         self.drafter_kv = drafter.kv if drafter is not None else None  # FROZEN_KV_MTP keeps none
         self.capture_layers = drafter.capture_layers if drafter is not None else ()
-        if spec.acceptance in acceptance.CHAIN_RULES:  # drafts are sampled from q = softmax(logits / T)
+        if spec.acceptance in acceptance.SAMPLED_RULES:  # drafts are sampled from q = softmax(logits / T)
             drafter.temperature = spec.temperature
         if hasattr(drafter, "bind_target_kv"):  # FROZEN_KV_MTP attends to the target's KV
             drafter.bind_target_kv(self.kv)
         self._events: dict[int, list[dict]] = {}  # req -> this step's KV events so far
+        self.sibling_stats: dict[int, SiblingStats] = {}  # req -> tree_rejection's sibling worth
         self.metrics = SpecMetrics(spec.num_steps if spec.algo != "none" else 0, spec.num_draft_tokens)
         self.step_count = 0
 
@@ -194,6 +198,7 @@ class Engine:
 
     def _finish(self, r: Request) -> None:
         self.kv.release(r.req)
+        self.sibling_stats.pop(r.req, None)
         if self.drafter is not None:
             self.drafter.release(r.req)
 
@@ -220,7 +225,13 @@ class Engine:
             return rejection_walk(rows, probs, tree.draft_probs[b].cpu(), coins, float(torch.rand((), generator=gen)), k)
         if rule == "vllm":
             return vllm_accept(rows, probs, tree.draft_probs[b].cpu(), gen, k)
-        return tree_rejection_walk(rows, nt, ns, probs, gen, self.spec.num_steps, k)
+        res = tree_rejection_walk(rows, nt, ns, probs, tree.draft_probs[b].cpu(), gen, self.spec.num_steps, k)
+        self._siblings(r).observe(res.decisions, nt, ns)
+        return res
+
+    def _siblings(self, r: Request) -> SiblingStats:
+        """What a tree_rejection request's j-th sibling draw has been worth so far."""
+        return self.sibling_stats.setdefault(r.req, SiblingStats(self.spec.topk))
 
     def _req_to_token_tail(self, req: int, n: int = 16) -> dict:
         """The last n committed entries of `req_to_token` for one request: the pointers a viewer shows."""
@@ -291,10 +302,12 @@ class Engine:
     def speculative_step(self, reqs: list[Request]) -> None:
         timer = _Timer(self.device)
         with timer("draft"):
-            sampled = self.spec.acceptance in acceptance.CHAIN_RULES
+            sampled = None
+            if self.spec.acceptance in acceptance.SAMPLED_RULES:
+                worth = torch.stack([self._siblings(r).worth() for r in reqs]) if self.spec.topk > 1 else None
+                sampled = SampledDrafts([r.gen for r in reqs], worth)
             tree = self.drafter.draft([r.req for r in reqs], [r.output_ids[-1] for r in reqs],
-                                      [self.kv.seq_lens[r.req] for r in reqs],
-                                      [r.gen for r in reqs] if sampled else None)
+                                      [self.kv.seq_lens[r.req] for r in reqs], sampled)
         self._collect(reqs, "draft")
         self._step(reqs, tree, timer)
 

@@ -55,6 +55,17 @@ def sample(probs: torch.Tensor, gen: torch.Generator) -> int:
     return sample_from_prob(probs.detach().cpu().double(), float(torch.rand((), generator=gen, dtype=torch.float64)))
 
 
+def sample_without_replacement(probs: torch.Tensor, k: int, gen: torch.Generator) -> list[int]:
+    """Up to k distinct tokens of a (V,) distribution in draw order: each draw is a sample of what
+    the earlier draws left (sampling without replacement). Fewer when fewer have mass."""
+    w = probs.detach().cpu().double().clone()
+    out = []
+    while len(out) < k and w.sum() > 0:
+        out.append(sample_from_prob(w, float(torch.rand((), generator=gen, dtype=torch.float64))))
+        w[out[-1]] = 0.0
+    return out
+
+
 def sample_from_prob(weights: torch.Tensor, coin: float) -> int:
     """flashinfer's DeviceSamplingFromProb on unnormalised weights (V,): the smallest i with
     weights[i] > 0 and cumsum[i] > coin * sum; if rounding leaves none, the last i with

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from spectrace.core.sampling import sample
+from spectrace.core.sampling import sample_without_replacement
 
 
 class TreeMaskMode(enum.IntEnum):
@@ -66,8 +66,10 @@ def organize_draft_results(score_list, token_list, parents_list, num_draft_token
     node order is "by level, then by beam, then by child" and parents come before children."""
     score_list = torch.cat(score_list, dim=1).flatten(1)  # (bs, K + (S-1)K^2)
     ss_token_list = torch.cat(token_list, dim=1)  # (bs, K + (S-1)K^2)
-    top_scores = torch.topk(score_list, num_draft_token - 1, dim=-1)
-    top_scores_index = torch.sort(top_scores.indices).values  # (bs, n-1)
+    # SGLang's torch.topk; a stable sort breaks ties toward the lower candidate index (a parent,
+    # an earlier sibling), which topk leaves unspecified and sampled trees rely on
+    best = torch.sort(score_list, dim=-1, descending=True, stable=True).indices[:, :num_draft_token - 1]
+    top_scores_index = torch.sort(best).values  # (bs, n-1)
     draft_tokens = torch.gather(ss_token_list, 1, top_scores_index)  # (bs, n-1)
     if len(parents_list) > 1:
         parent_list = torch.cat(parents_list[:-1], dim=1)  # (bs, K(S-1)+1)
@@ -216,7 +218,8 @@ class DraftTree:
     q: torch.Tensor  # (bs, n-1) draft probability of each node given its parent
     scores: torch.Tensor  # (bs, n-1) path score (product of q from the root)
     draft_topk: list[list[list]]  # per request and node: the draft's top [token, q] at its parent
-    draft_probs: torch.Tensor | None = None  # sampled chains: (bs, n-1, V), row j = the q node j+1 was drawn from
+    draft_probs: torch.Tensor | None = None  # sampled drafts: (bs, n-1, V), row j = the q node j+1 was drawn from
+    sibling_worth: torch.Tensor | None = None  # sampled trees: (bs, K), what ranked the j-th draws
 
     def parents(self, b: int) -> list[int]:
         """Parent node of each node 1..n-1 (0 = root), read off the mask."""
@@ -224,46 +227,69 @@ class DraftTree:
         return [max(i for i in range(j) if m[j, i]) for j in range(1, m.shape[0])]
 
 
+@dataclass
+class SampledDrafts:
+    """Drafts sampled from q, for the lossless sampling rules, instead of the draft's top K."""
+
+    generators: list  # one torch.Generator per request
+    sibling_worth: torch.Tensor | None = None  # (bs, K): how much a node's j-th draw is worth; needed when K > 1
+
+
 def draft_tree(first_probs, forward_beams, root_tokens, seq_lens, topk: int, num_steps: int,
-               num_draft_tokens: int, trace_topk: int = 5, generators=None) -> DraftTree:
+               num_draft_tokens: int, trace_topk: int = 5, sampled: SampledDrafts | None = None) -> DraftTree:
     """SGLang's EAGLE draft loop, then `organize_draft_results` and `build_tree`.
 
     first_probs (bs, V): the draft's distribution after the root. forward_beams(i, input_ids,
     parent_beam) runs the drafter on the K kept paths of level i (input_ids (bs*K,); parent_beam
     (bs, K) says which path of level i-1 each extends, None at level 0) and returns the next
     distributions (bs*K, V). The last level runs no forward. seq_lens: the target's committed
-    KV length per request (root excluded). generators (one per request): a chain (topk 1) whose
-    drafts are sampled from q instead of taken as its argmax, as SGLang's
-    `sample_draft_proposal` does for rejection sampling; the tree then keeps each q."""
+    KV length per request (root excluded).
+
+    sampled: the K children of a path are K draws without replacement from its q, in draw order
+    (a chain draws one, as SGLang's `sample_draft_proposal` does for rejection sampling), and
+    the tree keeps the q each node was drawn from. Which nodes the tree keeps must not depend
+    on what they drew: a node kept or dropped for its token's q would bias the tree rule (the
+    chi-square test of tests/test_acceptance.py catches it). So a child's path score uses, in
+    place of its own q, `sibling_worth[j]`: what the j-th draw of a node is worth, measured
+    before this step (acceptance/tree_rejection.py). The shape is then fixed before the draws,
+    as in SpecInfer's and Sequoia's static trees; ties go to the earlier candidate."""
     bs, K = first_probs.shape[0], topk
-    wide = max(K, trace_topk)
+    wide = min(max(K, trace_topk), first_probs.shape[-1])
     level_probs = []
 
-    def top(probs):  # the tree uses the top K (or a sample); the trace keeps the top `wide`
+    def top(probs):  # (q, tokens, rank) of each path's K children; the trace keeps the top `wide`
         p, i = torch.topk(probs, wide, dim=-1)
         pairs = [[[int(a), round(float(b), 6)] for a, b in zip(ii, pp)] for ii, pp in zip(i, p)]
-        if generators is None:
-            return p[:, :K].contiguous(), i[:, :K].contiguous(), pairs
+        if sampled is None:
+            q = p[:, :K].contiguous()
+            return q, i[:, :K].contiguous(), q, pairs
         level_probs.append(probs)
-        picked = torch.tensor([[sample(probs[b], generators[b])] for b in range(bs)], device=probs.device)
-        return torch.gather(probs, 1, picked), picked, pairs
+        per = probs.shape[0] // bs  # paths per request
+        gens = sampled.generators
+        draws = [sample_without_replacement(probs[row], K, gens[row // per]) for row in range(probs.shape[0])]
+        # a path whose q has fewer than K tokens with mass pads with q = 0 (never tried)
+        ids = torch.tensor([d + d[:1] * (K - len(d)) for d in draws], device=probs.device)
+        real = torch.tensor([[j < len(d) for j in range(K)] for d in draws], device=probs.device)
+        q = torch.where(real, torch.gather(probs, 1, ids), 0.0)
+        worth = torch.ones(bs, 1) if K == 1 else sampled.sibling_worth
+        return q, ids, worth.to(probs.device).repeat_interleave(per, dim=0), pairs
 
-    topk_p, topk_index, beam_pairs = top(first_probs)
+    topk_q, topk_index, topk_rank, beam_pairs = top(first_probs)
     score_list, token_list, parents_list, q_list, cand_pairs = [], [], [], [], [[] for _ in range(bs)]
     scores = None
     for i in range(num_steps):
-        input_ids, _, scores, info = select_top_k_tokens(i, topk_p, topk_index, None, scores, K)
+        input_ids, _, scores, info = select_top_k_tokens(i, topk_rank, topk_index, None, scores, K)
         score_list.append(info[0])
         token_list.append(info[1])
         parents_list.append(info[2])
-        q_list.append(topk_p.reshape(bs, -1))  # each candidate's probability given its parent
+        q_list.append(topk_q.reshape(bs, -1))  # each candidate's probability given its parent
         for b in range(bs):  # candidate c of this level was drawn from beam c // K (root at level 0)
             beams = [beam_pairs[b]] if i == 0 else beam_pairs[b * K:(b + 1) * K]
             cand_pairs[b] += [beams[c // K] if i else beams[0] for c in range(K if i == 0 else K * K)]
         if i == num_steps - 1:
             break
         parent_beam = None if i == 0 else (info[2] - (K * K * (i - 1) + K)) // K
-        topk_p, topk_index, beam_pairs = top(forward_beams(i, input_ids, parent_beam))
+        topk_q, topk_index, topk_rank, beam_pairs = top(forward_beams(i, input_ids, parent_beam))
 
     parent_list, top_scores_index, draft_tokens = organize_draft_results(
         score_list, token_list, parents_list, num_draft_tokens)
@@ -271,6 +297,12 @@ def draft_tree(first_probs, forward_beams, root_tokens, seq_lens, topk: int, num
     n = num_draft_tokens
     mask, positions, ri, rnt, rns = build_tree(parent_list, top_scores_index, seq_lens, K, n,
                                                TreeMaskMode.QLEN_ONLY)
+    draft_probs = None
+    if sampled is not None:  # the q each kept node was drawn from: its parent path's distribution
+        paths = torch.cat([level_probs[0].view(bs, 1, -1)] + [lp.view(bs, K, -1) for lp in level_probs[1:]], dim=1)
+        path_of = torch.tensor([0] * K + [1 + (i - 1) * K + c // K for i in range(1, num_steps) for c in range(K * K)],
+                               device=paths.device)  # candidate -> row of `paths`
+        draft_probs = torch.stack([paths[b, path_of[top_scores_index[b]]] for b in range(bs)])
     return DraftTree(
         draft_tokens=torch.cat([root_tokens.view(bs, 1), draft_tokens], dim=1),
         tree_mask=mask.view(bs, n, n), positions=positions.view(bs, n), retrive_index=ri,
@@ -278,7 +310,7 @@ def draft_tree(first_probs, forward_beams, root_tokens, seq_lens, topk: int, num
         q=torch.gather(torch.cat(q_list, dim=1), 1, top_scores_index),
         scores=torch.gather(all_scores, 1, top_scores_index),
         draft_topk=[[cand_pairs[b][int(c)] for c in top_scores_index[b]] for b in range(bs)],
-        draft_probs=torch.stack(level_probs[:num_steps], dim=1) if generators is not None else None)
+        draft_probs=draft_probs, sibling_worth=sampled.sibling_worth if sampled is not None else None)
 
 
 def beam_features(h_prev: torch.Tensor, i: int, parent_beam, topk: int) -> torch.Tensor:

@@ -4,7 +4,7 @@
     target_only     SGLang's tree sampling with thresholds                (target_only.py, trees)
     rejection       SGLang's chain rejection sampling, coin * q < p       (rejection.py, chains)
     vllm            vLLM's rejection sampler, p / q >= u, recovered tokens (vllm.py, chains)
-    tree_rejection  lossless sampling on trees, EAGLE's sampling path     (tree_rejection.py, trees)
+    tree_rejection  lossless sampling on trees, recursive rejection       (tree_rejection.py, trees)
 
 `check` applies the engines' configuration rules; the default follows SGLang: greedy at
 temperature 0, target_only otherwise.
@@ -14,7 +14,8 @@ from __future__ import annotations
 from spectrace.core.config import SpectraceError
 
 RULES = ("greedy", "target_only", "rejection", "vllm", "tree_rejection")
-CHAIN_RULES = ("rejection", "vllm")  # drafts sampled from q along a chain
+CHAIN_RULES = ("rejection", "vllm")  # verify a chain
+SAMPLED_RULES = ("rejection", "vllm", "tree_rejection")  # drafts are sampled from q, and q is kept
 EAGLE_WORKER_ALGOS = ("eagle", "eagle3", "nextn", "mtp")
 
 

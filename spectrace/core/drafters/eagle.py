@@ -127,7 +127,7 @@ class EagleDrafter:
         self._extend(items)
 
     def draft(self, reqs: list[int], root_tokens: list[int], target_seq_lens: list[int],
-              generators=None) -> DraftTree:
+              sampled=None) -> DraftTree:
         K = self.topk
         # the head's KV ends at the root's position: level-0 pairs (h_root, d) sit right there
         scratch = TreeScratch(self.kv, reqs, K, self.num_steps, [self.kv.seq_lens[r] for r in reqs])
@@ -142,7 +142,7 @@ class EagleDrafter:
         first = torch.stack([self.next_probs[r] for r in reqs])
         tree = draft_tree(first, forward_beams, torch.tensor(root_tokens, device=first.device),
                           target_seq_lens, K, self.num_steps, self.num_draft_tokens, self.trace_topk,
-                          generators)
+                          sampled)
         scratch.release()
         return tree
 

@@ -156,7 +156,7 @@ class FrozenKVMtpDrafter:
         self.draft_extend_for_prefill(items)
 
     def draft(self, reqs: list[int], root_tokens: list[int], target_seq_lens: list[int],
-              generators=None) -> DraftTree:
+              sampled=None) -> DraftTree:
         K, device = self.topk, self.head.lm_head.weight.device
 
         def run(input_ids, features, n):  # n rows per request, all at the root's position
@@ -175,7 +175,7 @@ class FrozenKVMtpDrafter:
 
         return draft_tree(first, forward_beams, roots, target_seq_lens, K, self.num_steps,
                           self.num_draft_tokens, self.trace_topk,
-                          generators)
+                          sampled)
 
     def release(self, req: int) -> None:
         self.seed_feature.pop(req, None)

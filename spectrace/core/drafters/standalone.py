@@ -56,7 +56,7 @@ class StandaloneDrafter:
         self._extend(items)
 
     def draft(self, reqs: list[int], root_tokens: list[int], target_seq_lens: list[int],
-              generators=None) -> DraftTree:
+              sampled=None) -> DraftTree:
         # level-0 inputs follow the root, which the draft KV already holds
         scratch = TreeScratch(self.kv, reqs, self.topk, self.num_steps, [self.kv.seq_lens[r] for r in reqs])
 
@@ -67,7 +67,7 @@ class StandaloneDrafter:
         first = torch.stack([self.next_probs[r] for r in reqs])
         tree = draft_tree(first, forward_beams, torch.tensor(root_tokens, device=first.device),
                           target_seq_lens, self.topk, self.num_steps, self.num_draft_tokens, self.trace_topk,
-                          generators)
+                          sampled)
         scratch.release()
         return tree
 

@@ -148,8 +148,8 @@ RULE_TEXT = {
                    "(one coin per level; prob_acc sums the tried siblings' p)",
     "rejection": "rejection: accept iff coin * q < p, i.e. with probability min(1, p / q)",
     "vllm": "vllm: accept iff q > 0 and p / q >= u; a rejection emits a recovered token ~ relu(p - q)",
-    "tree_rejection": "tree_rejection: accept iff coin <= p'(x), q = 1 for a top-k sibling; a rejected "
-                      "sibling's mass is removed from p' and the rest renormalised",
+    "tree_rejection": "tree_rejection: siblings were drawn from q without replacement; accept iff "
+                      "coin * q'(x) < p'(x); a rejection sets p' = relu(p' - q') and drops x from q'",
 }
 
 
@@ -163,12 +163,14 @@ def _arithmetic(rule: str, d: dict, trace: TraceFile, argmax: int) -> str:
         lhs = f"coin {d['coin']:.3f} {'<=' if d['coin'] <= d['prob_acc'] / d['threshold_acc'] else '>'} " \
               f"prob_acc {d['prob_acc']:.3f} / {d['threshold_acc']:g}"
         return f"{lhs};  p {d['p']:.3f} {'>=' if d['p'] >= d['threshold_single'] else '<'} {d['threshold_single']:g}"
-    if rule == "rejection":
-        return f"coin {d['coin']:.3f} * q {d['q']:.3f} = {d['coin'] * d['q']:.3f} {'<' if ok else '>='} p {d['p']:.3f}"
+    if rule in ("rejection", "tree_rejection"):
+        m = "'" if rule == "tree_rejection" else ""  # the residual p', q' after rejected siblings
+        return (f"coin {d['coin']:.3f} * q{m} {d['q']:.3f} = {d['coin'] * d['q']:.3f} {'<' if ok else '>='} "
+                f"p{m} {d['p']:.3f}")
     if rule == "vllm":
         ratio = d["p"] / d["q"] if d["q"] > 0 else float("nan")
         return f"p {d['p']:.3f} / q {d['q']:.3f} = {ratio:.3f} {'>=' if ok else '<'} u {d['coin']:.3f}"
-    return f"coin {d['coin']:.3f} {'<=' if ok else '>'} p' {d['p']:.3f}"
+    return ", ".join(f"{k} {d[k]}" for k in ("coin", "p", "q") if k in d)  # a rule this viewer does not know
 
 
 def decision_text(trace: TraceFile, rec: dict, n: ViewNode, argmax: int) -> Text:
