@@ -32,7 +32,7 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                    type=str.lower, choices=ALL_ALGOS, metavar="ALGO",
                    help="none (plain autoregressive), standalone (draft LM), eagle (EAGLE-1 head), "
                         "eagle3 (EAGLE-3 head), nextn / mtp (MTP module, run as EAGLE), frozen_kv_mtp "
-                        "(MTP assistant reading the target's KV); default standalone")
+                        "(MTP assistant reading the target's KV), ngram (vLLM's prompt lookup, no model); default standalone")
     p.add_argument("--num-steps", "--speculative-num-steps", dest="num_steps", type=int, default=None,
                    help="tree depth; unset with --topk and --num-draft-tokens: SGLang's automatic choice, "
                         "(5, 4, 8) on a Llama target except for standalone, (3, 1, 4) otherwise")
@@ -52,6 +52,13 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                    help="target_only: accept a draft whose target probability reaches this")
     p.add_argument("--speculative-accept-threshold-acc", dest="threshold_acc", type=float, default=1.0,
                    help="target_only: raise the acceptance probability from p to min(1, p / this)")
+    p.add_argument("--prompt-lookup-min", dest="prompt_lookup_min", type=int, default=None,
+                   help="ngram: shortest suffix n-gram to look up (vLLM; default: --prompt-lookup-max, or 5)")
+    p.add_argument("--prompt-lookup-max", dest="prompt_lookup_max", type=int, default=None,
+                   help="ngram: longest suffix n-gram, tried first (vLLM; default: --prompt-lookup-min, or 5)")
+    p.add_argument("--ngram-match", dest="ngram_match", choices=["first", "longest"], default="first",
+                   help="ngram: first = vLLM v0.8.5's proposer (longest n first, first occurrence); longest = "
+                        "current vLLM's one-pass longest match")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--commit-style", choices=["sglang", "vllm"], default="sglang",
                    help="how rejected KV is released: sglang remap+free, vllm num_computed_tokens rollback")
@@ -93,7 +100,7 @@ def _check_supported(args) -> None:
     if args.command in ("replay", "render"):
         return
     algos = args.algos if hasattr(args, "algos") else [args.algo]
-    available = ("none", "standalone", "eagle", "eagle3", "nextn", "mtp", "frozen_kv_mtp")
+    available = ("none", "standalone", "eagle", "eagle3", "nextn", "mtp", "frozen_kv_mtp", "ngram")
     for algo in algos:
         if algo not in available:
             raise UsageError(f"--algo {algo} is not available yet (available: {', '.join(available)})")
@@ -116,7 +123,9 @@ def _run_config(args, **over):
     kw = dict(algo=args.algo, num_steps=args.num_steps, topk=args.topk, num_draft_tokens=args.num_draft_tokens,
               max_new_tokens=args.max_new_tokens, acceptance=args.acceptance, temperature=args.temperature,
               top_k=args.top_k, top_p=args.top_p, seed=args.seed, threshold_single=args.threshold_single,
-              threshold_acc=args.threshold_acc, commit_style=args.commit_style, device=args.device, dtype=args.dtype)
+              threshold_acc=args.threshold_acc, prompt_lookup_min=args.prompt_lookup_min,
+              prompt_lookup_max=args.prompt_lookup_max, ngram_match=args.ngram_match, commit_style=args.commit_style,
+              device=args.device, dtype=args.dtype)
     if args.target_model:
         kw["target_model"] = args.target_model
     if args.draft_model:

@@ -24,10 +24,11 @@ def _run(capsys, *args):
 def test_every_algorithm_prints_the_same_text_as_none(capsys, tmp_path):
     """The whole `spectrace run` path (loading, defaults, engine, trace, summary) per algorithm."""
     texts = {}
-    for algo in ("none", "standalone", "eagle", "eagle3", "nextn", "mtp", "frozen_kv_mtp"):
+    for algo in ("none", "standalone", "eagle", "eagle3", "nextn", "mtp", "frozen_kv_mtp", "ngram"):
         trace = tmp_path / f"{algo}.jsonl"
+        extra = ["--prompt-lookup-min", "1", "--prompt-lookup-max", "3"] if algo == "ngram" else []
         code, out, err = _run(capsys, "run", "--algo", algo, "--no-tui", "--batch", "2",
-                              "--max-new-tokens", "20", "--trace", str(trace))
+                              "--max-new-tokens", "20", "--trace", str(trace), *extra)
         assert code == 0, err
         texts[algo] = out.split("\n---\n")[0]  # the requests' text, before the metrics
         t = read_trace(trace)
@@ -36,8 +37,8 @@ def test_every_algorithm_prints_the_same_text_as_none(capsys, tmp_path):
             assert len(t.steps) == sum(n - 1 for n in per_req.values())
         else:
             assert "SpecDecoding metrics: Mean acceptance length" in out
-            expected = "standalone" if algo == "standalone" else "eagle_family"
-            shape = (5, 4, 8) if expected == "eagle_family" else (3, 1, 4)  # SGLang's choice for a Llama target
+            # SGLang's choice for a Llama target; n-gram: a chain of vLLM's k tokens
+            shape = {"standalone": (3, 1, 4), "ngram": (5, 1, 6)}.get(algo, (5, 4, 8))
             cfg = t.header["config"]
             assert (cfg["num_steps"], cfg["topk"], cfg["num_draft_tokens"]) == shape
         assert texts[algo] == texts["none"], algo
@@ -53,7 +54,10 @@ def other_vocab_model(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--algo", "bogus"], "invalid choice"),
-    (["--algo", "ngram"], "not available yet"),
+    (["--algo", "medusa"], "not available yet"),
+    (["--algo", "ngram", "--topk", "4"], "drafts a chain"),
+    (["--algo", "ngram", "--prompt-lookup-min", "4", "--prompt-lookup-max", "2"], "need 1 <= min <= max"),
+    (["--algo", "ngram", "--acceptance", "rejection", "--temperature", "1"], "n-gram drafts are copied"),
     (["--num-steps", "0"], "--num-steps must be at least 1"),
     (["--prompt", "x = 1\n" * 400], "more than the model's context"),
     (["--target-model", "/nonexistent/model"], "no such directory"),

@@ -1,5 +1,6 @@
-"""vLLM's rejection sampler with its v0.8.5 names and call, on CPU tensors; a thin adapter over
-`spectrace.core.acceptance.vllm` (see reference/vllm.md section 1).
+"""vLLM's rejection sampler and n-gram proposer with their v0.8.5 names and calls, on CPU; thin
+adapters over `spectrace.core.acceptance.vllm` and `spectrace.core.ngram.lookup` (see
+reference/vllm.md sections 1 and 3).
 
     sampler = RejectionSampler()
     out = sampler(metadata, draft_probs, target_logits, bonus_token_ids, sampling_metadata)
@@ -13,16 +14,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from spectrace.core.acceptance.vllm import PLACEHOLDER_TOKEN_ID, draw_randoms, vllm_walk
+from spectrace.core.ngram.lookup import find_subarray_kmp, kmp_lps_array, propose_first_match
 from spectrace.core.sampling import SamplingParams, probs_from_logits
 
 GREEDY_TEMPERATURE = -1
 MAX_SPEC_LEN = 32
 
 __all__ = ["RejectionSampler", "SpecDecodeMetadata", "SamplingMetadata", "PLACEHOLDER_TOKEN_ID",
-           "GREEDY_TEMPERATURE", "MAX_SPEC_LEN"]
+           "GREEDY_TEMPERATURE", "MAX_SPEC_LEN", "NgramProposer", "_kmp_lps_array", "_find_subarray_kmp"]
 
 
 @dataclass
@@ -88,3 +91,23 @@ class RejectionSampler(torch.nn.Module):
             row, _ = vllm_walk(drafts, probs, dp, int(bonus_token_ids[r, 0]), u, e, greedy)
             out[r, :len(row)] = torch.tensor(row, dtype=torch.int32)
         return out
+
+
+class NgramProposer:
+    """v0.8.5 `NgramProposer`, its config unpacked: propose(context) -> the draft or None."""
+
+    def __init__(self, min_n: int, max_n: int, k: int, max_model_len: int):
+        self.min_n, self.max_n, self.k, self.max_model_len = min_n, max_n, k, max_model_len
+
+    def propose(self, context_token_ids: np.ndarray) -> np.ndarray | None:
+        m = propose_first_match(context_token_ids.tolist(), self.min_n, self.max_n, self.k, self.max_model_len)
+        return None if m is None else np.asarray(m.tokens, dtype=context_token_ids.dtype)
+
+
+def _kmp_lps_array(pattern: np.ndarray) -> np.ndarray:
+    return np.asarray(kmp_lps_array(pattern.tolist()), dtype=np.int32)
+
+
+def _find_subarray_kmp(context_token_ids: np.ndarray, n: int, k: int) -> np.ndarray | None:
+    start = find_subarray_kmp(context_token_ids.tolist(), n)
+    return None if start is None else context_token_ids[start:start + k]

@@ -32,7 +32,7 @@ from spectrace.core.sampling import SamplingParams, probs_from_logits, request_g
 from spectrace.core.trace import TraceWriter
 from spectrace.core.tree import DraftTree, SampledDrafts, tree_capacity
 
-ALGOS = ("none", "standalone", "eagle", "eagle3", "nextn", "mtp", "frozen_kv_mtp")
+ALGOS = ("none", "standalone", "eagle", "eagle3", "nextn", "mtp", "frozen_kv_mtp", "ngram")
 
 
 @dataclass
@@ -51,6 +51,9 @@ class SpecConfig:
     seed: int = 0
     threshold_single: float = 1.0
     threshold_acc: float = 1.0
+    prompt_lookup_min: int = 5  # n-gram: vLLM's defaults when neither is given
+    prompt_lookup_max: int = 5
+    ngram_match: str = "first"  # first: v0.8.5's proposer; longest: current vLLM's
 
     @property
     def sampling(self) -> SamplingParams:
@@ -70,6 +73,8 @@ class SpecConfig:
             raise SpectraceError(f"--num-steps must be at least 1, got {self.num_steps}")
         if self.topk < 1:
             raise SpectraceError(f"--topk must be at least 1, got {self.topk}")
+        if self.algo == "ngram":
+            self._check_ngram()
         if self.topk == 1:
             self.num_draft_tokens = self.num_steps + 1
         elif self.num_draft_tokens is None:  # SGLang's Llama default tree size, if the tree holds it
@@ -79,6 +84,17 @@ class SpecConfig:
             raise SpectraceError(
                 f"--num-draft-tokens {self.num_draft_tokens} does not fit a tree of topk {self.topk} and "
                 f"{self.num_steps} steps: it holds 2 to {cap + 1} nodes (root included)")
+
+
+    def _check_ngram(self) -> None:
+        """vLLM's rules: 1 <= min <= max; its proposer drafts a chain of num_steps tokens."""
+        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+        if lo < 1 or hi < lo:
+            raise SpectraceError(f"--prompt-lookup-min {lo} and --prompt-lookup-max {hi}: need 1 <= min <= max")
+        if self.topk != 1:
+            raise SpectraceError("vLLM's n-gram proposer drafts a chain: it needs --topk 1")
+        if self.ngram_match not in ("first", "longest"):
+            raise SpectraceError(f"unknown --ngram-match {self.ngram_match!r} (choose from first, longest)")
 
 
 @dataclass
@@ -129,24 +145,27 @@ def _fates(n: int, res) -> list[str]:
 
 def _tree_record(tree: DraftTree, b: int, res) -> dict:
     """One request's draft tree for the trace: nodes 1..n-1 (node 0 is the root)."""
+    n = tree.size(b)
     parents = tree.parents(b)
     depths = []
     for p in parents:
         depths.append(1 if p == 0 else depths[p - 1] + 1)
     rec = {
-        "tokens": tree.draft_tokens[b, 1:].tolist(),
+        "tokens": tree.draft_tokens[b, 1:n].tolist(),
         "parents": parents,  # node index, 0 = the root
         "depths": depths,
-        "q": [round(float(x), 6) for x in tree.q[b]],
-        "scores": [round(float(x), 6) for x in tree.scores[b]],
-        "draft_topk": tree.draft_topk[b],
-        "tree_mask": ["".join("1" if x else "0" for x in row) for row in tree.tree_mask[b].tolist()],
-        "retrive_next_token": tree.retrive_next_token[b].tolist(),
-        "retrive_next_sibling": tree.retrive_next_sibling[b].tolist(),
-        "fates": _fates(tree.draft_tokens.shape[1], res),
+        "q": [round(float(x), 6) for x in tree.q[b, :n - 1]],
+        "scores": [round(float(x), 6) for x in tree.scores[b, :n - 1]],
+        "draft_topk": tree.draft_topk[b][:n - 1],
+        "tree_mask": ["".join("1" if x else "0" for x in row[:n]) for row in tree.tree_mask[b, :n].tolist()],
+        "retrive_next_token": tree.retrive_next_token[b, :n].tolist(),
+        "retrive_next_sibling": tree.retrive_next_sibling[b, :n].tolist(),
+        "fates": _fates(n, res),
     }
     if tree.sibling_worth is not None:  # a sampled tree's scores are products of these, not of q
         rec["sibling_worth"] = [round(float(x), 6) for x in tree.sibling_worth[b]]
+    if tree.proposers is not None and tree.proposers[b] is not None:  # n-gram: the match it copied
+        rec["proposer"] = tree.proposers[b]
     return rec
 
 
@@ -214,7 +233,8 @@ class Engine:
         if tree is None:  # plain sampling
             return AcceptResult([], sample(probs[0], gen), [0], [], {"dist": "target", "node": 0,
                                                                     "topk": topk_pairs(probs[0], k)})
-        nt, ns = tree.retrive_next_token[b].tolist(), tree.retrive_next_sibling[b].tolist()
+        n = tree.size(b)
+        nt, ns = tree.retrive_next_token[b, :n].tolist(), tree.retrive_next_sibling[b, :n].tolist()
         if rule == "target_only":
             coins = torch.rand(len(rows), generator=gen)  # SGLang: one float32 coin per node, then the final
             return target_only_walk(rows, nt, ns, probs, coins, float(torch.rand((), generator=gen)),
@@ -223,8 +243,8 @@ class Engine:
         if rule == "rejection":
             coins = torch.rand(len(rows) - 1, generator=gen)
             return rejection_walk(rows, probs, tree.draft_probs[b].cpu(), coins, float(torch.rand((), generator=gen)), k)
-        if rule == "vllm":
-            return vllm_accept(rows, probs, tree.draft_probs[b].cpu(), gen, k)
+        if rule == "vllm":  # n-gram drafts have no q: one-hot, as vLLM passes draft_probs=None
+            return vllm_accept(rows, probs, tree.draft_probs[b].cpu() if tree.draft_probs is not None else None, gen, k)
         res = tree_rejection_walk(rows, nt, ns, probs, tree.draft_probs[b].cpu(), gen, self.spec.num_steps, k)
         self._siblings(r).observe(res.decisions, nt, ns)
         return res
@@ -316,16 +336,19 @@ class Engine:
         draft_before = {r.req: self.drafter_kv.seq_lens[r.req] for r in reqs} if self.drafter_kv is not None else {}
         L = {r.req: self.kv.seq_lens[r.req] for r in reqs}  # target KV: committed tokens but the root
         tail_before = {r.req: self._req_to_token_tail(r.req) for r in reqs}
+        # a request whose drafter proposed nothing (n-gram without a match) decodes plainly
+        drafted = {r.req: tree is not None and tree.size(b) > 1 for b, r in enumerate(reqs)}
         if tree is None:
             rows = {r.req: [r.output_ids[-1]] for r in reqs}
             positions = {r.req: [L[r.req]] for r in reqs}
             masks = None
         else:
-            rows = {r.req: tree.draft_tokens[b].tolist() for b, r in enumerate(reqs)}
-            positions = {r.req: tree.positions[b].tolist() for b, r in enumerate(reqs)}
+            size = {r.req: tree.size(b) for b, r in enumerate(reqs)}
+            rows = {r.req: tree.draft_tokens[b, :size[r.req]].tolist() for b, r in enumerate(reqs)}
+            positions = {r.req: tree.positions[b, :size[r.req]].tolist() for b, r in enumerate(reqs)}
             # each node sees the whole committed prefix, then the root, its ancestors and itself
-            masks = [torch.cat([torch.ones(len(rows[r.req]), L[r.req], dtype=torch.bool, device=self.device),
-                                tree.tree_mask[b]], dim=1) for b, r in enumerate(reqs)]
+            masks = [torch.cat([torch.ones(size[r.req], L[r.req], dtype=torch.bool, device=self.device),
+                                tree.tree_mask[b, :size[r.req], :size[r.req]]], dim=1) for b, r in enumerate(reqs)]
         with timer("verify"):  # node j of request r takes req_to_token[r, L + j]
             batch = ForwardBatch.build(self.kv, [(r.req, L[r.req], rows[r.req]) for r in reqs], masks,
                                        [positions[r.req] for r in reqs])
@@ -339,18 +362,20 @@ class Engine:
                 lg = logits[end:end + n]
                 end += n
                 target_predict = torch.argmax(lg, dim=-1).tolist()  # ties: lowest id, as in AR
-                parents = tree.parents(b) if tree is not None else []
+                own = tree if drafted[r.req] else None  # this request's tree, if it has drafts
+                parents = own.parents(b) if own is not None else []
                 if self.spec.sampling.greedy:
                     probs = torch.softmax(lg, dim=-1)
-                    if tree is None:
+                    if own is None:
                         results[r.req] = greedy_walk(rows[r.req], [-1], [-1], target_predict, 0)
                     else:
-                        results[r.req] = greedy_walk(rows[r.req], tree.retrive_next_token[b].tolist(),
-                                                     tree.retrive_next_sibling[b].tolist(), target_predict,
+                        n = len(rows[r.req])
+                        results[r.req] = greedy_walk(rows[r.req], own.retrive_next_token[b, :n].tolist(),
+                                                     own.retrive_next_sibling[b, :n].tolist(), target_predict,
                                                      self.spec.num_steps)
                 else:  # what the rule compares against: p after temperature, top-k and top-p
                     probs = probs_from_logits(lg, self.spec.sampling).cpu()
-                    results[r.req] = self._accept(r, b, tree, rows[r.req], probs)
+                    results[r.req] = self._accept(r, b, own, rows[r.req], probs)
                 verify[r.req] = {
                     "tokens": rows[r.req],
                     "positions": positions[r.req],
@@ -383,9 +408,9 @@ class Engine:
                 "correct_drafts": res.correct_drafts, "bonus_token": res.bonus_token,
                 "accept_tokens": res.accept_tokens, "accept_len": res.accept_len,
                 "committed_tokens": committed[r.req], "finish_reason": r.finish_reason,
-                "draft": _tree_record(tree, b, res) if tree is not None else None,
+                "draft": _tree_record(tree, b, res) if drafted[r.req] else None,
                 "verify": verify[r.req],
-                "accept": {"rule": self.spec.acceptance if tree is not None else "none",
+                "accept": {"rule": self.spec.acceptance if drafted[r.req] else "none",
                            "accept_nodes": res.accept_nodes, "decisions": res.decisions,
                            "bonus_from": res.bonus_from},
                 "kv": self._kv_record(r, L[r.req], draft_before.get(r.req), tail_before[r.req]),
@@ -395,7 +420,7 @@ class Engine:
             if self.trace:
                 ids = set(rows[r.req]) | set(res.accept_tokens)
                 ids |= {t for row in verify[r.req]["target_topk"] for t, _ in row}
-                if tree is not None:
+                if drafted[r.req]:
                     ids |= {t for row in tree.draft_topk[b] for t, _ in row}
                 if res.bonus_from is not None:
                     ids |= {t for t, _ in res.bonus_from["topk"]}

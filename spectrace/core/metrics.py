@@ -35,7 +35,10 @@ class SpecMetrics:
     def observe_step(self, rec: dict) -> None:
         r = rec["request"]
         self.completion[r] += len(rec["committed_tokens"])
-        if rec["draft"] is None:  # a plain decode step: nothing was verified
+        if rec["draft"] is None:  # a plain decode step: no drafts
+            if self.num_steps:  # in a speculative run (n-gram found no match) it is still a target forward
+                self.verify_ct[r] += 1
+                self.accept_len_hist[rec["accept_len"]] += 1
             return
         n_correct = len(rec["correct_drafts"])
         self.verify_ct[r] += 1

@@ -12,6 +12,7 @@ from spectrace.core.drafters.eagle import EagleDrafter, EagleHead, load_eagle
 from spectrace.core.drafters.eagle3 import load_eagle3
 from spectrace.core.drafters.frozen_kv_mtp import FrozenKVMtpDrafter, FrozenKVMtpHead, load_frozen_kv_mtp
 from spectrace.core.drafters.mtp import load_mtp
+from spectrace.core.drafters.ngram import NgramDrafter
 from spectrace.core.drafters.standalone import StandaloneDrafter
 from spectrace.core.engine import ALGOS, Engine, Request, SpecConfig
 from spectrace.core.model import CausalLM, load_model, weights_digest
@@ -23,7 +24,8 @@ DEFAULT_DRAFTS = {"standalone": DRAFT_DIR, "eagle": EAGLE_DIR, "eagle3": EAGLE3_
                   "mtp": MTP_DIR, "frozen_kv_mtp": FROZEN_KV_MTP_DIR}
 # SGLang's resolution: NEXTN (and an MTP module) runs through the EAGLE worker
 RESOLVED = {"none": "NONE", "standalone": "STANDALONE", "eagle": "EAGLE", "eagle3": "EAGLE3", "nextn": "EAGLE",
-            "mtp": "EAGLE", "frozen_kv_mtp": "FROZEN_KV_MTP"}
+            "mtp": "EAGLE", "frozen_kv_mtp": "FROZEN_KV_MTP", "ngram": "NGRAM"}
+MODEL_FREE = ("none", "ngram")  # algorithms without a draft model
 # draft heads that read target features, by --algo
 HEAD_LOADERS = {"eagle": load_eagle, "eagle3": load_eagle3, "nextn": load_mtp, "mtp": load_mtp,
                 "frozen_kv_mtp": load_frozen_kv_mtp}
@@ -48,6 +50,9 @@ class RunConfig:
     seed: int = 0
     threshold_single: float = 1.0
     threshold_acc: float = 1.0
+    prompt_lookup_min: int | None = None  # n-gram; both None: 5 and 5, one None: the other's value (vLLM)
+    prompt_lookup_max: int | None = None
+    ngram_match: str = "first"
     commit_style: str = "sglang"
     device: str = "cpu"
     dtype: str | None = None  # default: float32 on CPU, bfloat16 on GPU
@@ -81,7 +86,9 @@ def spec_defaults(cfg: RunConfig, target_arch: str) -> tuple[int, int, int | Non
     """(num_steps, topk, num_draft_tokens) as SGLang's `_auto_choose_speculative_params` picks
     them when none is given: (5, 4, 8) on Llama targets, except for STANDALONE, else (3, 1, 4).
     Values given are kept; topk 1 then forces num_draft_tokens = num_steps + 1."""
-    if cfg.algo != "standalone" and target_arch == "LlamaForCausalLM":
+    if cfg.algo == "ngram":  # a chain of k = num_steps copied tokens
+        steps, topk, n = 5, 1, 6
+    elif cfg.algo != "standalone" and target_arch == "LlamaForCausalLM":
         steps, topk, n = 5, 4, 8
     else:
         steps, topk, n = 3, 1, 4
@@ -89,6 +96,13 @@ def spec_defaults(cfg: RunConfig, target_arch: str) -> tuple[int, int, int | Non
         return steps, topk, n
     return (cfg.num_steps if cfg.num_steps is not None else steps,
             cfg.topk if cfg.topk is not None else topk, cfg.num_draft_tokens)
+
+
+def ngram_lookup(cfg: RunConfig) -> dict:
+    """vLLM's SpeculativeConfig: both None -> 5 and 5; one None -> it copies the other."""
+    lo, hi = cfg.prompt_lookup_min, cfg.prompt_lookup_max
+    lo, hi = (lo if lo is not None else hi), (hi if hi is not None else lo)
+    return {"prompt_lookup_min": lo if lo is not None else 5, "prompt_lookup_max": hi if hi is not None else 5}
 
 
 def validate(cfg: RunConfig) -> None:
@@ -176,7 +190,10 @@ def build_engine(target: CausalLM, draft: CausalLM | None, spec: SpecConfig, pro
     num_slots = sum(len(p) + spec.max_new_tokens + _scratch_columns(spec) for p in prompt_ids)
     drafter = None
     shape = (spec.num_steps, spec.topk, spec.num_draft_tokens, spec.trace_topk)
-    if isinstance(draft, FrozenKVMtpHead):  # no draft KV: it reads the target's
+    if spec.algo == "ngram":
+        drafter = NgramDrafter(spec.num_steps, spec.prompt_lookup_min, spec.prompt_lookup_max, spec.ngram_match,
+                               target.config.max_position_embeddings, target.lm_head.weight.device)
+    elif isinstance(draft, FrozenKVMtpHead):  # no draft KV: it reads the target's
         drafter = FrozenKVMtpDrafter(draft, target, *shape)
     elif draft is not None:
         draft_kv = draft.new_kv_cache("draft", spec.commit_style, num_slots, len(prompt_ids), columns)
@@ -193,7 +210,7 @@ def run(cfg: RunConfig) -> RunResult:
     trace_path = Path(cfg.trace or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.algo}.jsonl")
     draft_path = str(cfg.draft_model or DEFAULT_DRAFTS.get(cfg.algo, ""))
     check_model_dir(cfg.target_model, "--target-model")
-    if cfg.algo != "none":
+    if cfg.algo not in MODEL_FREE:
         check_model_dir(draft_path, "--draft-model")
     tok = load_tokenizer(cfg.target_model)
 
@@ -210,14 +227,15 @@ def run(cfg: RunConfig) -> RunResult:
         dtype = DTYPES[cfg.dtype] if cfg.dtype else (torch.float32 if cfg.device == "cpu" else torch.bfloat16)
         target = load_model(cfg.target_model, dtype, cfg.device)
         draft = None
-        if cfg.algo != "none":
+        if cfg.algo not in MODEL_FREE:
             draft = load_drafter_model(cfg.algo, draft_path, target, tok, dtype, cfg.device)
         ids = [tok.encode(p, add_special_tokens=False) for p in prompts]
         num_steps, topk, n = spec_defaults(cfg, _architecture(cfg.target_model))
         spec = SpecConfig(algo=cfg.algo, num_steps=num_steps, topk=topk, num_draft_tokens=n,
                           max_new_tokens=cfg.max_new_tokens, commit_style=cfg.commit_style,
                           acceptance=cfg.acceptance, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                          seed=cfg.seed, threshold_single=cfg.threshold_single, threshold_acc=cfg.threshold_acc)
+                          seed=cfg.seed, threshold_single=cfg.threshold_single, threshold_acc=cfg.threshold_acc,
+                          **ngram_lookup(cfg), ngram_match=cfg.ngram_match)
         context = _context(target, draft)
         for i, p in enumerate(ids):
             if not p:

@@ -220,11 +220,36 @@ class DraftTree:
     draft_topk: list[list[list]]  # per request and node: the draft's top [token, q] at its parent
     draft_probs: torch.Tensor | None = None  # sampled drafts: (bs, n-1, V), row j = the q node j+1 was drawn from
     sibling_worth: torch.Tensor | None = None  # sampled trees: (bs, K), what ranked the j-th draws
+    sizes: list[int] | None = None  # nodes per request, root included, when they differ (n-gram chains)
+    proposers: list[dict | None] | None = None  # per request: where a model-free proposal came from
+
+    def size(self, b: int) -> int:
+        return self.sizes[b] if self.sizes is not None else self.draft_tokens.shape[1]
 
     def parents(self, b: int) -> list[int]:
-        """Parent node of each node 1..n-1 (0 = root), read off the mask."""
+        """Parent node of each node 1..size-1 (0 = root), read off the mask."""
         m = self.tree_mask[b]
-        return [max(i for i in range(j) if m[j, i]) for j in range(1, m.shape[0])]
+        return [max(i for i in range(j) if m[j, i]) for j in range(1, self.size(b))]
+
+
+def chain_tree(proposals: list[list[int]], root_tokens: list[int], seq_lens,
+               proposers: list[dict | None] | None = None, device="cpu") -> DraftTree:
+    """Chains of model-free drafts (n-gram), one per request, each as long as its proposal (q = 1
+    for a copied token). Padded to the longest; `sizes` says where each request's chain ends."""
+    bs, n = len(proposals), 1 + max((len(p) for p in proposals), default=0)
+    tokens = torch.zeros(bs, n, dtype=torch.int64)
+    nt, ns = torch.full((2, bs, n), -1, dtype=torch.int64)
+    for b, (root, p) in enumerate(zip(root_tokens, proposals)):
+        tokens[b, :len(p) + 1] = torch.tensor([root] + list(p))
+        nt[b, :len(p)] = torch.arange(1, len(p) + 1)
+    ones = torch.ones(bs, n - 1)
+    return DraftTree(
+        draft_tokens=tokens.to(device), tree_mask=torch.ones(n, n, dtype=torch.bool).tril().expand(bs, n, n).to(device),
+        positions=(torch.tensor([int(s) for s in seq_lens]).view(bs, 1) + torch.arange(n)).to(device),
+        retrive_index=(torch.arange(bs * n).view(bs, n)).to(device), retrive_next_token=nt.to(device),
+        retrive_next_sibling=ns.to(device), q=ones, scores=ones,
+        draft_topk=[[[[t, 1.0]] for t in p] for p in proposals], sizes=[len(p) + 1 for p in proposals],
+        proposers=proposers)
 
 
 @dataclass

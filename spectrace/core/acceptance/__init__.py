@@ -44,6 +44,9 @@ def check(rule: str, algo: str, topk: int, temperature: float, threshold_single:
     if rule in CHAIN_RULES and topk != 1:
         raise SpectraceError(f"--acceptance {rule} verifies a chain: it needs --topk 1 (tree_rejection samples "
                              f"trees losslessly)")
+    if rule in ("rejection", "tree_rejection") and algo == "ngram":
+        raise SpectraceError(f"--acceptance {rule} needs drafts sampled from a draft model's q; n-gram drafts are "
+                             f"copied (use target_only, or vllm, which takes them as one-hot)")
     if rule == "rejection" and algo not in EAGLE_WORKER_ALGOS:
         raise SpectraceError(f"SGLang allows rejection sampling only for EAGLE / EAGLE3 (and NEXTN, MTP), "
                              f"not --algo {algo}")

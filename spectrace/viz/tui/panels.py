@@ -116,6 +116,8 @@ def inspector_panel(trace: TraceFile, rec: dict, nodes: list[ViewNode], phase: s
     if n.fate == "root":
         parts.append(Text("The root: the last committed token. Its target KV is written by this step's verify, "
                           "and its row's logits judge its children.", style="dim"))
+        if draft and draft.get("proposer"):
+            parts.append(proposer_text(trace, draft["proposer"]))
         if _after(phase, "VERIFY"):
             parts.append(_topk_table("target p after the root", verify["target_topk"][0], "", [], trace,
                                      verify["target_predict"][0]))
@@ -140,6 +142,16 @@ def inspector_panel(trace: TraceFile, rec: dict, nodes: list[ViewNode], phase: s
     parts += [numbers, _topk_table("draft q", draft_pairs, "target p", verify["target_topk"][n.parent], trace,
                                    n.token)]
     return Group(*parts)
+
+
+def proposer_text(trace: TraceFile, src: dict) -> Text:
+    """Where a model-free chain came from: the n-gram that matched and its earlier occurrence."""
+    t = Text("n-gram: the context's last ")
+    t.append(f"{src['n']} tokens ", style="bold")
+    t.append(tok("".join(trace.token_text(i) for i in src["matched"])), style="bold magenta")
+    t.append(f" also occur at position {src['match_start']} of {src['context_len']}; "
+             f"the drafts copy what followed them there.")
+    return t
 
 
 RULE_TEXT = {
@@ -260,8 +272,8 @@ def kv_panel(rec: dict, phase: str) -> Text:
     if kv.get("draft_seq_len"):
         d0, d1 = kv["draft_seq_len"]
         t.append(f"  draft {d0}" + (f" -> {d1}" if phase == "EXTEND" else ""))
-    elif rec.get("draft") is not None:
-        t.append("  no draft KV (reads the target's)")
+    elif rec.get("draft") is not None:  # FROZEN_KV_MTP reads the target's; n-gram needs none
+        t.append("  no draft KV" + ("" if rec["draft"].get("proposer") else " (reads the target's)"))
     t.append("\n")
     if kv["style"] == "vllm" and _after(phase, "COMMIT"):
         n = len(rec["verify"]["tokens"])
