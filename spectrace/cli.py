@@ -59,6 +59,9 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ngram-match", dest="ngram_match", choices=["first", "longest"], default="first",
                    help="ngram: first = vLLM v0.8.5's proposer (longest n first, first occurrence); longest = "
                         "current vLLM's one-pass longest match")
+    p.add_argument("--speculative-adaptive", "--adaptive", dest="adaptive", action="store_true",
+                   help="SGLang's adaptive steps: an EMA of accepted drafts switches the chain length among "
+                        "1, 3 and 7 steps (EAGLE family, topk 1)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--commit-style", choices=["sglang", "vllm"], default="sglang",
                    help="how rejected KV is released: sglang remap+free, vllm num_computed_tokens rollback")
@@ -124,7 +127,8 @@ def _run_config(args, **over):
               max_new_tokens=args.max_new_tokens, acceptance=args.acceptance, temperature=args.temperature,
               top_k=args.top_k, top_p=args.top_p, seed=args.seed, threshold_single=args.threshold_single,
               threshold_acc=args.threshold_acc, prompt_lookup_min=args.prompt_lookup_min,
-              prompt_lookup_max=args.prompt_lookup_max, ngram_match=args.ngram_match, commit_style=args.commit_style,
+              prompt_lookup_max=args.prompt_lookup_max, ngram_match=args.ngram_match, adaptive=args.adaptive,
+              commit_style=args.commit_style,
               device=args.device, dtype=args.dtype)
     if args.target_model:
         kw["target_model"] = args.target_model

@@ -55,6 +55,9 @@ def other_vocab_model(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--algo", "bogus"], "invalid choice"),
     (["--algo", "medusa"], "not available yet"),
+    (["--algo", "eagle", "--speculative-adaptive", "--topk", "4"], "needs --topk 1"),
+    (["--speculative-adaptive"], "runs with EAGLE"),
+    (["--algo", "mtp", "--adaptive", "--num-steps", "5"], "must be one of [1, 3, 7]"),
     (["--algo", "ngram", "--topk", "4"], "drafts a chain"),
     (["--algo", "ngram", "--prompt-lookup-min", "4", "--prompt-lookup-max", "2"], "need 1 <= min <= max"),
     (["--algo", "ngram", "--acceptance", "rejection", "--temperature", "1"], "n-gram drafts are copied"),

@@ -13,7 +13,7 @@ ragged forward over all unfinished requests.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -24,6 +24,7 @@ from spectrace.core.acceptance.rejection import rejection_walk
 from spectrace.core.acceptance.target_only import target_only_walk
 from spectrace.core.acceptance.tree_rejection import SiblingStats, tree_rejection_walk
 from spectrace.core.acceptance.vllm import vllm_accept
+from spectrace.core.adaptive import AdaptiveSpeculativeParams
 from spectrace.core.batch import ForwardBatch
 from spectrace.core.config import SpectraceError
 from spectrace.core.metrics import SpecMetrics
@@ -54,6 +55,7 @@ class SpecConfig:
     prompt_lookup_min: int = 5  # n-gram: vLLM's defaults when neither is given
     prompt_lookup_max: int = 5
     ngram_match: str = "first"  # first: v0.8.5's proposer; longest: current vLLM's
+    adaptive: bool = False  # SGLang's --speculative-adaptive: num_steps follows an EMA of accepted drafts
 
     @property
     def sampling(self) -> SamplingParams:
@@ -75,6 +77,8 @@ class SpecConfig:
             raise SpectraceError(f"--topk must be at least 1, got {self.topk}")
         if self.algo == "ngram":
             self._check_ngram()
+        if self.adaptive:
+            self._check_adaptive()
         if self.topk == 1:
             self.num_draft_tokens = self.num_steps + 1
         elif self.num_draft_tokens is None:  # SGLang's Llama default tree size, if the tree holds it
@@ -95,6 +99,17 @@ class SpecConfig:
             raise SpectraceError("vLLM's n-gram proposer drafts a chain: it needs --topk 1")
         if self.ngram_match not in ("first", "longest"):
             raise SpectraceError(f"unknown --ngram-match {self.ngram_match!r} (choose from first, longest)")
+
+
+    def _check_adaptive(self) -> None:
+        """SGLang: the EAGLE worker, topk 1, and a starting num_steps among the tiers."""
+        if self.algo not in acceptance.EAGLE_WORKER_ALGOS:
+            raise SpectraceError(f"--speculative-adaptive runs with EAGLE / EAGLE3 (and NEXTN, MTP), not --algo {self.algo}")
+        if self.topk != 1:
+            raise SpectraceError("--speculative-adaptive switches chain lengths: it needs --topk 1")
+        tiers = AdaptiveSpeculativeParams(self.num_steps).config.candidate_steps
+        if self.num_steps not in tiers:
+            raise SpectraceError(f"--speculative-adaptive starts from a tier: --num-steps must be one of {tiers}")
 
 
 @dataclass
@@ -191,7 +206,9 @@ class Engine:
             drafter.bind_target_kv(self.kv)
         self._events: dict[int, list[dict]] = {}  # req -> this step's KV events so far
         self.sibling_stats: dict[int, SiblingStats] = {}  # req -> tree_rejection's sibling worth
-        self.metrics = SpecMetrics(spec.num_steps if spec.algo != "none" else 0, spec.num_draft_tokens)
+        self.adaptive = AdaptiveSpeculativeParams(spec.num_steps) if spec.adaptive else None
+        max_steps = max(self.adaptive.candidate_steps) if self.adaptive else spec.num_steps
+        self.metrics = SpecMetrics(max_steps if spec.algo != "none" else 0, spec.num_draft_tokens)
         self.step_count = 0
 
     # ---- helpers -------------------------------------------------------------------------
@@ -401,6 +418,7 @@ class Engine:
                     for r in live])
             self._collect(live, "extend")
 
+        adapt = self._adapt([len(results[r.req].correct_drafts) for r in reqs]) if self.adaptive and tree else None
         for b, r in enumerate(reqs):
             res = results[r.req]
             rec = {
@@ -416,6 +434,8 @@ class Engine:
                 "kv": self._kv_record(r, L[r.req], draft_before.get(r.req), tail_before[r.req]),
                 "timing": {**timer.ms, "batch_size": len(reqs)},
             }
+            if adapt is not None:
+                rec["adaptive"] = adapt
             self.metrics.observe_step(rec)
             if self.trace:
                 ids = set(rows[r.req]) | set(res.accept_tokens)
@@ -426,6 +446,18 @@ class Engine:
                     ids |= {t for t, _ in res.bonus_from["topk"]}
                 self.trace.write(rec, ids)
         self.step_count += 1
+
+    def _adapt(self, accepted_drafts: list[int]) -> dict:
+        """Fold this batch into the adaptive EMA; a new tier takes effect from the next step,
+        swapped in whole as SGLang swaps its SpecRuntimeState."""
+        a = self.adaptive
+        used = a.current_steps
+        switched = a.update(accepted_drafts)
+        if switched:
+            self.spec = replace(self.spec, num_steps=a.current_steps, num_draft_tokens=a.current_steps + 1)
+            self.drafter.num_steps, self.drafter.num_draft_tokens = a.current_steps, a.current_steps + 1
+        return {"num_steps": used, "ema": round(a.ema, 6), "batch_count": a.batch_count,
+                "tiers": a.candidate_steps, "switched_to": a.current_steps if switched else None}
 
     # ---- the loop ------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]]) -> tuple[list[Request], dict]:

@@ -2,7 +2,8 @@
 
 SGLang (per request `meta_info`, summed over requests for the run):
     verify_ct            verify passes (one per speculative step)
-    num_proposed_drafts  verify_ct * (num_draft_tokens - 1)
+    num_proposed_drafts  verify_ct * (num_draft_tokens - 1): summed per verify, so an adaptive run
+                         counts each step's tier and an n-gram step without a match counts 0
     accept_rate  α     = num_correct_drafts / num_proposed_drafts        (bonus excluded)
     accept_length τ    = completion_tokens / verify_ct                    (bonus included; the
                          first token, sampled by prefill, counts in completion_tokens too)
@@ -23,6 +24,7 @@ class SpecMetrics:
         self.num_steps = num_steps  # drafts per verify (vLLM's num_spec_tokens)
         self.num_draft_tokens = num_draft_tokens  # tree size incl. root (SGLang)
         self.verify_ct: dict[int, int] = defaultdict(int)
+        self.proposed: dict[int, int] = defaultdict(int)
         self.correct: dict[int, int] = defaultdict(int)
         self.completion: dict[int, int] = defaultdict(int)
         self.accept_len_hist: Counter = Counter()
@@ -42,6 +44,8 @@ class SpecMetrics:
             return
         n_correct = len(rec["correct_drafts"])
         self.verify_ct[r] += 1
+        # adaptive runs change the chain length step by step; others propose num_draft_tokens - 1
+        self.proposed[r] += rec["adaptive"]["num_steps"] if "adaptive" in rec else self.num_draft_tokens - 1
         self.correct[r] += n_correct
         self.accept_len_hist[rec["accept_len"]] += 1
         self.num_drafts += 1
@@ -51,7 +55,7 @@ class SpecMetrics:
             self.accepted_per_pos[i] += 1
 
     def per_request(self, r: int) -> dict:
-        proposed = self.verify_ct[r] * (self.num_draft_tokens - 1)
+        proposed = self.proposed[r]
         return {
             "completion_tokens": self.completion[r],
             "spec_verify_ct": self.verify_ct[r],
@@ -65,7 +69,7 @@ class SpecMetrics:
         verify_ct = sum(self.verify_ct.values())
         correct = sum(self.correct.values())
         completion = sum(self.completion.values())
-        proposed = verify_ct * (self.num_draft_tokens - 1)
+        proposed = sum(self.proposed.values())
         nd = self.num_drafts
         vllm = {
             "num_drafts": nd,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from spectrace.core.adaptive import AdaptiveConfig
 from spectrace.core.config import SpectraceError
 from spectrace.core.drafters.eagle import EagleDrafter, EagleHead, load_eagle
 from spectrace.core.drafters.eagle3 import load_eagle3
@@ -53,6 +54,7 @@ class RunConfig:
     prompt_lookup_min: int | None = None  # n-gram; both None: 5 and 5, one None: the other's value (vLLM)
     prompt_lookup_max: int | None = None
     ngram_match: str = "first"
+    adaptive: bool = False
     commit_style: str = "sglang"
     device: str = "cpu"
     dtype: str | None = None  # default: float32 on CPU, bfloat16 on GPU
@@ -88,6 +90,9 @@ def spec_defaults(cfg: RunConfig, target_arch: str) -> tuple[int, int, int | Non
     Values given are kept; topk 1 then forces num_draft_tokens = num_steps + 1."""
     if cfg.algo == "ngram":  # a chain of k = num_steps copied tokens
         steps, topk, n = 5, 1, 6
+    elif cfg.adaptive:  # SGLang: topk 1, the middle tier
+        tiers = AdaptiveConfig().candidate_steps
+        steps, topk, n = tiers[len(tiers) // 2], 1, tiers[len(tiers) // 2] + 1
     elif cfg.algo != "standalone" and target_arch == "LlamaForCausalLM":
         steps, topk, n = 5, 4, 8
     else:
@@ -168,15 +173,21 @@ def model_identity(path: str, model) -> dict:
             "hidden_size": c.hidden_size, "vocab_size": c.vocab_size, "dtype": str(next(model.parameters()).dtype)}
 
 
+def _max_steps(spec: SpecConfig) -> int:
+    """The deepest chain or tree a step may draft: num_steps, or the top tier of adaptive steps."""
+    return max(AdaptiveConfig().candidate_steps + [spec.num_steps]) if spec.adaptive else spec.num_steps
+
+
 def _lookahead(spec: SpecConfig) -> int:
     """Positions past the committed ones a step may reach: the root and num_steps levels."""
-    return spec.num_steps + 1 if spec.algo != "none" else 1
+    return _max_steps(spec) + 1 if spec.algo != "none" else 1
 
 
 def _scratch_columns(spec: SpecConfig) -> int:
     """`req_to_token` columns past the committed ones a step may map: the verify tree's nodes
     (target) or the draft's [topk][step] scratch (draft)."""
-    return max(spec.num_draft_tokens, spec.topk * (spec.num_steps - 1) + 1) + 1
+    steps = _max_steps(spec)
+    return max(spec.num_draft_tokens, steps + 1, spec.topk * (steps - 1) + 1) + 1
 
 
 def _context(target: CausalLM, draft) -> int:
@@ -235,7 +246,7 @@ def run(cfg: RunConfig) -> RunResult:
                           max_new_tokens=cfg.max_new_tokens, commit_style=cfg.commit_style,
                           acceptance=cfg.acceptance, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                           seed=cfg.seed, threshold_single=cfg.threshold_single, threshold_acc=cfg.threshold_acc,
-                          **ngram_lookup(cfg), ngram_match=cfg.ngram_match)
+                          **ngram_lookup(cfg), ngram_match=cfg.ngram_match, adaptive=cfg.adaptive)
         context = _context(target, draft)
         for i, p in enumerate(ids):
             if not p:

@@ -188,7 +188,10 @@ class Walkthrough(App):
         self.query_one("#stream", Panel).show(panels.stream_panel(self.trace, self.request, self.position,
                                                                   self.phase_name))
         self.query_one("#kv", Panel).show(panels.kv_panel(rec, self.phase_name), f"KV cache · {self.phase_name}")
-        self.query_one("#metrics", Panel).show(panels.running_metrics(self.trace, self.request, self.position))
+        metrics = panels.running_metrics(self.trace, self.request, self.position)
+        if rec.get("adaptive"):
+            metrics.append("\n").append_text(panels.adaptive_text(rec["adaptive"]))
+        self.query_one("#metrics", Panel).show(metrics)
         self.query_one("#stream", Panel).scroll_end(animate=False)
 
     # ---- actions -------------------------------------------------------------------------

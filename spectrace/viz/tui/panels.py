@@ -313,6 +313,15 @@ def timeline(trace: TraceFile, request: int, position: int, width: int) -> Text:
     return t
 
 
+def adaptive_text(a: dict) -> Text:
+    """SGLang's adaptive steps at this step: the tier used, the EMA, and a switch if one fired."""
+    t = Text(f"adaptive: this step drafted {a['num_steps']} of tiers {a['tiers']}   EMA of accepted drafts "
+             f"{a['ema']:.2f} after {a['batch_count']} batches", style="bold")
+    if a["switched_to"] is not None:
+        t.append(f"   -> switch to {a['switched_to']} steps from the next step", style="bold magenta")
+    return t
+
+
 def running_metrics(trace: TraceFile, request: int, position: int) -> Text:
     """α, τ, verify count and per-position acceptance over the request's steps so far, and the
     speed-up estimate τ / (1 + r) with r = drafting time / verify time."""
