@@ -32,7 +32,7 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                    type=str.lower, choices=ALL_ALGOS, metavar="ALGO",
                    help="none (plain autoregressive), standalone (draft LM), eagle (EAGLE-1 head), "
                         "eagle3 (EAGLE-3 head), nextn / mtp (MTP module, run as EAGLE), frozen_kv_mtp "
-                        "(MTP assistant reading the target's KV), ngram (vLLM's prompt lookup, no model); default standalone")
+                        "(MTP assistant reading the target's KV), ngram (vLLM's prompt lookup, no model), medusa (Medusa heads, static tree); default standalone")
     p.add_argument("--num-steps", "--speculative-num-steps", dest="num_steps", type=int, default=None,
                    help="tree depth; unset with --topk and --num-draft-tokens: SGLang's automatic choice, "
                         "(5, 4, 8) on a Llama target except for standalone, (3, 1, 4) otherwise")
@@ -40,7 +40,7 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                    help="branching of the draft tree; 1 is a chain")
     p.add_argument("--num-draft-tokens", "--speculative-num-draft-tokens", dest="num_draft_tokens", type=int)
     p.add_argument("--acceptance", default=None, type=str.lower,
-                   help="greedy, target_only, rejection, vllm, tree_rejection; default greedy at temperature 0, "
+                   help="greedy, target_only, rejection, vllm, tree_rejection, typical; default greedy at temperature 0, "
                         "else target_only (SGLang's choice)")
     p.add_argument("--speculative-use-rejection-sampling", dest="use_rejection", action="store_true",
                    help="SGLang's spelling of --acceptance rejection")
@@ -62,6 +62,9 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculative-adaptive", "--adaptive", dest="adaptive", action="store_true",
                    help="SGLang's adaptive steps: an EMA of accepted drafts switches the chain length among "
                         "1, 3 and 7 steps (EAGLE family, topk 1)")
+    p.add_argument("--medusa-choices", dest="medusa_choices", default=None, metavar="FILE",
+                   help="medusa: the static tree as a JSON list of rank paths, e.g. [[0], [0, 0], [1]] "
+                        "(default: the first 24 paths of Medusa's mc_sim_7b_63)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--commit-style", choices=["sglang", "vllm"], default="sglang",
                    help="how rejected KV is released: sglang remap+free, vllm num_computed_tokens rollback")
@@ -103,7 +106,7 @@ def _check_supported(args) -> None:
     if args.command in ("replay", "render"):
         return
     algos = args.algos if hasattr(args, "algos") else [args.algo]
-    available = ("none", "standalone", "eagle", "eagle3", "nextn", "mtp", "frozen_kv_mtp", "ngram")
+    available = ("none", "standalone", "eagle", "eagle3", "nextn", "mtp", "frozen_kv_mtp", "ngram", "medusa")
     for algo in algos:
         if algo not in available:
             raise UsageError(f"--algo {algo} is not available yet (available: {', '.join(available)})")
@@ -128,6 +131,7 @@ def _run_config(args, **over):
               top_k=args.top_k, top_p=args.top_p, seed=args.seed, threshold_single=args.threshold_single,
               threshold_acc=args.threshold_acc, prompt_lookup_min=args.prompt_lookup_min,
               prompt_lookup_max=args.prompt_lookup_max, ngram_match=args.ngram_match, adaptive=args.adaptive,
+              medusa_choices=args.medusa_choices,
               commit_style=args.commit_style,
               device=args.device, dtype=args.dtype)
     if args.target_model:

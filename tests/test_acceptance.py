@@ -18,6 +18,7 @@ import torch
 from spectrace.core.acceptance.rejection import rejection_walk
 from spectrace.core.acceptance.target_only import target_only_walk
 from spectrace.core.acceptance.tree_rejection import tree_rejection_walk
+from spectrace.core.acceptance.typical import typical_walk
 from spectrace.core.acceptance.vllm import vllm_accept
 from spectrace.core.sampling import sample
 from spectrace.core.tree import SampledDrafts, draft_tree
@@ -60,6 +61,8 @@ def tree_step(rule, root_p, root_q, P, Q, gen, **kw):
     cand = [-1, a[0], a[1], kids[0][0], kids[0][1], kids[1][0], kids[1][1]]
     nt, ns = [1, 3, 5, -1, -1, -1, -1], [-1, 2, -1, 4, -1, 6, -1]
     tp = torch.stack([root_p] + [P[t] for t in cand[1:]])
+    if rule == "typical":
+        return typical_walk(cand, nt, ns, tp, float(torch.rand((), generator=gen, dtype=torch.float64))).accept_tokens
     coins = torch.rand(7, generator=gen)
     return target_only_walk(cand, nt, ns, tp, coins, float(torch.rand((), generator=gen)), 2, **kw).accept_tokens
 
@@ -88,7 +91,7 @@ def chain_step(rule, root_p, root_q, P, Q, gen, one_hot=False):
     return vllm_accept(cand, tp, dp, gen).accept_tokens
 
 
-STEPS = {"target_only": tree_step, "tree_rejection": sampled_tree_step, "rejection": chain_step, "vllm": chain_step}
+STEPS = {"target_only": tree_step, "typical": tree_step, "tree_rejection": sampled_tree_step, "rejection": chain_step, "vllm": chain_step}
 
 
 def continuations(rule, seed, **kw):
@@ -139,6 +142,18 @@ def test_target_only_with_thresholds_below_one_is_biased(single, acc, capsys):
     with capsys.disabled():
         print(f"\ntarget_only threshold_single={single} threshold_acc={acc}: total variation from the target "
               f"over two-token continuations {tv:.3f} (chi2 {stat:.0f}, critical {crit:.0f})")
+    assert stat > crit and tv > 0.01
+
+
+def test_medusa_typical_acceptance_is_biased(capsys):
+    """Typical acceptance keeps plausible drafts without a rejection test: not the target's law."""
+    (p0, P), first, pairs = continuations("typical", seed=3)
+    exact = p0[:, None] * P
+    stat, crit = chi_square(pairs, exact)
+    tv = 0.5 * float((pairs / pairs.sum() - exact).abs().sum())
+    with capsys.disabled():
+        print(f"\ntypical (posterior_threshold 0.09, posterior_alpha 0.3): total variation from the target over "
+              f"two-token continuations {tv:.3f} (chi2 {stat:.0f}, critical {crit:.0f})")
     assert stat > crit and tv > 0.01
 
 

@@ -2,6 +2,7 @@
 accept sequences, and adaptive runs of the embedded models equal autoregressive decoding."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_engine import generate
 
 from spectrace.core.adaptive import AdaptiveConfig, AdaptiveSpeculativeParams
 
@@ -60,8 +61,6 @@ REPEATING = "\n".join(["        self.a = None"] * 4)
 
 
 def test_adaptive_runs_equal_autoregressive_and_record_switches(target, drafters, tokenizer):
-    from test_engine import generate
-
     from spectrace.core.engine import SpecConfig
     from spectrace.core.runner import build_engine
     from spectrace.zoo.prompts import HELD_OUT_PROMPTS

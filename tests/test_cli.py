@@ -24,7 +24,7 @@ def _run(capsys, *args):
 def test_every_algorithm_prints_the_same_text_as_none(capsys, tmp_path):
     """The whole `spectrace run` path (loading, defaults, engine, trace, summary) per algorithm."""
     texts = {}
-    for algo in ("none", "standalone", "eagle", "eagle3", "nextn", "mtp", "frozen_kv_mtp", "ngram"):
+    for algo in ("none", "standalone", "eagle", "eagle3", "nextn", "mtp", "frozen_kv_mtp", "ngram", "medusa"):
         trace = tmp_path / f"{algo}.jsonl"
         extra = ["--prompt-lookup-min", "1", "--prompt-lookup-max", "3"] if algo == "ngram" else []
         code, out, err = _run(capsys, "run", "--algo", algo, "--no-tui", "--batch", "2",
@@ -38,7 +38,8 @@ def test_every_algorithm_prints_the_same_text_as_none(capsys, tmp_path):
         else:
             assert "SpecDecoding metrics: Mean acceptance length" in out
             # SGLang's choice for a Llama target; n-gram: a chain of vLLM's k tokens
-            shape = {"standalone": (3, 1, 4), "ngram": (5, 1, 6)}.get(algo, (5, 4, 8))
+            # Medusa: the depth, widest rank and size of its default tree (24 paths of mc_sim_7b_63)
+            shape = {"standalone": (3, 1, 4), "ngram": (5, 1, 6), "medusa": (3, 9, 25)}.get(algo, (5, 4, 8))
             cfg = t.header["config"]
             assert (cfg["num_steps"], cfg["topk"], cfg["num_draft_tokens"]) == shape
         assert texts[algo] == texts["none"], algo
@@ -54,7 +55,10 @@ def other_vocab_model(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--algo", "bogus"], "invalid choice"),
-    (["--algo", "medusa"], "not available yet"),
+    (["--algo", "dflash"], "not available yet"),
+    (["--algo", "medusa", "--topk", "2"], "do not apply"),
+    (["--algo", "medusa", "--acceptance", "tree_rejection", "--temperature", "1"], "static tree"),
+    (["--algo", "medusa", "--medusa-choices", "/nonexistent.json"], "--medusa-choices"),
     (["--algo", "eagle", "--speculative-adaptive", "--topk", "4"], "needs --topk 1"),
     (["--speculative-adaptive"], "runs with EAGLE"),
     (["--algo", "mtp", "--adaptive", "--num-steps", "5"], "must be one of [1, 3, 7]"),
@@ -74,7 +78,7 @@ def other_vocab_model(tmp_path):
     (["--algo", "eagle", "--acceptance", "tree_rejection", "--temperature", "1",
       "--speculative-accept-threshold-single", "0.5"], "thresholds belong to target_only"),
     (["--temperature", "1", "--speculative-accept-threshold-acc", "1.5"], "must lie in [0, 1]"),
-    (["--acceptance", "typical"], "unknown --acceptance"),
+    (["--acceptance", "speculative"], "unknown --acceptance"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, other_vocab_model, args, message):
     args = [other_vocab_model if a == "OTHER" else a for a in args]

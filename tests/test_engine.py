@@ -134,7 +134,8 @@ def test_kv_invariants_after_every_step(target, draft, tokenizer, data, shape, s
         assert len(kv.allocator.free_slots) == kv.allocator.num_slots
 
 
-RULE_SHAPES = {"target_only": (4, 3, 8), "tree_rejection": (4, 3, 8), "rejection": (1, 3, None), "vllm": (1, 3, None)}
+RULE_SHAPES = {"target_only": (4, 3, 8), "tree_rejection": (4, 3, 8), "rejection": (1, 3, None), "vllm": (1, 3, None),
+               "typical": (4, 3, 8)}
 
 
 @SETTINGS

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_engine import generate
 
 from spectrace.compat.vllm import NgramProposer, _find_subarray_kmp, _kmp_lps_array
 from spectrace.core.ngram.lookup import propose_first_match, propose_longest_match
@@ -77,8 +78,6 @@ REPEATING = "    def get_a(self):\n        return self.a\n\n    def get_b(self):
 
 @pytest.mark.parametrize("match, lo, hi", [("first", 1, 3), ("longest", 2, 4), ("first", 5, 5)])
 def test_ngram_runs_equal_autoregressive(target, tokenizer, match, lo, hi):
-    from test_engine import generate
-
     from spectrace.zoo.prompts import HELD_OUT_PROMPTS
 
     ids = [tokenizer.encode(REPEATING), tokenizer.encode(HELD_OUT_PROMPTS[1]), tokenizer.encode("x")]

@@ -23,6 +23,7 @@ from spectrace.core.acceptance.greedy import AcceptResult, greedy_walk
 from spectrace.core.acceptance.rejection import rejection_walk
 from spectrace.core.acceptance.target_only import target_only_walk
 from spectrace.core.acceptance.tree_rejection import SiblingStats, tree_rejection_walk
+from spectrace.core.acceptance.typical import typical_walk
 from spectrace.core.acceptance.vllm import vllm_accept
 from spectrace.core.adaptive import AdaptiveSpeculativeParams
 from spectrace.core.batch import ForwardBatch
@@ -33,7 +34,7 @@ from spectrace.core.sampling import SamplingParams, probs_from_logits, request_g
 from spectrace.core.trace import TraceWriter
 from spectrace.core.tree import DraftTree, SampledDrafts, tree_capacity
 
-ALGOS = ("none", "standalone", "eagle", "eagle3", "nextn", "mtp", "frozen_kv_mtp", "ngram")
+ALGOS = ("none", "standalone", "eagle", "eagle3", "nextn", "mtp", "frozen_kv_mtp", "ngram", "medusa")
 
 
 @dataclass
@@ -56,6 +57,7 @@ class SpecConfig:
     prompt_lookup_max: int = 5
     ngram_match: str = "first"  # first: v0.8.5's proposer; longest: current vLLM's
     adaptive: bool = False  # SGLang's --speculative-adaptive: num_steps follows an EMA of accepted drafts
+    medusa_choices: list[list[int]] | None = None  # Medusa's static tree, as paths of top-k ranks
 
     @property
     def sampling(self) -> SamplingParams:
@@ -262,6 +264,9 @@ class Engine:
             return rejection_walk(rows, probs, tree.draft_probs[b].cpu(), coins, float(torch.rand((), generator=gen)), k)
         if rule == "vllm":  # n-gram drafts have no q: one-hot, as vLLM passes draft_probs=None
             return vllm_accept(rows, probs, tree.draft_probs[b].cpu() if tree.draft_probs is not None else None, gen, k)
+        if rule == "typical":
+            return typical_walk(rows, nt, ns, probs, float(torch.rand((), generator=gen, dtype=torch.float64)),
+                                trace_topk=k)
         res = tree_rejection_walk(rows, nt, ns, probs, tree.draft_probs[b].cpu(), gen, self.spec.num_steps, k)
         self._siblings(r).observe(res.decisions, nt, ns)
         return res

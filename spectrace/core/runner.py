@@ -12,24 +12,26 @@ from spectrace.core.config import SpectraceError
 from spectrace.core.drafters.eagle import EagleDrafter, EagleHead, load_eagle
 from spectrace.core.drafters.eagle3 import load_eagle3
 from spectrace.core.drafters.frozen_kv_mtp import FrozenKVMtpDrafter, FrozenKVMtpHead, load_frozen_kv_mtp
+from spectrace.core.drafters.medusa import (DEFAULT_CHOICES, MC_SIM_7B_63, MedusaDrafter, MedusaHeads, load_choices,
+                                           load_medusa)
 from spectrace.core.drafters.mtp import load_mtp
 from spectrace.core.drafters.ngram import NgramDrafter
 from spectrace.core.drafters.standalone import StandaloneDrafter
 from spectrace.core.engine import ALGOS, Engine, Request, SpecConfig
 from spectrace.core.model import CausalLM, load_model, weights_digest
 from spectrace.core.trace import SCHEMA, TraceError, TraceWriter
-from spectrace.zoo import DRAFT_DIR, EAGLE3_DIR, EAGLE_DIR, FROZEN_KV_MTP_DIR, MTP_DIR, TARGET_DIR
+from spectrace.zoo import DRAFT_DIR, EAGLE3_DIR, EAGLE_DIR, FROZEN_KV_MTP_DIR, MEDUSA_DIR, MTP_DIR, TARGET_DIR
 from spectrace.zoo.prompts import HELD_OUT_PROMPTS
 
 DEFAULT_DRAFTS = {"standalone": DRAFT_DIR, "eagle": EAGLE_DIR, "eagle3": EAGLE3_DIR, "nextn": MTP_DIR,
-                  "mtp": MTP_DIR, "frozen_kv_mtp": FROZEN_KV_MTP_DIR}
+                  "mtp": MTP_DIR, "frozen_kv_mtp": FROZEN_KV_MTP_DIR, "medusa": MEDUSA_DIR}
 # SGLang's resolution: NEXTN (and an MTP module) runs through the EAGLE worker
 RESOLVED = {"none": "NONE", "standalone": "STANDALONE", "eagle": "EAGLE", "eagle3": "EAGLE3", "nextn": "EAGLE",
-            "mtp": "EAGLE", "frozen_kv_mtp": "FROZEN_KV_MTP", "ngram": "NGRAM"}
+            "mtp": "EAGLE", "frozen_kv_mtp": "FROZEN_KV_MTP", "ngram": "NGRAM", "medusa": "MEDUSA"}
 MODEL_FREE = ("none", "ngram")  # algorithms without a draft model
 # draft heads that read target features, by --algo
 HEAD_LOADERS = {"eagle": load_eagle, "eagle3": load_eagle3, "nextn": load_mtp, "mtp": load_mtp,
-                "frozen_kv_mtp": load_frozen_kv_mtp}
+                "frozen_kv_mtp": load_frozen_kv_mtp, "medusa": load_medusa}
 
 
 @dataclass
@@ -55,6 +57,7 @@ class RunConfig:
     prompt_lookup_max: int | None = None
     ngram_match: str = "first"
     adaptive: bool = False
+    medusa_choices: str | None = None  # a JSON file of Medusa choices; default: the first 24 of mc_sim_7b_63
     commit_style: str = "sglang"
     device: str = "cpu"
     dtype: str | None = None  # default: float32 on CPU, bfloat16 on GPU
@@ -88,6 +91,12 @@ def spec_defaults(cfg: RunConfig, target_arch: str) -> tuple[int, int, int | Non
     """(num_steps, topk, num_draft_tokens) as SGLang's `_auto_choose_speculative_params` picks
     them when none is given: (5, 4, 8) on Llama targets, except for STANDALONE, else (3, 1, 4).
     Values given are kept; topk 1 then forces num_draft_tokens = num_steps + 1."""
+    if cfg.algo == "medusa":  # the static tree's depth, widest rank and size
+        if (cfg.num_steps, cfg.topk, cfg.num_draft_tokens) != (None, None, None):
+            raise SpectraceError("Medusa's tree is given by --medusa-choices: --num-steps, --topk and "
+                                 "--num-draft-tokens do not apply")
+        choices = medusa_choices(cfg)
+        return max(map(len, choices)), max(max(c) for c in choices) + 1, len(choices) + 1
     if cfg.algo == "ngram":  # a chain of k = num_steps copied tokens
         steps, topk, n = 5, 1, 6
     elif cfg.adaptive:  # SGLang: topk 1, the middle tier
@@ -101,6 +110,10 @@ def spec_defaults(cfg: RunConfig, target_arch: str) -> tuple[int, int, int | Non
         return steps, topk, n
     return (cfg.num_steps if cfg.num_steps is not None else steps,
             cfg.topk if cfg.topk is not None else topk, cfg.num_draft_tokens)
+
+
+def medusa_choices(cfg: RunConfig) -> list[list[int]]:
+    return load_choices(cfg.medusa_choices) if cfg.medusa_choices else MC_SIM_7B_63[:DEFAULT_CHOICES]
 
 
 def ngram_lookup(cfg: RunConfig) -> dict:
@@ -166,11 +179,13 @@ def _architecture(path: str) -> str:
 
 
 def model_identity(path: str, model) -> dict:
+    ident = {"path": str(path), "weights_sha256": weights_digest(Path(path)), "class": type(model).__name__,
+             "params": sum(p.numel() for p in model.parameters()), "dtype": str(next(model.parameters()).dtype)}
+    if isinstance(model, MedusaHeads):  # no transformer layers: heads over the target's hidden state
+        return {**ident, "model_type": "medusa", "heads": model.num_heads, "layers_per_head": model.num_layers}
     c = model.config
-    return {"path": str(path), "weights_sha256": weights_digest(Path(path)), "model_type": c.model_type,
-            "class": type(model).__name__,
-            "params": sum(p.numel() for p in model.parameters()), "layers": len(model.layers),
-            "hidden_size": c.hidden_size, "vocab_size": c.vocab_size, "dtype": str(next(model.parameters()).dtype)}
+    return {**ident, "model_type": c.model_type, "layers": len(model.layers), "hidden_size": c.hidden_size,
+            "vocab_size": c.vocab_size}
 
 
 def _max_steps(spec: SpecConfig) -> int:
@@ -191,7 +206,7 @@ def _scratch_columns(spec: SpecConfig) -> int:
 
 
 def _context(target: CausalLM, draft) -> int:
-    return min(m.config.max_position_embeddings for m in (target, draft) if m is not None)
+    return min(m.config.max_position_embeddings for m in (target, draft) if hasattr(m, "config"))  # Medusa has none
 
 
 def build_engine(target: CausalLM, draft: CausalLM | None, spec: SpecConfig, prompt_ids: list[list[int]],
@@ -201,7 +216,9 @@ def build_engine(target: CausalLM, draft: CausalLM | None, spec: SpecConfig, pro
     num_slots = sum(len(p) + spec.max_new_tokens + _scratch_columns(spec) for p in prompt_ids)
     drafter = None
     shape = (spec.num_steps, spec.topk, spec.num_draft_tokens, spec.trace_topk)
-    if spec.algo == "ngram":
+    if isinstance(draft, MedusaHeads):
+        drafter = MedusaDrafter(draft, spec.medusa_choices, spec.trace_topk)
+    elif spec.algo == "ngram":
         drafter = NgramDrafter(spec.num_steps, spec.prompt_lookup_min, spec.prompt_lookup_max, spec.ngram_match,
                                target.config.max_position_embeddings, target.lm_head.weight.device)
     elif isinstance(draft, FrozenKVMtpHead):  # no draft KV: it reads the target's
@@ -246,7 +263,8 @@ def run(cfg: RunConfig) -> RunResult:
                           max_new_tokens=cfg.max_new_tokens, commit_style=cfg.commit_style,
                           acceptance=cfg.acceptance, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                           seed=cfg.seed, threshold_single=cfg.threshold_single, threshold_acc=cfg.threshold_acc,
-                          **ngram_lookup(cfg), ngram_match=cfg.ngram_match, adaptive=cfg.adaptive)
+                          **ngram_lookup(cfg), ngram_match=cfg.ngram_match, adaptive=cfg.adaptive,
+                          medusa_choices=medusa_choices(cfg) if cfg.algo == "medusa" else None)
         context = _context(target, draft)
         for i, p in enumerate(ids):
             if not p:

@@ -1,10 +1,11 @@
 """Train the embedded draft heads against the embedded target (frozen): the EAGLE-1 head, the
-NEXTN/MTP module, the EAGLE-3 head and the FROZEN_KV_MTP assistant.
+NEXTN/MTP module, the EAGLE-3 head, the FROZEN_KV_MTP assistant and the Medusa heads.
 
     python -m spectrace.zoo.train_eagle --kind eagle --stdlib corpus/Lib --out spectrace/zoo/models/tiny-eagle
     python -m spectrace.zoo.train_eagle --kind mtp --stdlib corpus/Lib --out spectrace/zoo/models/tiny-mtp
     python -m spectrace.zoo.train_eagle --kind eagle3 --stdlib corpus/Lib --out spectrace/zoo/models/tiny-eagle3
     python -m spectrace.zoo.train_eagle --kind frozen_kv_mtp --stdlib corpus/Lib --out spectrace/zoo/models/tiny-frozen-kv-mtp
+    python -m spectrace.zoo.train_eagle --kind medusa --stdlib corpus/Lib --out spectrace/zoo/models/tiny-medusa
 
 Drafting feeds a head its own outputs from the second tree level on, so training unrolls the same
 way: EAGLE-3's training-time test. Level j (1-based) at anchor t reads token x_{t+j} with the
@@ -17,6 +18,8 @@ distribution after x_{t+j}. Attention sees what it sees while drafting a chain:
 Losses: EAGLE-1 and MTP: KL(target || head) + smooth-L1 regression of the output on f_{t+j}
 (EAGLE-1's feature loss); EAGLE-3: cross-entropy against the target restricted to the draft
 vocabulary, where the target's argmax lies in it (SafeAILab's `traineagle3`); FROZEN_KV_MTP: KL.
+Medusa heads do not unroll: head k reads the target's h_t and learns KL against the target's
+distribution for x_{t+k+2} (self-distillation), all heads weighted alike.
 The training forward is dense; tests check it equals the paged forward the engine runs.
 """
 from __future__ import annotations
@@ -35,12 +38,14 @@ from spectrace.core.config import ModelConfig
 from spectrace.core.drafters.eagle import EagleHead
 from spectrace.core.drafters.eagle3 import Eagle3Head, default_capture_layers
 from spectrace.core.drafters.frozen_kv_mtp import FrozenKVMtpHead
+from spectrace.core.drafters.medusa import MedusaHeads
 from spectrace.core.drafters.mtp import MtpHead
 from spectrace.core.model import rotate_half
 from spectrace.zoo import TARGET_DIR, corpus
 from spectrace.zoo.train import token_stream
 
-KINDS = ("eagle", "mtp", "eagle3", "frozen_kv_mtp")
+KINDS = ("eagle", "mtp", "eagle3", "frozen_kv_mtp", "medusa")
+MEDUSA_HEADS = 3  # the default tree (the first 24 Medusa choices) is 3 deep
 
 
 def head_config(target_hf, kind: str, draft_vocab_size: int | None = None):
@@ -141,6 +146,17 @@ def frozen_level(head: FrozenKVMtpHead, embeds, feats, target_k, target_v):
     return head.post_projection(x), head.lm_head(x)
 
 
+def medusa_losses(heads: MedusaHeads, feats, target_logits):
+    """Head k on h_t against the target's distribution after x_{t+k+1}: per head (KL, agreement)."""
+    T, out = feats.shape[1], []
+    for k, head in enumerate(heads.medusa_head):
+        logits, tgt = head(feats[:, :T - k - 1]).float(), target_logits[:, k + 1:].float()
+        loss = F.kl_div(F.log_softmax(logits, -1), F.log_softmax(tgt, -1), log_target=True,
+                        reduction="none").sum(-1).mean()
+        out.append((loss, (logits.argmax(-1) == tgt.argmax(-1)).float().mean()))
+    return out
+
+
 def unrolled_losses(kind, head, target, ids, feats, target_logits, target_kv, unroll: int, reg_weight: float):
     """ids (B, T+1) tokens; feats (B, T, F) target features; target_logits (B, T, V) at each
     position; target_kv: the target's last-layer (k, v) (B, T, kvh, d), for FROZEN_KV_MTP.
@@ -191,15 +207,23 @@ def train(args) -> dict:
     if args.kind == "eagle3":
         d2t, t2d, coverage = draft_vocab(train_ids, target.config.vocab_size, args.draft_vocab)
         print(f"draft vocabulary: {args.draft_vocab} tokens cover {coverage:.3f} of the training tokens")
-    cfg = head_config(target.config, args.kind, args.draft_vocab)
-    head = new_head(args.kind, cfg, target.config, d2t, t2d).to(device)
+    if args.kind == "medusa":  # Medusa's own config.json; each head's lm_head starts as the target's
+        cfg = {"architectures": ["MedusaModel"], "medusa_num_heads": MEDUSA_HEADS, "medusa_num_layers": 1,
+               "hidden_size": target.config.hidden_size, "vocab_size": target.config.vocab_size,
+               "base_model_name_or_path": _shown_path(args.target)}
+        head = MedusaHeads(cfg["hidden_size"], cfg["vocab_size"], MEDUSA_HEADS).to(device)
+        for h in head.medusa_head:
+            h[-1].weight.data.copy_(target.lm_head.weight)
+    else:
+        cfg = head_config(target.config, args.kind, args.draft_vocab)
+        head = new_head(args.kind, cfg, target.config, d2t, t2d).to(device)
     if hasattr(head, "embed_tokens"):  # EAGLE heads keep a frozen copy of the target's embedding
         head.embed_tokens.weight.data.copy_(target.model.embed_tokens.weight)
         head.embed_tokens.weight.requires_grad_(False)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
-    capture = head.capture_layers
+    capture = getattr(head, "capture_layers", ())
 
     def batch_from(stream, starts):
         """Tokens (B, T+1) and the target's features, logits and last-layer KV over the first T."""
@@ -216,6 +240,8 @@ def train(args) -> dict:
 
     def losses(batch):
         x, f, logits, kv = batch
+        if args.kind == "medusa":
+            return medusa_losses(head, f, logits)
         return unrolled_losses(args.kind, head, target, x, f, logits, kv, args.unroll, args.reg_weight)
 
     def evaluate():
@@ -250,16 +276,20 @@ def train(args) -> dict:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    cfg.save_pretrained(out)
     from safetensors.torch import save_file
 
     state = {k: (v.detach().to(torch.bfloat16) if v.is_floating_point() else v).contiguous().cpu()
              for k, v in head.state_dict().items()}
-    save_file(state, out / "model.safetensors", metadata={"format": "pt"})
+    if args.kind == "medusa":
+        (out / "config.json").write_text(json.dumps(cfg, indent=1) + "\n")
+        save_file(state, out / "medusa_lm_head.safetensors", metadata={"format": "pt"})
+    else:
+        cfg.save_pretrained(out)
+        save_file(state, out / "model.safetensors", metadata={"format": "pt"})
     report = {"model": args.kind, "params": sum(p.numel() for p in head.parameters()),
               "trainable_params": sum(p.numel() for p in params), "target": _shown_path(args.target),
               "training": {"steps": args.steps, "batch": args.batch, "seq_len": args.seq_len, "lr": args.lr,
-                           "unroll": args.unroll, "reg_weight": args.reg_weight, "seed": args.seed,
+                           "unroll": args.unroll if args.kind != "medusa" else None, "reg_weight": args.reg_weight, "seed": args.seed,
                            "seconds": round(time.time() - t0, 1),
                            "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                            "history": history},
@@ -298,6 +328,9 @@ CARDS = {  # (what the head is, what it shares with the target, its loss)
                       "[target embedding; hidden] (2H -> H), two Llama blocks whose attention has queries only "
                       "and reads the target's last-layer KV, norm, post_projection (H -> H) and its own lm_head",
                       "the target's embedding and KV (read, not stored)", "KL(target || head)"),
+    "medusa": (f"Medusa heads ({MEDUSA_HEADS} heads, each ResBlock(H) then its own lm_head, public Medusa layout)",
+               "the target's last hidden state (read, not stored)",
+               "KL(target || head k) for the token k + 2 ahead, heads weighted alike"),
 }
 
 
@@ -306,6 +339,8 @@ def write_card(report: dict, out: Path) -> None:
     agree = ", ".join(f"level {i + 1}: {a:.3f}" for i, a in enumerate(report["heldout_agreement"]))
     vocab = report.get("draft_vocab") or {}
     what, shares, loss = CARDS[report["model"]]
+    unrolled = (f"unrolled over {t['unroll']} levels as the head drafts (EAGLE-3's\n  training-time test: level j >= 2 "
+                f"reads level j-1's outputs), " if t["unroll"] else "")
     what = what.format(taps=report.get("capture_layers"), vocab=vocab.get("size"), cov=vocab.get("train_coverage", 0))
     (out / "README.md").write_text(f"""# {out.name}
 
@@ -314,8 +349,7 @@ The embedded {what}, trained by spectrace against `{report['target']}` (frozen).
 
 - **Corpus**: the target's (see its card), train split.
 - **Training**: {t['steps']} AdamW steps of {t['batch']} x {t['seq_len']} tokens, lr {t['lr']} (cosine), loss =
-  {loss.format(reg=t['reg_weight'])}, unrolled over {t['unroll']} levels as the head drafts (EAGLE-3's
-  training-time test: level j >= 2 reads level j-1's outputs), seed {t['seed']}; {t['seconds']} s on {t['device']}.
+  {loss.format(reg=t['reg_weight'])}, {unrolled}seed {t['seed']}; {t['seconds']} s on {t['device']}.
 - **Held-out**: teacher-forced top-1 agreement with the target's argmax, {agree}.
 - **Reproduce**: `{report['command']}`.
 """)

@@ -5,6 +5,7 @@
     rejection       SGLang's chain rejection sampling, coin * q < p       (rejection.py, chains)
     vllm            vLLM's rejection sampler, p / q >= u, recovered tokens (vllm.py, chains)
     tree_rejection  lossless sampling on trees, recursive rejection       (tree_rejection.py, trees)
+    typical         Medusa's typical acceptance, entropy threshold, lossy (typical.py, trees)
 
 `check` applies the engines' configuration rules; the default follows SGLang: greedy at
 temperature 0, target_only otherwise.
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from spectrace.core.config import SpectraceError
 
-RULES = ("greedy", "target_only", "rejection", "vllm", "tree_rejection")
+RULES = ("greedy", "target_only", "rejection", "vllm", "tree_rejection", "typical")
 CHAIN_RULES = ("rejection", "vllm")  # verify a chain
 SAMPLED_RULES = ("rejection", "vllm", "tree_rejection")  # drafts are sampled from q, and q is kept
 EAGLE_WORKER_ALGOS = ("eagle", "eagle3", "nextn", "mtp")
@@ -36,7 +37,7 @@ def check(rule: str, algo: str, topk: int, temperature: float, threshold_single:
         return
     if rule == "greedy" and temperature > 0:
         raise SpectraceError("--acceptance greedy needs --temperature 0 (sampling rules: target_only, rejection, "
-                             "vllm, tree_rejection)")
+                             "vllm, tree_rejection, typical)")
     if rule != "greedy" and temperature == 0:
         raise SpectraceError(f"--acceptance {rule} samples: give --temperature > 0")
     if rule != "target_only" and (threshold_single, threshold_acc) != (1.0, 1.0):
@@ -44,6 +45,9 @@ def check(rule: str, algo: str, topk: int, temperature: float, threshold_single:
     if rule in CHAIN_RULES and topk != 1:
         raise SpectraceError(f"--acceptance {rule} verifies a chain: it needs --topk 1 (tree_rejection samples "
                              f"trees losslessly)")
+    if rule in SAMPLED_RULES and algo == "medusa":
+        raise SpectraceError(f"--acceptance {rule} needs drafts sampled from q; Medusa's static tree takes each "
+                             f"head's top-k (use target_only or typical)")
     if rule in ("rejection", "tree_rejection") and algo == "ngram":
         raise SpectraceError(f"--acceptance {rule} needs drafts sampled from a draft model's q; n-gram drafts are "
                              f"copied (use target_only, or vllm, which takes them as one-hot)")

@@ -160,6 +160,8 @@ RULE_TEXT = {
                    "(one coin per level; prob_acc sums the tried siblings' p)",
     "rejection": "rejection: accept iff coin * q < p, i.e. with probability min(1, p / q)",
     "vllm": "vllm: accept iff q > 0 and p / q >= u; a rejection emits a recovered token ~ relu(p - q)",
+    "typical": "typical (Medusa): accept iff p > min(0.09, 0.3 * exp(-H(p))); the longest passing path wins, "
+               "ties to the likelier",
     "tree_rejection": "tree_rejection: siblings were drawn from q without replacement; accept iff "
                       "coin * q'(x) < p'(x); a rejection sets p' = relu(p' - q') and drops x from q'",
 }
@@ -182,6 +184,9 @@ def _arithmetic(rule: str, d: dict, trace: TraceFile, argmax: int) -> str:
     if rule == "vllm":
         ratio = d["p"] / d["q"] if d["q"] > 0 else float("nan")
         return f"p {d['p']:.3f} / q {d['q']:.3f} = {ratio:.3f} {'>=' if ok else '<'} u {d['coin']:.3f}"
+    if rule == "typical":
+        return (f"p {d['p']:.3f} {'>' if d['passes'] else '<='} threshold {d['threshold']:.3f} "
+                f"(entropy {d['entropy']:.2f})" + ("" if ok or not d["passes"] else "; another path won"))
     return ", ".join(f"{k} {d[k]}" for k in ("coin", "p", "q") if k in d)  # a rule this viewer does not know
 
 
@@ -212,6 +217,9 @@ def bonus_text(rec: dict, n: ViewNode) -> Text:
         t.append("greedy: the argmax of p after that node", style="dim")
     elif src["dist"] == "target":
         t.append("sampled from p after that node" + (f" (coin {src['coin']:.3f})" if "coin" in src else ""), style="dim")
+    elif src["dist"] == "typical":
+        t.append(f"sampled from p after that node without the tokens below the typical threshold "
+                 f"{src['threshold']:.3f} (coin {src['coin']:.3f})", style="dim")
     else:
         t.append("sampled from the residual: p with the rejected drafts' mass removed, relu(p - q), renormalised"
                  + (f" (coin {src['coin']:.3f})" if "coin" in src else ""), style="dim")

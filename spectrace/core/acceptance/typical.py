@@ -1,0 +1,82 @@
+"""Medusa's typical acceptance (--acceptance typical): a target-only threshold that follows the
+target's entropy (FasterDecoding/Medusa `evaluate_posterior`, sampling="typical").
+
+With p the target's distribution after a node's parent (softmax(logits / T)):
+
+    threshold = min(posterior_threshold, posterior_alpha * exp(-H(p)))     H(p) = -sum p log(p + 1e-5)
+    a node x passes iff p(x) > threshold
+    every root-to-leaf path keeps its longest passing prefix; the longest wins, ties go to the
+    higher sum of log p(x) along it
+    bonus: a sample of p after the last accepted node with the tokens below its threshold removed
+           (`get_typical_one_token`)
+
+A confident target (low entropy) keeps the threshold near posterior_threshold; an unsure one
+lowers it, so plausible drafts pass. No draft probability enters: it is not a rejection test,
+and at T > 0 the output is NOT the target's distribution (tests/test_acceptance.py measures the
+bias). Defaults are `medusa_generate`'s, 0.09 and 0.3 (its `evaluate_posterior` swaps them).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from spectrace.core.acceptance.greedy import AcceptResult
+from spectrace.core.sampling import sample_from_prob, topk_pairs
+
+POSTERIOR_THRESHOLD, POSTERIOR_ALPHA = 0.09, 0.3
+
+
+def typical_threshold(p: torch.Tensor, posterior_threshold: float, posterior_alpha: float) -> tuple[float, float]:
+    """(threshold, entropy) of one distribution (V,)."""
+    entropy = float(-(p * torch.log(p + 1e-5)).sum())
+    return min(posterior_threshold, math.exp(-entropy) * posterior_alpha), entropy
+
+
+def typical_walk(candidates: list[int], next_token: list[int], next_sibling: list[int], target_probs: torch.Tensor,
+                 coin: float, posterior_threshold: float = POSTERIOR_THRESHOLD,
+                 posterior_alpha: float = POSTERIOR_ALPHA, trace_topk: int = 5) -> AcceptResult:
+    """One request; target_probs (n, V) p after each node; coin: the bonus's uniform."""
+    limits = [typical_threshold(p, posterior_threshold, posterior_alpha) for p in target_probs]
+    parent = {c: node for node in range(len(candidates)) for c in _children(node, next_token, next_sibling)}
+
+    def passes(node: int) -> bool:
+        return float(target_probs[parent[node], candidates[node]]) > limits[parent[node]][0]
+
+    # every path's longest passing prefix, as a list of nodes (the root excluded)
+    best, best_key = [], (0, 0.0)
+    stack = [[c] for c in _children(0, next_token, next_sibling)]
+    while stack:
+        path = stack.pop()
+        if not passes(path[-1]):
+            continue
+        ll = sum(math.log(float(target_probs[parent[n], candidates[n]])) for n in path)
+        if (len(path), ll) > best_key:
+            best, best_key = path, (len(path), ll)
+        stack += [path + [c] for c in _children(path[-1], next_token, next_sibling)]
+    chosen = set(best)
+    decisions = []
+    for node in sorted(parent):  # each node whose parent passed (or is the root) was tested
+        if parent[node] != 0 and not passes(parent[node]):
+            continue
+        p, (threshold, entropy) = float(target_probs[parent[node], candidates[node]]), limits[parent[node]]
+        ok = passes(node)
+        decisions.append({"node": node, "draft": candidates[node], "accepted": node in chosen, "p": round(p, 6),
+                          "threshold": round(threshold, 6), "entropy": round(entropy, 4), "passes": ok,
+                          "rule": ("p > threshold" if node in chosen else
+                                   "p > threshold, but another path is longer or likelier" if ok else "p <= threshold")})
+    last = best[-1] if best else 0
+    p = target_probs[last].double()
+    kept = torch.where(p >= limits[last][0], p, 0.0)  # Medusa removes tokens with p < threshold
+    bonus = sample_from_prob(kept, coin)
+    bonus_from = {"dist": "typical", "node": last, "coin": round(coin, 6), "threshold": round(limits[last][0], 6),
+                  "topk": topk_pairs((kept / kept.sum()).float(), trace_topk)}
+    return AcceptResult([candidates[n] for n in best], bonus, [0] + best, decisions, bonus_from)
+
+
+def _children(node: int, next_token: list[int], next_sibling: list[int]) -> list[int]:
+    out, cur = [], next_token[node]
+    while cur != -1:
+        out.append(cur)
+        cur = next_sibling[cur]
+    return out
