@@ -98,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(bench)
     bench.add_argument("--algos", nargs="+", default=["none", "standalone"])
     bench.add_argument("--repeat", type=int, default=3, help="timed repetitions (best is reported)")
+    bench.add_argument("--prompt-set", dest="prompt_set", choices=["heldout", "repeating"], default="heldout",
+                       help="heldout: the 8 held-out prompts; repeating: code that repeats itself (n-gram's case)")
     return ap
 
 
@@ -192,18 +194,20 @@ def cmd_render(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    """Each held-out prompt alone (batch 1); best wall time of --repeat runs."""
+    """Each prompt of the set alone (batch 1); best wall time of --repeat runs."""
     from spectrace.core.runner import run
-    from spectrace.zoo.prompts import HELD_OUT_PROMPTS
+    from spectrace.zoo.prompts import HELD_OUT_PROMPTS, REPEATING_PROMPTS
 
-    print(f"held-out prompts: {len(HELD_OUT_PROMPTS)}, max_new_tokens {args.max_new_tokens}, "
+    prompts = REPEATING_PROMPTS if args.prompt_set == "repeating" else HELD_OUT_PROMPTS
+    print(f"{'held-out' if args.prompt_set == 'heldout' else 'repeating-code'} prompts: {len(prompts)}, "
+          f"max_new_tokens {args.max_new_tokens}, "
           f"device {args.device}, batch 1, " + (f"temperature {args.temperature}, acceptance "
                                                   f"{args.acceptance or 'target_only'}, seed {args.seed}"
                                                   if args.temperature else "greedy"))
     print(f"{'algo':<14} {'steps,topk,n':>12} {'tokens/s':>9} {'tau':>6} {'alpha':>6} {'verify_ct':>9}")
     for algo in args.algos:
         tokens = wall = verify = correct = proposed = 0
-        for i, prompt in enumerate(HELD_OUT_PROMPTS):
+        for i, prompt in enumerate(prompts):
             best = None
             for rep in range(args.repeat + 1):  # the first run warms up and is not counted
                 res = run(_run_config(args, algo=algo, prompts=[prompt], trace=f"runs/bench/{algo}-{i}.jsonl"))

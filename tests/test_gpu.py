@@ -62,3 +62,39 @@ def test_gpu_fp32_trees_equal_autoregressive(tokenizer, algo):
         out[a] = [r.output_ids for r in reqs]
     print(f"{algo}: accept length {metrics['accept_length']:.3f} on the GPU")
     assert out["none"] == out[algo]
+
+
+@pytest.mark.parametrize("algo, kw", [
+    ("medusa", {"num_steps": 3, "topk": 9, "num_draft_tokens": 25}),
+    ("ngram", {"num_steps": 5, "prompt_lookup_min": 2, "prompt_lookup_max": 4}),
+    ("eagle", {"num_steps": 3, "adaptive": True}),
+])
+def test_gpu_fp32_other_drafters_equal_autoregressive(tokenizer, algo, kw):
+    """Medusa's static tree, n-gram chains and adaptive EAGLE chains, batch 8, fp32 on the GPU."""
+    from spectrace.core.drafters.medusa import DEFAULT_CHOICES, MC_SIM_7B_63
+    from spectrace.core.runner import DEFAULT_DRAFTS, load_drafter_model
+
+    target = load_model(TARGET_DIR, torch.float32, "cuda")
+    draft = None if algo == "ngram" else load_drafter_model(algo, DEFAULT_DRAFTS[algo], target, tokenizer,
+                                                            torch.float32, "cuda")
+    if algo == "medusa":
+        kw = {**kw, "medusa_choices": MC_SIM_7B_63[:DEFAULT_CHOICES]}
+    ids = [tokenizer.encode(p) for p in HELD_OUT_PROMPTS]
+    none, _ = build_engine(target, None, SpecConfig(algo="none", max_new_tokens=48), ids, (0,)).generate(ids)
+    reqs, metrics = build_engine(target, draft, SpecConfig(algo=algo, max_new_tokens=48, **kw), ids, (0,)).generate(ids)
+    print(f"{algo}: accept length {metrics['accept_length']:.3f} on the GPU")
+    assert [r.output_ids for r in reqs] == [r.output_ids for r in none]
+
+
+def test_gpu_sampled_trees_repeat_and_keep_the_invariants(tokenizer):
+    """tree_rejection at T 1 on the GPU: the seeded run repeats bit for bit."""
+    from spectrace.core.runner import DEFAULT_DRAFTS, load_drafter_model
+
+    target = load_model(TARGET_DIR, torch.float32, "cuda")
+    draft = load_drafter_model("eagle", DEFAULT_DRAFTS["eagle"], target, tokenizer, torch.float32, "cuda")
+    ids = [tokenizer.encode(p) for p in HELD_OUT_PROMPTS]
+    spec = SpecConfig(algo="eagle", num_steps=5, topk=4, num_draft_tokens=8, max_new_tokens=32,
+                      acceptance="tree_rejection", temperature=1.0, seed=3)
+    runs = [build_engine(target, draft, spec, ids, (0,)).generate(ids) for _ in range(2)]
+    assert [r.output_ids for r in runs[0][0]] == [r.output_ids for r in runs[1][0]]
+    print(f"tree_rejection T 1: accept length {runs[0][1]['accept_length']:.3f} on the GPU")

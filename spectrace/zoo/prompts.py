@@ -27,3 +27,12 @@ _PROMPTS = [
 ]
 
 HELD_OUT_PROMPTS = [p.rstrip("\n") for p in _PROMPTS]
+
+# Code that repeats itself: what n-gram drafting is for. Not from the corpus; a class whose
+# accessors follow one pattern, cut where the next one starts.
+REPEATING_PROMPTS = [
+    "class Point:\n    def __init__(self, x, y, z):\n        self.x = x\n        self.y = y\n        self.z = z\n\n"
+    "    def get_x(self):\n        return self.x\n\n    def get_y(self):\n        return self.y\n\n"
+    "    def get_z(self):\n        return self.z\n\n    def set_x(self, value):\n        self.x = value\n\n"
+    "    def set_y(self, value):",
+]
