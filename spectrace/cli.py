@@ -59,6 +59,13 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ngram-match", dest="ngram_match", choices=["first", "longest"], default="first",
                    help="ngram: first = vLLM v0.8.5's proposer (longest n first, first occurrence); longest = "
                         "current vLLM's one-pass longest match")
+    p.add_argument("--ngram-style", dest="ngram_style", choices=["vllm", "sglang"], default="vllm",
+                   help="ngram: vllm = prompt lookup (a chain); sglang = the trie cache of recent windows (a tree)")
+    p.add_argument("--speculative-ngram-match-type", dest="ngram_match_type", choices=["BFS", "PROB"], default="BFS",
+                   type=str.upper, help="ngram-style sglang: how the tree is read off the trie")
+    p.add_argument("--speculative-ngram-min-bfs-breadth", dest="ngram_min_bfs", type=int, default=1)
+    p.add_argument("--speculative-ngram-max-bfs-breadth", dest="ngram_max_bfs", type=int, default=10)
+    p.add_argument("--speculative-ngram-max-trie-depth", dest="ngram_trie_depth", type=int, default=18)
     p.add_argument("--speculative-adaptive", "--adaptive", dest="adaptive", action="store_true",
                    help="SGLang's adaptive steps: an EMA of accepted drafts switches the chain length among "
                         "1, 3 and 7 steps (EAGLE family, topk 1)")
@@ -126,6 +133,7 @@ def _check_supported(args) -> None:
 
 
 def _run_config(args, **over):
+    from spectrace.core.ngram.trie import TrieConfig
     from spectrace.core.runner import RunConfig
 
     kw = dict(algo=args.algo, num_steps=args.num_steps, topk=args.topk, num_draft_tokens=args.num_draft_tokens,
@@ -133,7 +141,9 @@ def _run_config(args, **over):
               top_k=args.top_k, top_p=args.top_p, seed=args.seed, threshold_single=args.threshold_single,
               threshold_acc=args.threshold_acc, prompt_lookup_min=args.prompt_lookup_min,
               prompt_lookup_max=args.prompt_lookup_max, ngram_match=args.ngram_match, adaptive=args.adaptive,
-              medusa_choices=args.medusa_choices,
+              medusa_choices=args.medusa_choices, ngram_style=args.ngram_style,
+              ngram_trie=TrieConfig(min_bfs_breadth=args.ngram_min_bfs, max_bfs_breadth=args.ngram_max_bfs,
+                                    match_type=args.ngram_match_type, branch_length=args.ngram_trie_depth),
               commit_style=args.commit_style,
               device=args.device, dtype=args.dtype)
     if args.target_model:

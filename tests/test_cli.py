@@ -63,6 +63,7 @@ def other_vocab_model(tmp_path):
     (["--speculative-adaptive"], "runs with EAGLE"),
     (["--algo", "mtp", "--adaptive", "--num-steps", "5"], "must be one of [1, 3, 7]"),
     (["--algo", "ngram", "--topk", "4"], "drafts a chain"),
+    (["--algo", "ngram", "--ngram-style", "sglang", "--speculative-ngram-max-trie-depth", "1"], "max_trie_depth > 1"),
     (["--algo", "ngram", "--prompt-lookup-min", "4", "--prompt-lookup-max", "2"], "need 1 <= min <= max"),
     (["--algo", "ngram", "--acceptance", "rejection", "--temperature", "1"], "n-gram drafts are copied"),
     (["--num-steps", "0"], "--num-steps must be at least 1"),

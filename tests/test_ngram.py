@@ -107,3 +107,83 @@ def test_a_step_without_a_match_is_a_plain_decode(target, tokenizer):
         p = s["draft"]["proposer"]
         assert p["kind"] == "ngram" and len(p["matched"]) == p["n"] == 3
         assert len(s["draft"]["tokens"]) == len(s["verify"]["tokens"]) - 1 <= 4
+
+
+# ---- SGLang's trie ------------------------------------------------------------------------
+
+def test_trie_insert_counts_and_recency():
+    from spectrace.core.ngram.trie import NgramTrie, TrieConfig
+
+    t = NgramTrie(TrieConfig(max_match_window_size=3, branch_length=4))
+    t.insert([1, 2, 3, 1, 2, 4])  # suffixes from 0..4, each capped at 4 tokens
+    one = t.root.children[1]
+    assert one.freq == 2 and one.children[2].freq == 2  # [1,2,3,1] and [1,2,4]
+    assert [c.token for c in one.children[2].lru] == [4, 3]  # 4 was touched last
+    assert [c.token for c in one.children[2].sorted_children()] == [3, 4]  # equal freq: lower token first
+    assert [w for _, w in t.match([9, 1, 2])] == [2, 1]  # [1, 2] and [2]; [9, 1, 2] is not in the trie
+
+
+def test_trie_bfs_and_prob_trees():
+    """Windows of [5, 6, 7, 5, 6, 8, 5, 6, 7] (4 tokens each); context ends in [5, 6]: anchors w 2, 1.
+    After [5, 6] the trie holds 7 (twice, most recently) and 8; after [5, 6, 7]: 5; after [5, 6, 8]: 5."""
+    from spectrace.core.ngram.trie import NgramTrie, TrieConfig
+
+    def proposal(kind):
+        t = NgramTrie(TrieConfig(max_match_window_size=2, branch_length=4, max_bfs_breadth=2, match_type=kind))
+        t.insert([5, 6, 7, 5, 6, 8, 5, 6, 7])
+        return t.propose([1, 5, 6], 5)
+
+    # BFS: scale 0.5; the 2-token match starts at breadth 1 (the most recent child, 7), then 0.5
+    # (still 1): a chain 7, 5, 6; the 1-token match [6] leads to 7, 5, 6 again, merged
+    bfs = proposal("BFS")
+    assert (bfs.tokens, bfs.parents, bfs.real, bfs.anchors) == ([6, 7, 5, 6, 0], [-1, 0, 1, 2, 0], 4, [2, 1])
+    # PROB: 7 (2/3), then 5 under it (2/3), then 8 (1/3), then 5 under 8 (1/3): the budget is spent
+    prob = proposal("PROB")
+    assert (prob.tokens, prob.parents, prob.real) == ([6, 7, 8, 5, 5], [-1, 0, 0, 1, 2], 5)
+    empty = NgramTrie().propose([42], 4)
+    assert empty.tokens == [42, 0, 0, 0] and empty.real == 1 and empty.parents == [-1, 0, 0, 0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(windows=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=12), min_size=1, max_size=6),
+       ctx=st.lists(st.integers(0, 3), min_size=1, max_size=8), n=st.integers(2, 12),
+       kind=st.sampled_from(["BFS", "PROB"]), capacity=st.sampled_from([12, 10_000]))
+def test_trie_trees_continue_a_matched_suffix(windows, ctx, n, kind, capacity):
+    from spectrace.core.ngram.trie import NgramTrie, TrieConfig
+
+    t = NgramTrie(TrieConfig(max_match_window_size=4, branch_length=6, max_bfs_breadth=3, match_type=kind,
+                             capacity=capacity))
+    for w in windows:
+        t.insert(w)
+        assert t.size <= capacity
+    p = t.propose(ctx, n)
+    assert len(p.tokens) == n and p.tokens[0] == ctx[-1] and p.anchors == sorted(p.anchors, reverse=True)
+    assert all(tok == 0 and par == 0 for tok, par in zip(p.tokens[p.real:], p.parents[p.real:]))
+
+    def in_trie(seq):
+        node = t.root
+        for tok in seq:
+            node = node.children.get(tok)
+            if node is None:
+                return False
+        return True
+
+    for row in range(1, p.real):  # every drafted path continues one matched suffix inside the trie
+        path, r = [], row
+        while r > 0:
+            path.insert(0, p.tokens[r])
+            r = p.parents[r]
+        assert any(in_trie(ctx[len(ctx) - w:] + path) for w in p.anchors)
+
+
+@pytest.mark.parametrize("kind", ["BFS", "PROB"])
+def test_sglang_ngram_runs_equal_autoregressive(target, tokenizer, kind):
+    from spectrace.core.ngram.trie import TrieConfig
+    from spectrace.zoo.prompts import HELD_OUT_PROMPTS
+
+    ids = [tokenizer.encode(REPEATING), tokenizer.encode(HELD_OUT_PROMPTS[3]), tokenizer.encode("x")]
+    ar, _ = generate(target, None, "none", ids, max_new=24)
+    spec, metrics = generate(target, None, "ngram", ids, 7, 24, "sglang", (0,), 10, 8, ngram_style="sglang",
+                             ngram_trie=TrieConfig(match_type=kind))
+    assert spec == ar
+    assert metrics["num_correct_drafts"] > 0

@@ -29,6 +29,7 @@ from spectrace.core.adaptive import AdaptiveSpeculativeParams
 from spectrace.core.batch import ForwardBatch
 from spectrace.core.config import SpectraceError
 from spectrace.core.metrics import SpecMetrics
+from spectrace.core.ngram.trie import TrieConfig
 from spectrace.core.model import CausalLM
 from spectrace.core.sampling import SamplingParams, probs_from_logits, request_generator, sample, topk_pairs
 from spectrace.core.trace import TraceWriter
@@ -56,6 +57,8 @@ class SpecConfig:
     prompt_lookup_min: int = 5  # n-gram: vLLM's defaults when neither is given
     prompt_lookup_max: int = 5
     ngram_match: str = "first"  # first: v0.8.5's proposer; longest: current vLLM's
+    ngram_style: str = "vllm"  # or "sglang": the trie cache and its draft trees
+    ngram_trie: TrieConfig = field(default_factory=TrieConfig)
     adaptive: bool = False  # SGLang's --speculative-adaptive: num_steps follows an EMA of accepted drafts
     medusa_choices: list[list[int]] | None = None  # Medusa's static tree, as paths of top-k ranks
 
@@ -93,7 +96,17 @@ class SpecConfig:
 
 
     def _check_ngram(self) -> None:
-        """vLLM's rules: 1 <= min <= max; its proposer drafts a chain of num_steps tokens."""
+        """vLLM's rules: 1 <= min <= max; its proposer drafts a chain of num_steps tokens.
+        SGLang's: the trie's own (ngram.cpp's Param checks)."""
+        if self.ngram_style == "sglang":
+            c = self.ngram_trie
+            if not (c.branch_length > 1 and 0 < c.min_match_window_size <= c.max_match_window_size < c.branch_length
+                    and 0 < c.min_bfs_breadth <= c.max_bfs_breadth and c.match_type in ("BFS", "PROB")):
+                raise SpectraceError(f"SGLang's n-gram needs max_trie_depth > 1, 0 < min window <= max window < "
+                                     f"max_trie_depth, 0 < min bfs breadth <= max, match type BFS or PROB: got {c}")
+            return
+        if self.ngram_style != "vllm":
+            raise SpectraceError(f"unknown --ngram-style {self.ngram_style!r} (choose from vllm, sglang)")
         lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
         if lo < 1 or hi < lo:
             raise SpectraceError(f"--prompt-lookup-min {lo} and --prompt-lookup-max {hi}: need 1 <= min <= max")

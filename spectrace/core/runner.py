@@ -15,10 +15,11 @@ from spectrace.core.drafters.frozen_kv_mtp import FrozenKVMtpDrafter, FrozenKVMt
 from spectrace.core.drafters.medusa import (DEFAULT_CHOICES, MC_SIM_7B_63, MedusaDrafter, MedusaHeads, load_choices,
                                            load_medusa)
 from spectrace.core.drafters.mtp import load_mtp
-from spectrace.core.drafters.ngram import NgramDrafter
+from spectrace.core.drafters.ngram import NgramDrafter, TrieNgramDrafter
 from spectrace.core.drafters.standalone import StandaloneDrafter
 from spectrace.core.engine import ALGOS, Engine, Request, SpecConfig
 from spectrace.core.model import CausalLM, load_model, weights_digest
+from spectrace.core.ngram.trie import TrieConfig
 from spectrace.core.trace import SCHEMA, TraceError, TraceWriter
 from spectrace.zoo import DRAFT_DIR, EAGLE3_DIR, EAGLE_DIR, FROZEN_KV_MTP_DIR, MEDUSA_DIR, MTP_DIR, TARGET_DIR
 from spectrace.zoo.prompts import HELD_OUT_PROMPTS
@@ -56,6 +57,8 @@ class RunConfig:
     prompt_lookup_min: int | None = None  # n-gram; both None: 5 and 5, one None: the other's value (vLLM)
     prompt_lookup_max: int | None = None
     ngram_match: str = "first"
+    ngram_style: str = "vllm"
+    ngram_trie: TrieConfig = field(default_factory=TrieConfig)
     adaptive: bool = False
     medusa_choices: str | None = None  # a JSON file of Medusa choices; default: the first 24 of mc_sim_7b_63
     commit_style: str = "sglang"
@@ -97,6 +100,11 @@ def spec_defaults(cfg: RunConfig, target_arch: str) -> tuple[int, int, int | Non
                                  "--num-draft-tokens do not apply")
         choices = medusa_choices(cfg)
         return max(map(len, choices)), max(max(c) for c in choices) + 1, len(choices) + 1
+    if cfg.algo == "ngram" and cfg.ngram_style == "sglang":
+        # SGLang: topk = max_bfs_breadth, n = 12, num_steps = n // topk (unused by its n-gram verify,
+        # whose accept width is n); here num_steps bounds the walk, so n - 1
+        n = cfg.num_draft_tokens or 12
+        return n - 1, cfg.ngram_trie.max_bfs_breadth, n
     if cfg.algo == "ngram":  # a chain of k = num_steps copied tokens
         steps, topk, n = 5, 1, 6
     elif cfg.adaptive:  # SGLang: topk 1, the middle tier
@@ -218,6 +226,8 @@ def build_engine(target: CausalLM, draft: CausalLM | None, spec: SpecConfig, pro
     shape = (spec.num_steps, spec.topk, spec.num_draft_tokens, spec.trace_topk)
     if isinstance(draft, MedusaHeads):
         drafter = MedusaDrafter(draft, spec.medusa_choices, spec.trace_topk)
+    elif spec.algo == "ngram" and spec.ngram_style == "sglang":
+        drafter = TrieNgramDrafter(spec.num_draft_tokens, spec.ngram_trie, target.lm_head.weight.device)
     elif spec.algo == "ngram":
         drafter = NgramDrafter(spec.num_steps, spec.prompt_lookup_min, spec.prompt_lookup_max, spec.ngram_match,
                                target.config.max_position_embeddings, target.lm_head.weight.device)
@@ -263,7 +273,8 @@ def run(cfg: RunConfig) -> RunResult:
                           max_new_tokens=cfg.max_new_tokens, commit_style=cfg.commit_style,
                           acceptance=cfg.acceptance, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                           seed=cfg.seed, threshold_single=cfg.threshold_single, threshold_acc=cfg.threshold_acc,
-                          **ngram_lookup(cfg), ngram_match=cfg.ngram_match, adaptive=cfg.adaptive,
+                          **ngram_lookup(cfg), ngram_match=cfg.ngram_match, ngram_style=cfg.ngram_style,
+                          ngram_trie=cfg.ngram_trie, adaptive=cfg.adaptive,
                           medusa_choices=medusa_choices(cfg) if cfg.algo == "medusa" else None)
         context = _context(target, draft)
         for i, p in enumerate(ids):

@@ -1,12 +1,21 @@
-"""The n-gram drafter, vLLM style (--algo ngram): each request's chain is copied from an earlier
-occurrence of its context's suffix (spectrace/core/ngram/lookup.py). No model, no KV; the
-context is the prompt and every committed token. A request with no match drafts nothing and
-its step is a plain decode, as vLLM skips requests whose proposer returned None.
+"""The n-gram drafters (--algo ngram). No model, no KV; a request's context is its prompt and
+every committed token.
+
+    NgramDrafter      vLLM (default): each request's chain is copied from an earlier occurrence
+                      of its context's suffix (spectrace/core/ngram/lookup.py). A request with no
+                      match drafts nothing and its step is a plain decode, as vLLM skips requests
+                      whose proposer returned None.
+    TrieNgramDrafter  SGLang (--ngram-style sglang): a trie of recent windows shared by all
+                      requests proposes a tree of num_draft_tokens nodes (spectrace/core/ngram/trie.py),
+                      verified like an EAGLE tree; with no match it is the root and padding.
 """
 from __future__ import annotations
 
+import torch
+
 from spectrace.core.ngram.lookup import propose_first_match, propose_longest_match
-from spectrace.core.tree import DraftTree, chain_tree
+from spectrace.core.ngram.trie import NgramTrie, TrieConfig
+from spectrace.core.tree import DraftTree, chain_tree, reconstruct_indices_from_tree_mask
 
 MATCHES = {"first": propose_first_match, "longest": propose_longest_match}  # v0.8.5, current vLLM
 
@@ -45,3 +54,55 @@ class NgramDrafter:
 
     def release(self, req: int) -> None:
         self.context.pop(req, None)
+
+
+class TrieNgramDrafter:
+    kv = None
+    capture_layers = ()
+
+    def __init__(self, num_draft_tokens: int, config: TrieConfig, device="cpu"):
+        self.trie = NgramTrie(config)
+        self.num_draft_tokens, self.device = num_draft_tokens, device
+        self.temperature = 1.0  # unused: copied drafts have no q
+        self.context: dict[int, list[int]] = {}
+
+    def _put(self, req: int) -> None:
+        """SGLang's `_update_ngram_cache`: the last branch_length tokens of prompt + output."""
+        self.trie.insert(self.context[req][-self.trie.config.branch_length:])
+
+    def draft_extend_for_prefill(self, items) -> None:
+        for req, toks, _ in items:
+            self.context[req] = list(toks)
+            self._put(req)
+
+    def draft_extend(self, items) -> None:
+        for req, toks, _ in items:
+            self.context[req] += list(toks)
+            self._put(req)
+
+    def draft(self, reqs: list[int], root_tokens: list[int], target_seq_lens: list[int], sampled=None) -> DraftTree:
+        n = self.num_draft_tokens
+        masks = torch.zeros(len(reqs), n, n, dtype=torch.bool)
+        tokens, sources = [], []
+        for b, req in enumerate(reqs):
+            ctx = self.context[req]
+            prop = self.trie.propose(ctx, n)
+            for row, parent in enumerate(prop.parents):  # the root, the parent's ancestors, itself
+                if parent >= 0:
+                    masks[b, row] = masks[b, parent]
+                masks[b, row, row] = masks[b, row, 0] = True
+            tokens.append(prop.tokens)
+            w = prop.anchors[0] if prop.anchors else 0
+            sources.append({"kind": "ngram_trie", "match_type": self.trie.config.match_type, "anchors": prop.anchors,
+                            "matched": ctx[len(ctx) - w:] if w else [], "from_trie": prop.real - 1,
+                            "padding": n - prop.real, "trie_nodes": self.trie.size})
+        positions, ri, rnt, rns = reconstruct_indices_from_tree_mask(masks.reshape(-1), target_seq_lens, n)
+        ones = torch.ones(len(reqs), n - 1)
+        return DraftTree(
+            draft_tokens=torch.tensor(tokens, device=self.device), tree_mask=masks.to(self.device),
+            positions=positions.view(len(reqs), n).to(self.device), retrive_index=ri, retrive_next_token=rnt,
+            retrive_next_sibling=rns, q=ones, scores=ones, draft_topk=[[[[t, 1.0]] for t in tk[1:]] for tk in tokens],
+            proposers=sources)
+
+    def release(self, req: int) -> None:
+        self.context.pop(req, None)  # the trie keeps what it learnt: it serves every request

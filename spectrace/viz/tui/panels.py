@@ -145,7 +145,17 @@ def inspector_panel(trace: TraceFile, rec: dict, nodes: list[ViewNode], phase: s
 
 
 def proposer_text(trace: TraceFile, src: dict) -> Text:
-    """Where a model-free chain came from: the n-gram that matched and its earlier occurrence."""
+    """Where a model-free draft came from: the n-gram that matched and its earlier occurrence
+    (vLLM), or the trie matches and how much of the tree they filled (SGLang)."""
+    if src["kind"] == "ngram_trie":
+        t = Text(f"n-gram trie ({src['match_type']}): ")
+        if not src["anchors"]:
+            return t.append(f"no suffix of the context is in the trie; the tree is the root and "
+                            f"{src['padding']} padding tokens (id 0)")
+        t.append(tok("".join(trace.token_text(i) for i in src["matched"])), style="bold magenta")
+        return t.append(f" ({src['anchors'][0]} tokens, the longest of {len(src['anchors'])} matching suffixes) leads "
+                        f"into the trie ({src['trie_nodes']} nodes); {src['from_trie']} drafts came from it, "
+                        f"{src['padding']} are padding")
     t = Text("n-gram: the context's last ")
     t.append(f"{src['n']} tokens ", style="bold")
     t.append(tok("".join(trace.token_text(i) for i in src["matched"])), style="bold magenta")
