@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-# the algorithms of the design; the ones not built yet are refused with a clear line
+# the algorithms of the design
 ALL_ALGOS = ("none", "standalone", "eagle", "eagle3", "nextn", "mtp", "frozen_kv_mtp", "ngram",
              "medusa", "dflash")
 
@@ -32,7 +32,8 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                    type=str.lower, choices=ALL_ALGOS, metavar="ALGO",
                    help="none (plain autoregressive), standalone (draft LM), eagle (EAGLE-1 head), "
                         "eagle3 (EAGLE-3 head), nextn / mtp (MTP module, run as EAGLE), frozen_kv_mtp "
-                        "(MTP assistant reading the target's KV), ngram (vLLM's prompt lookup, no model), medusa (Medusa heads, static tree); default standalone")
+                        "(MTP assistant reading the target's KV), ngram (vLLM's prompt lookup, no model), medusa (Medusa heads, static tree), dflash (a block drafted in "
+                        "one non-causal pass); default standalone")
     p.add_argument("--num-steps", "--speculative-num-steps", dest="num_steps", type=int, default=None,
                    help="tree depth; unset with --topk and --num-draft-tokens: SGLang's automatic choice, "
                         "(5, 4, 8) on a Llama target except for standalone, (3, 1, 4) otherwise")
@@ -114,11 +115,6 @@ def _check_supported(args) -> None:
     """Options whose machinery arrives in later work are refused, not ignored."""
     if args.command in ("replay", "render"):
         return
-    algos = args.algos if hasattr(args, "algos") else [args.algo]
-    available = ("none", "standalone", "eagle", "eagle3", "nextn", "mtp", "frozen_kv_mtp", "ngram", "medusa")
-    for algo in algos:
-        if algo not in available:
-            raise UsageError(f"--algo {algo} is not available yet (available: {', '.join(available)})")
     if args.topk == 1 and args.num_draft_tokens is not None and args.num_steps is not None \
             and args.num_draft_tokens != args.num_steps + 1:
         # SGLang: topk 1 forces num_draft_tokens = num_steps + 1, with a warning

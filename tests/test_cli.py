@@ -55,7 +55,8 @@ def other_vocab_model(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--algo", "bogus"], "invalid choice"),
-    (["--algo", "dflash"], "not available yet"),
+    (["--algo", "dflash", "--num-draft-tokens", "4"], "block of 8 tokens"),
+    (["--algo", "dflash", "--acceptance", "rejection", "--temperature", "1"], "argmax of a block"),
     (["--algo", "medusa", "--topk", "2"], "do not apply"),
     (["--algo", "medusa", "--acceptance", "tree_rejection", "--temperature", "1"], "static tree"),
     (["--algo", "medusa", "--medusa-choices", "/nonexistent.json"], "--medusa-choices"),

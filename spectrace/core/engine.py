@@ -35,7 +35,7 @@ from spectrace.core.sampling import SamplingParams, probs_from_logits, request_g
 from spectrace.core.trace import TraceWriter
 from spectrace.core.tree import DraftTree, SampledDrafts, tree_capacity
 
-ALGOS = ("none", "standalone", "eagle", "eagle3", "nextn", "mtp", "frozen_kv_mtp", "ngram", "medusa")
+ALGOS = ("none", "standalone", "eagle", "eagle3", "nextn", "mtp", "frozen_kv_mtp", "ngram", "medusa", "dflash")
 
 
 @dataclass

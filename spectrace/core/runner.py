@@ -9,6 +9,7 @@ import torch
 
 from spectrace.core.adaptive import AdaptiveConfig
 from spectrace.core.config import SpectraceError
+from spectrace.core.drafters.dflash import DFlashDraftModel, DFlashDrafter, load_dflash
 from spectrace.core.drafters.eagle import EagleDrafter, EagleHead, load_eagle
 from spectrace.core.drafters.eagle3 import load_eagle3
 from spectrace.core.drafters.frozen_kv_mtp import FrozenKVMtpDrafter, FrozenKVMtpHead, load_frozen_kv_mtp
@@ -21,18 +22,18 @@ from spectrace.core.engine import ALGOS, Engine, Request, SpecConfig
 from spectrace.core.model import CausalLM, load_model, weights_digest
 from spectrace.core.ngram.trie import TrieConfig
 from spectrace.core.trace import SCHEMA, TraceError, TraceWriter
-from spectrace.zoo import DRAFT_DIR, EAGLE3_DIR, EAGLE_DIR, FROZEN_KV_MTP_DIR, MEDUSA_DIR, MTP_DIR, TARGET_DIR
+from spectrace.zoo import DFLASH_DIR, DRAFT_DIR, EAGLE3_DIR, EAGLE_DIR, FROZEN_KV_MTP_DIR, MEDUSA_DIR, MTP_DIR, TARGET_DIR
 from spectrace.zoo.prompts import HELD_OUT_PROMPTS
 
 DEFAULT_DRAFTS = {"standalone": DRAFT_DIR, "eagle": EAGLE_DIR, "eagle3": EAGLE3_DIR, "nextn": MTP_DIR,
-                  "mtp": MTP_DIR, "frozen_kv_mtp": FROZEN_KV_MTP_DIR, "medusa": MEDUSA_DIR}
+                  "mtp": MTP_DIR, "frozen_kv_mtp": FROZEN_KV_MTP_DIR, "medusa": MEDUSA_DIR, "dflash": DFLASH_DIR}
 # SGLang's resolution: NEXTN (and an MTP module) runs through the EAGLE worker
 RESOLVED = {"none": "NONE", "standalone": "STANDALONE", "eagle": "EAGLE", "eagle3": "EAGLE3", "nextn": "EAGLE",
-            "mtp": "EAGLE", "frozen_kv_mtp": "FROZEN_KV_MTP", "ngram": "NGRAM", "medusa": "MEDUSA"}
+            "mtp": "EAGLE", "frozen_kv_mtp": "FROZEN_KV_MTP", "ngram": "NGRAM", "medusa": "MEDUSA", "dflash": "DFLASH"}
 MODEL_FREE = ("none", "ngram")  # algorithms without a draft model
 # draft heads that read target features, by --algo
 HEAD_LOADERS = {"eagle": load_eagle, "eagle3": load_eagle3, "nextn": load_mtp, "mtp": load_mtp,
-                "frozen_kv_mtp": load_frozen_kv_mtp, "medusa": load_medusa}
+                "frozen_kv_mtp": load_frozen_kv_mtp, "medusa": load_medusa, "dflash": load_dflash}
 
 
 @dataclass
@@ -88,6 +89,16 @@ def resolve_prompts(prompts: list[str], batch: int | None) -> list[str]:
         raise SpectraceError(f"--batch {batch} is smaller than the {len(prompts)} prompts given")
     extra = [HELD_OUT_PROMPTS[i % len(HELD_OUT_PROMPTS)] for i in range(batch - len(prompts))]
     return list(prompts) + extra
+
+
+def dflash_shape(cfg: RunConfig, draft: DFlashDraftModel) -> tuple[int, int, int]:
+    """SGLang: num_draft_tokens = the block size (a given value must match it), topk 1; here
+    num_steps = block size - 1 bounds the walk (SGLang sets 1 and verifies the whole block)."""
+    B = draft.block_size
+    if cfg.topk not in (None, 1) or cfg.num_draft_tokens not in (None, B) or cfg.num_steps not in (None, B - 1):
+        raise SpectraceError(f"DFLASH drafts one block of {B} tokens (its block_size): --num-draft-tokens must be {B}, "
+                             f"--num-steps {B - 1} and --topk 1, or left out")
+    return B - 1, 1, B
 
 
 def spec_defaults(cfg: RunConfig, target_arch: str) -> tuple[int, int, int | None]:
@@ -224,7 +235,9 @@ def build_engine(target: CausalLM, draft: CausalLM | None, spec: SpecConfig, pro
     num_slots = sum(len(p) + spec.max_new_tokens + _scratch_columns(spec) for p in prompt_ids)
     drafter = None
     shape = (spec.num_steps, spec.topk, spec.num_draft_tokens, spec.trace_topk)
-    if isinstance(draft, MedusaHeads):
+    if isinstance(draft, DFlashDraftModel):
+        drafter = DFlashDrafter(draft, target, spec.trace_topk)
+    elif isinstance(draft, MedusaHeads):
         drafter = MedusaDrafter(draft, spec.medusa_choices, spec.trace_topk)
     elif spec.algo == "ngram" and spec.ngram_style == "sglang":
         drafter = TrieNgramDrafter(spec.num_draft_tokens, spec.ngram_trie, target.lm_head.weight.device)
@@ -268,7 +281,10 @@ def run(cfg: RunConfig) -> RunResult:
         if cfg.algo not in MODEL_FREE:
             draft = load_drafter_model(cfg.algo, draft_path, target, tok, dtype, cfg.device)
         ids = [tok.encode(p, add_special_tokens=False) for p in prompts]
-        num_steps, topk, n = spec_defaults(cfg, _architecture(cfg.target_model))
+        if isinstance(draft, DFlashDraftModel):
+            num_steps, topk, n = dflash_shape(cfg, draft)
+        else:
+            num_steps, topk, n = spec_defaults(cfg, _architecture(cfg.target_model))
         spec = SpecConfig(algo=cfg.algo, num_steps=num_steps, topk=topk, num_draft_tokens=n,
                           max_new_tokens=cfg.max_new_tokens, commit_style=cfg.commit_style,
                           acceptance=cfg.acceptance, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,

@@ -1,11 +1,13 @@
 """Train the embedded draft heads against the embedded target (frozen): the EAGLE-1 head, the
-NEXTN/MTP module, the EAGLE-3 head, the FROZEN_KV_MTP assistant and the Medusa heads.
+NEXTN/MTP module, the EAGLE-3 head, the FROZEN_KV_MTP assistant, the Medusa heads and the
+DFLASH block drafter.
 
     python -m spectrace.zoo.train_eagle --kind eagle --stdlib corpus/Lib --out spectrace/zoo/models/tiny-eagle
     python -m spectrace.zoo.train_eagle --kind mtp --stdlib corpus/Lib --out spectrace/zoo/models/tiny-mtp
     python -m spectrace.zoo.train_eagle --kind eagle3 --stdlib corpus/Lib --out spectrace/zoo/models/tiny-eagle3
     python -m spectrace.zoo.train_eagle --kind frozen_kv_mtp --stdlib corpus/Lib --out spectrace/zoo/models/tiny-frozen-kv-mtp
     python -m spectrace.zoo.train_eagle --kind medusa --stdlib corpus/Lib --out spectrace/zoo/models/tiny-medusa
+    python -m spectrace.zoo.train_eagle --kind dflash --stdlib corpus/Lib --out spectrace/zoo/models/tiny-dflash
 
 Drafting feeds a head its own outputs from the second tree level on, so training unrolls the same
 way: EAGLE-3's training-time test. Level j (1-based) at anchor t reads token x_{t+j} with the
@@ -19,7 +21,10 @@ Losses: EAGLE-1 and MTP: KL(target || head) + smooth-L1 regression of the output
 (EAGLE-1's feature loss); EAGLE-3: cross-entropy against the target restricted to the draft
 vocabulary, where the target's argmax lies in it (SafeAILab's `traineagle3`); FROZEN_KV_MTP: KL.
 Medusa heads do not unroll: head k reads the target's h_t and learns KL against the target's
-distribution for x_{t+k+2} (self-distillation), all heads weighted alike.
+distribution for x_{t+k+2} (self-distillation), all heads weighted alike. DFLASH: blocks
+[x_a, MASK, ...] at random anchors a, attending to the target features of positions < a (as
+when drafting after committing x_{<a}); block row k learns KL against the target's distribution
+for x_{a+k}, every row weighted alike. The training forward is the engine's forward.
 The training forward is dense; tests check it equals the paged forward the engine runs.
 """
 from __future__ import annotations
@@ -35,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from spectrace.core.config import ModelConfig
+from spectrace.core.drafters.dflash import DFlashDraftModel, build_target_layer_ids
 from spectrace.core.drafters.eagle import EagleHead
 from spectrace.core.drafters.eagle3 import Eagle3Head, default_capture_layers
 from spectrace.core.drafters.frozen_kv_mtp import FrozenKVMtpHead
@@ -44,8 +50,9 @@ from spectrace.core.model import rotate_half
 from spectrace.zoo import TARGET_DIR, corpus
 from spectrace.zoo.train import token_stream
 
-KINDS = ("eagle", "mtp", "eagle3", "frozen_kv_mtp", "medusa")
+KINDS = ("eagle", "mtp", "eagle3", "frozen_kv_mtp", "medusa", "dflash")
 MEDUSA_HEADS = 3  # the default tree (the first 24 Medusa choices) is 3 deep
+DFLASH_LAYERS, DFLASH_BLOCK, DFLASH_ANCHORS = 3, 8, 16  # draft layers (taps 1, 3, 5), block size, anchors per sequence
 
 
 def head_config(target_hf, kind: str, draft_vocab_size: int | None = None):
@@ -63,9 +70,11 @@ def head_config(target_hf, kind: str, draft_vocab_size: int | None = None):
                  "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in default_capture_layers(L)]}}
     if kind == "frozen_kv_mtp":
         extra = {"backbone_hidden_size": target_hf.hidden_size}
-    cfg = LlamaConfig(**{k: d[k] for k in keep if k in d}, num_hidden_layers=2 if kind == "frozen_kv_mtp" else 1,
+    layers = {"frozen_kv_mtp": 2, "dflash": DFLASH_LAYERS}.get(kind, 1)
+    cfg = LlamaConfig(**{k: d[k] for k in keep if k in d}, num_hidden_layers=layers,
                       rope_theta=ModelConfig.from_hf(target_hf).rope_theta, tie_word_embeddings=False, **extra)
-    cfg.architectures = [{"eagle3": "LlamaForCausalLMEagle3", "frozen_kv_mtp": "FrozenKVMtpForCausalLM"}.get(
+    cfg.architectures = [{"eagle3": "LlamaForCausalLMEagle3", "frozen_kv_mtp": "FrozenKVMtpForCausalLM",
+                          "dflash": "DFlashDraftModel"}.get(
         kind, "LlamaForCausalLM")]
     return cfg
 
@@ -157,6 +166,28 @@ def medusa_losses(heads: MedusaHeads, feats, target_logits):
     return out
 
 
+def dflash_losses(model: DFlashDraftModel, target, ids, feats, target_logits, gen: torch.Generator):
+    """Blocks at DFLASH_ANCHORS random anchors per sequence: per block row (KL, agreement)."""
+    N, T = ids.shape[0], feats.shape[1]
+    B, A, dev = model.block_size, DFLASH_ANCHORS, feats.device
+    anchors = torch.randint(1, T - B + 2, (N, A), generator=gen).to(dev)  # rows a .. a+B-2 have targets
+    pos = torch.arange(T, device=dev)
+    ctx_kv = [(k.repeat_interleave(A, 0), v.repeat_interleave(A, 0))
+              for k, v in model.context_kv(feats, pos.expand(N, T))]
+    ctx_mask = pos[None, :] < anchors.reshape(-1, 1)  # (N*A, T): the committed prefix only
+    block_pos = anchors.reshape(-1, 1) + torch.arange(B, device=dev)  # (N*A, B)
+    block = torch.full((N * A, B), model.mask_token_id, device=dev)
+    block[:, 0] = torch.gather(ids, 1, anchors).reshape(-1)
+    h = model(target.model.embed_tokens(block), block_pos, ctx_kv, ctx_mask)
+    logits = target.lm_head(h[:, 1:]).float()  # (N*A, B-1, V): row k predicts x_{a+k}
+    rows = block_pos[:, :-1].reshape(N, A * (B - 1))  # the target's prediction of x_{a+k} sits at a+k-1
+    tgt = torch.gather(target_logits.float(), 1, rows[..., None].expand(-1, -1, target_logits.shape[-1]))
+    tgt = tgt.view(N * A, B - 1, -1)
+    kl = F.kl_div(F.log_softmax(logits, -1), F.log_softmax(tgt, -1), log_target=True, reduction="none").sum(-1)
+    agree = (logits.argmax(-1) == tgt.argmax(-1)).float()
+    return [(kl[:, k].mean(), agree[:, k].mean()) for k in range(B - 1)]
+
+
 def unrolled_losses(kind, head, target, ids, feats, target_logits, target_kv, unroll: int, reg_weight: float):
     """ids (B, T+1) tokens; feats (B, T, F) target features; target_logits (B, T, V) at each
     position; target_kv: the target's last-layer (k, v) (B, T, kvh, d), for FROZEN_KV_MTP.
@@ -214,6 +245,14 @@ def train(args) -> dict:
         head = MedusaHeads(cfg["hidden_size"], cfg["vocab_size"], MEDUSA_HEADS).to(device)
         for h in head.medusa_head:
             h[-1].weight.data.copy_(target.lm_head.weight)
+    elif args.kind == "dflash":  # the mask token: the rarest token of the training data
+        cfg = head_config(target.config, "dflash")
+        L = target.config.num_hidden_layers
+        mask_id = int(torch.argmin(torch.bincount(train_ids.long(), minlength=target.config.vocab_size)))
+        layer_ids = build_target_layer_ids(L, DFLASH_LAYERS)
+        cfg.block_size, cfg.num_target_layers = DFLASH_BLOCK, L
+        cfg.dflash_config = {"mask_token_id": mask_id, "target_layer_ids": layer_ids}
+        head = DFlashDraftModel(ModelConfig.from_hf(cfg), layer_ids, DFLASH_BLOCK, mask_id).to(device)
     else:
         cfg = head_config(target.config, args.kind, args.draft_vocab)
         head = new_head(args.kind, cfg, target.config, d2t, t2d).to(device)
@@ -242,7 +281,11 @@ def train(args) -> dict:
         x, f, logits, kv = batch
         if args.kind == "medusa":
             return medusa_losses(head, f, logits)
+        if args.kind == "dflash":
+            return dflash_losses(head, target, x[:, :-1], f, logits, loss_gen)
         return unrolled_losses(args.kind, head, target, x, f, logits, kv, args.unroll, args.reg_weight)
+
+    loss_gen = torch.Generator().manual_seed(args.seed + 1)  # DFLASH's anchors
 
     def evaluate():
         g = torch.Generator().manual_seed(1)
@@ -289,7 +332,7 @@ def train(args) -> dict:
     report = {"model": args.kind, "params": sum(p.numel() for p in head.parameters()),
               "trainable_params": sum(p.numel() for p in params), "target": _shown_path(args.target),
               "training": {"steps": args.steps, "batch": args.batch, "seq_len": args.seq_len, "lr": args.lr,
-                           "unroll": args.unroll if args.kind != "medusa" else None, "reg_weight": args.reg_weight, "seed": args.seed,
+                           "unroll": args.unroll if args.kind not in ("medusa", "dflash") else None, "reg_weight": args.reg_weight, "seed": args.seed,
                            "seconds": round(time.time() - t0, 1),
                            "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                            "history": history},
@@ -328,6 +371,11 @@ CARDS = {  # (what the head is, what it shares with the target, its loss)
                       "[target embedding; hidden] (2H -> H), two Llama blocks whose attention has queries only "
                       "and reads the target's last-layer KV, norm, post_projection (H -> H) and its own lm_head",
                       "the target's embedding and KV (read, not stored)", "KL(target || head)"),
+    "dflash": (f"DFLASH block drafter ({DFLASH_LAYERS} Qwen3-shaped layers with q/k norms, no causal mask in the "
+               f"block, context K/V from fc over the target's hidden states entering layers {{taps}}, block size "
+               f"{DFLASH_BLOCK})",
+               "the target's embedding and lm_head (not stored)",
+               "KL(target || draft) at every row of blocks [x_a, MASK, ...] at 16 random anchors per sequence"),
     "medusa": (f"Medusa heads ({MEDUSA_HEADS} heads, each ResBlock(H) then its own lm_head, public Medusa layout)",
                "the target's last hidden state (read, not stored)",
                "KL(target || head k) for the token k + 2 ahead, heads weighted alike"),

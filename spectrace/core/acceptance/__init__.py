@@ -48,9 +48,10 @@ def check(rule: str, algo: str, topk: int, temperature: float, threshold_single:
     if rule in SAMPLED_RULES and algo == "medusa":
         raise SpectraceError(f"--acceptance {rule} needs drafts sampled from q; Medusa's static tree takes each "
                              f"head's top-k (use target_only or typical)")
-    if rule in ("rejection", "tree_rejection") and algo == "ngram":
-        raise SpectraceError(f"--acceptance {rule} needs drafts sampled from a draft model's q; n-gram drafts are "
-                             f"copied (use target_only, or vllm, which takes them as one-hot)")
+    if rule in ("rejection", "tree_rejection") and algo in ("ngram", "dflash"):
+        what = "n-gram drafts are copied" if algo == "ngram" else "DFLASH drafts are the argmax of a block, as in SGLang"
+        raise SpectraceError(f"--acceptance {rule} needs drafts sampled from a draft model's q; {what} "
+                             f"(use target_only, or vllm, which takes them as one-hot)")
     if rule == "rejection" and algo not in EAGLE_WORKER_ALGOS:
         raise SpectraceError(f"SGLang allows rejection sampling only for EAGLE / EAGLE3 (and NEXTN, MTP), "
                              f"not --algo {algo}")

@@ -1,0 +1,199 @@
+"""DFLASH (--algo dflash): a block drafter. One non-causal forward drafts block_size - 1 tokens.
+
+    context   the target's hidden states after layers `target_layer_ids` (the input of layer
+              id + 1), concatenated per committed token, projected once: ctx = hidden_norm(fc(feats));
+              every draft layer turns ctx into extra keys and values with its own k_proj / v_proj
+              ("KV injection"), cached per request as tokens commit
+    block     [root, MASK, ..., MASK] (block_size tokens) through the TARGET's embedding, at
+              positions prefix + 0 .. block_size - 1; each draft layer attends, without a causal
+              mask, to the context keys and to the whole block
+    drafts    argmax of the target's lm_head over the block's last block_size - 1 rows
+verified as a chain (topk 1), as SGLang's DFLASH worker does (greedy; SGLang forces argmax drafts).
+
+The layers are Qwen3-shaped as in z-lab/dflash (`DFlashDraftModel`): per-head q_norm / k_norm,
+SwiGLU MLP; checkpoint keys `layers.{i}.self_attn.{q,k,v,o}_proj`, `.q_norm`, `.k_norm`,
+`layers.{i}.mlp.*`, `layers.{i}.{input,post_attention}_layernorm`, `norm`, `fc`, `hidden_norm`;
+config `block_size`, `num_target_layers`, `dflash_config: {mask_token_id, target_layer_ids}`.
+Our config is Llama-typed (the target is a Llama); the keys are DFlash's.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from spectrace.core.config import ModelConfig, SpectraceError
+from spectrace.core.model import MLP, CausalLM, RMSNorm, RotaryEmbedding, check_keys, read_checkpoint, rotate_half
+from spectrace.core.tree import DraftTree, chain_tree
+
+
+def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """z-lab's rule: one draft layer reads the middle layer; more spread from 1 to L - 3."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    span = num_target_layers - 3 - 1
+    return [int(round(1 + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]
+
+
+def _rope(x, cos, sin):
+    return x * cos + rotate_half(x) * sin
+
+
+class DFlashAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.h, self.kvh, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        H = cfg.hidden_size
+        self.q_proj = nn.Linear(H, self.h * self.d, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(H, self.kvh * self.d, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(H, self.kvh * self.d, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.h * self.d, H, bias=cfg.o_bias)
+        self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps)
+
+    def kv(self, x, cos, sin):
+        """(N, T, H) -> keys (normed, rotated) and values (N, T, kvh, d)."""
+        N, T, _ = x.shape
+        k = _rope(self.k_norm(self.k_proj(x).view(N, T, self.kvh, self.d)), cos, sin)
+        return k, self.v_proj(x).view(N, T, self.kvh, self.d)
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, ctx_mask):
+        """x (N, B, H) the block; ctx_k/v (N, T, kvh, d); ctx_mask (N, T): which context keys count."""
+        N, B, _ = x.shape
+        q = _rope(self.q_norm(self.q_proj(x).view(N, B, self.h, self.d)), cos, sin)
+        k, v = self.kv(x, cos, sin)
+        group = self.h // self.kvh
+        keys = torch.cat([ctx_k, k], 1).repeat_interleave(group, dim=2)  # (N, T+B, h, d)
+        values = torch.cat([ctx_v, v], 1).repeat_interleave(group, dim=2)
+        scores = torch.einsum("nqhd,nkhd->nhqk", q, keys) * self.d ** -0.5  # (N, h, B, T+B)
+        visible = torch.cat([ctx_mask, torch.ones(N, B, dtype=torch.bool, device=x.device)], 1)
+        scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))  # no causal mask in the block
+        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        return self.o_proj(torch.einsum("nhqk,nkhd->nqhd", probs, values).reshape(N, B, self.h * self.d))
+
+
+class DFlashLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = DFlashAttention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, ctx_mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, ctx_mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDraftModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, target_layer_ids: list[int], block_size: int, mask_token_id: int):
+        super().__init__()
+        self.config, self.target_layer_ids = cfg, list(target_layer_ids)
+        self.block_size, self.mask_token_id = block_size, mask_token_id
+        H = cfg.hidden_size
+        self.layers = nn.ModuleList([DFlashLayer(cfg) for _ in range(cfg.num_hidden_layers)])
+        self.norm = RMSNorm(H, cfg.rms_norm_eps)
+        self.fc = nn.Linear(len(self.target_layer_ids) * H, H, bias=False)
+        self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
+
+    @property
+    def capture_layers(self) -> tuple[int, ...]:  # the output of layer i is the input of layer i + 1
+        return tuple(i + 1 for i in self.target_layer_ids)
+
+    def _cos_sin(self, positions, dtype):  # positions (N, T) -> cos, sin (N, T, 1, d)
+        cos, sin = self.rotary_emb(positions.flatten(), dtype)
+        return cos.view(*positions.shape, 1, -1), sin.view(*positions.shape, 1, -1)
+
+    def context_kv(self, feats, positions) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Target features (N, T, len(ids) * H) at positions (N, T) -> each layer's context keys
+        and values (N, T, kvh, d)."""
+        ctx = self.hidden_norm(self.fc(feats))
+        cos, sin = self._cos_sin(positions, ctx.dtype)
+        return [layer.self_attn.kv(ctx, cos, sin) for layer in self.layers]
+
+    def forward(self, noise, positions, ctx_kv, ctx_mask):
+        """noise (N, B, H) the block's embeddings at positions (N, B) -> (N, B, H), final-normed."""
+        cos, sin = self._cos_sin(positions, noise.dtype)
+        x = noise
+        for layer, (k, v) in zip(self.layers, ctx_kv):
+            x = layer(x, cos, sin, k, v, ctx_mask)
+        return self.norm(x)
+
+
+def load_dflash(path: str | Path, target: CausalLM) -> DFlashDraftModel:
+    hf, state = read_checkpoint(path)
+    cfg, tc = ModelConfig.from_hf(hf), target.config
+    extra = getattr(hf, "dflash_config", None) or {}
+    L = getattr(hf, "num_target_layers", None)
+    block = getattr(hf, "block_size", None)
+    mask = extra.get("mask_token_id", getattr(hf, "mask_token_id", None))
+    if L != tc.num_hidden_layers or not block or block < 2 or mask is None:
+        raise SpectraceError(f"DFLASH checkpoint {path} does not fit the target: num_target_layers {L} (the target "
+                             f"has {tc.num_hidden_layers}), block_size {block}, mask_token_id {mask}")
+    ids = extra.get("target_layer_ids", getattr(hf, "target_layer_ids", None)) or \
+        build_target_layer_ids(L, cfg.num_hidden_layers)
+    if cfg.hidden_size != tc.hidden_size or cfg.vocab_size != tc.vocab_size or not all(0 <= i < L - 1 for i in ids):
+        raise SpectraceError(f"DFLASH checkpoint {path} does not fit the target: hidden size {cfg.hidden_size}, "
+                             f"vocabulary {cfg.vocab_size}, target layers {ids}")
+    model = DFlashDraftModel(cfg, ids, block, mask)
+    check_keys(model, state, path, "DFLASH draft model")
+    model.load_state_dict(state)
+    p = target.lm_head.weight
+    return model.to(device=p.device, dtype=p.dtype).eval()
+
+
+class DFlashDrafter:
+    kv = None  # the context K/V is kept per request below, not in a paged pool
+
+    def __init__(self, model: DFlashDraftModel, target: CausalLM, trace_topk: int = 5):
+        self.model, self.embed, self.lm_head, self.trace_topk = model, target.model.embed_tokens, target.lm_head, trace_topk
+        self.capture_layers = model.capture_layers
+        self.num_steps, self.topk, self.num_draft_tokens = model.block_size - 1, 1, model.block_size
+        self.temperature = 1.0
+        self.ctx: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # req -> per layer (k, v) (1, T, kvh, d)
+
+    @torch.no_grad()
+    def _extend(self, req: int, feats: torch.Tensor) -> None:
+        """Cache the context K/V of newly committed tokens, at the positions after the cached ones."""
+        start = self.ctx[req][0][0].shape[1] if req in self.ctx else 0
+        pos = torch.arange(start, start + len(feats), device=feats.device)
+        new = self.model.context_kv(feats[None], pos[None])
+        old = self.ctx.get(req)
+        self.ctx[req] = new if old is None else [(torch.cat([k0, k], 1), torch.cat([v0, v], 1))
+                                                 for (k0, v0), (k, v) in zip(old, new)]
+
+    def draft_extend_for_prefill(self, items) -> None:
+        for req, _, feats in items:  # the prompt's features, positions 0 .. len - 1
+            self.ctx.pop(req, None)
+            self._extend(req, feats)
+
+    def draft_extend(self, items) -> None:
+        for req, _, feats in items:  # the accepted rows: root .. last correct draft
+            self._extend(req, feats)
+
+    @torch.no_grad()
+    def draft(self, reqs: list[int], root_tokens: list[int], target_seq_lens: list[int], sampled=None) -> DraftTree:
+        B, m = self.model.block_size, self.model
+        drafts, qs, pairs = [], [], []
+        for req, root, L in zip(reqs, root_tokens, target_seq_lens):
+            ctx = self.ctx[req]
+            assert ctx[0][0].shape[1] == L, "the context must cover every position before the root"
+            block = torch.tensor([root] + [m.mask_token_id] * (B - 1), device=self.lm_head.weight.device)
+            pos = torch.arange(L, L + B, device=block.device)
+            h = m(self.embed(block)[None], pos[None], ctx, torch.ones(1, L, dtype=torch.bool, device=block.device))
+            probs = torch.softmax(self.lm_head(h[0, 1:]).float(), -1)  # (B-1, V)
+            p, i = torch.topk(probs, self.trace_topk, dim=-1)
+            drafts.append(i[:, 0].tolist())
+            qs.append(p[:, 0])
+            pairs.append([[[int(a), round(float(b), 6)] for a, b in zip(ii, pp)] for ii, pp in zip(i, p)])
+        tree = chain_tree(drafts, root_tokens, target_seq_lens, device=block.device)
+        tree.q = torch.stack(qs).cpu()
+        tree.scores = torch.cumprod(tree.q, dim=1)
+        tree.draft_topk = pairs
+        return tree
+
+    def release(self, req: int) -> None:
+        self.ctx.pop(req, None)
