@@ -133,27 +133,21 @@ def test_the_test_catches_a_one_percent_bias():
     assert stat > crit
 
 
-@pytest.mark.parametrize("single, acc", [(0.5, 1.0), (1.0, 0.5)])
-def test_target_only_with_thresholds_below_one_is_biased(single, acc, capsys):
-    (p0, P), first, pairs = continuations("target_only", seed=3, threshold_single=single, threshold_acc=acc)
+BIASED = [("target_only", {"threshold_single": 0.5, "threshold_acc": 1.0}),
+          ("target_only", {"threshold_single": 1.0, "threshold_acc": 0.5}),
+          ("typical", {})]  # Medusa's rule keeps plausible drafts without any rejection test
+
+
+@pytest.mark.parametrize("rule, kw", BIASED, ids=["threshold_single", "threshold_acc", "typical"])
+def test_lossy_rules_are_biased(rule, kw, capsys):
+    """The same chi-square rejects them, and the test prints how far they are from the target."""
+    (p0, P), first, pairs = continuations(rule, seed=3, **kw)
     exact = p0[:, None] * P
     stat, crit = chi_square(pairs, exact)
     tv = 0.5 * float((pairs / pairs.sum() - exact).abs().sum())
     with capsys.disabled():
-        print(f"\ntarget_only threshold_single={single} threshold_acc={acc}: total variation from the target "
+        print(f"\n{rule} {kw or '(posterior_threshold 0.09, posterior_alpha 0.3)'}: total variation from the target "
               f"over two-token continuations {tv:.3f} (chi2 {stat:.0f}, critical {crit:.0f})")
-    assert stat > crit and tv > 0.01
-
-
-def test_medusa_typical_acceptance_is_biased(capsys):
-    """Typical acceptance keeps plausible drafts without a rejection test: not the target's law."""
-    (p0, P), first, pairs = continuations("typical", seed=3)
-    exact = p0[:, None] * P
-    stat, crit = chi_square(pairs, exact)
-    tv = 0.5 * float((pairs / pairs.sum() - exact).abs().sum())
-    with capsys.disabled():
-        print(f"\ntypical (posterior_threshold 0.09, posterior_alpha 0.3): total variation from the target over "
-              f"two-token continuations {tv:.3f} (chi2 {stat:.0f}, critical {crit:.0f})")
     assert stat > crit and tv > 0.01
 
 
