@@ -34,11 +34,11 @@ def screen_text(app) -> str:
     return console.export_text()
 
 
-def drive(keys, size=(100, 30), export_dir=None):
-    """Open the walkthrough on TRACE, press `keys`, return (app, screen text); `app.top_screen`
+def drive(keys, size=(100, 30), export_dir=None, trace=TRACE):
+    """Open the walkthrough on `trace`, press `keys`, return (app, screen text); `app.top_screen`
     keeps the screen on top at the end, read before the app shuts down."""
     async def go():
-        app = Walkthrough(TraceFile(TRACE), export_dir=export_dir)
+        app = Walkthrough(TraceFile(trace), export_dir=export_dir)
         async with app.run_test(size=size) as pilot:
             await pilot.pause()
             for k in keys:
@@ -208,3 +208,29 @@ assert asyncio.run(go()) == 1
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("args, keys, shown", [
+    (["--algo", "ngram", "--prompt-lookup-min", "1", "--prompt-lookup-max", "3"], ["up"], "n-gram: the context's last"),
+    (["--algo", "ngram", "--ngram-style", "sglang"], ["up"], "n-gram trie (BFS)"),
+    (["--algo", "medusa", "--acceptance", "typical", "--temperature", "1"], [], "typical (Medusa)"),
+    (["--algo", "dflash"], [], "greedy: accept iff"),
+    (["--algo", "eagle", "--speculative-adaptive"], [], "adaptive: this step drafted 3"),
+    (["--algo", "eagle", "--acceptance", "tree_rejection", "--temperature", "1"], [], "siblings were drawn from q"),
+])
+def test_every_drafter_and_rule_walks_and_renders(tmp_path, capsys, args, keys, shown):
+    """A short run of each new drafter: the walkthrough shows what is particular to it on the
+    first drafted step (at the root for n-gram, else on the first node), every step opens, and
+    every step renders as DOT."""
+    from spectrace.viz.graph import step_graph
+
+    trace = tmp_path / "t.jsonl"
+    assert main(["run", "--no-tui", "--max-new-tokens", "12", "--trace", str(trace), *args]) == 0
+    t = TraceFile(trace)
+    first = next(i for i, m in enumerate(t.index) if t.step(i)["draft"] is not None)
+    _, text = drive(["right"] * first + keys, size=(140, 45), trace=trace)
+    assert shown in text
+    _, text = drive(["right"] * len(t.index), size=(100, 30), trace=trace)
+    assert "step" in text
+    for i in range(len(t.index)):
+        assert "digraph" in step_graph(t.step(i), t.token_text).source

@@ -189,8 +189,8 @@ class Walkthrough(App):
                                                                   self.phase_name))
         self.query_one("#kv", Panel).show(panels.kv_panel(rec, self.phase_name), f"KV cache · {self.phase_name}")
         metrics = panels.running_metrics(self.trace, self.request, self.position)
-        if rec.get("adaptive"):
-            metrics.append("\n").append_text(panels.adaptive_text(rec["adaptive"]))
+        if rec.get("adaptive"):  # first: the panel shows two lines, the rest scrolls
+            metrics = panels.adaptive_text(rec["adaptive"]).append("\n").append_text(metrics)
         self.query_one("#metrics", Panel).show(metrics)
         self.query_one("#stream", Panel).scroll_end(animate=False)
 
