@@ -68,9 +68,12 @@ def test_gpu_fp32_trees_equal_autoregressive(tokenizer, algo):
     ("medusa", {"num_steps": 3, "topk": 9, "num_draft_tokens": 25}),
     ("ngram", {"num_steps": 5, "prompt_lookup_min": 2, "prompt_lookup_max": 4}),
     ("eagle", {"num_steps": 3, "adaptive": True}),
+    ("ngram", {"num_steps": 11, "topk": 10, "num_draft_tokens": 12, "ngram_style": "sglang"}),
+    ("dflash", {"num_steps": 7, "topk": 1, "num_draft_tokens": 8}),
 ])
 def test_gpu_fp32_other_drafters_equal_autoregressive(tokenizer, algo, kw):
-    """Medusa's static tree, n-gram chains and adaptive EAGLE chains, batch 8, fp32 on the GPU."""
+    """Medusa's static tree, n-gram chains and trie trees, adaptive EAGLE chains and DFLASH blocks,
+    batch 8, fp32 on the GPU."""
     from spectrace.core.drafters.medusa import DEFAULT_CHOICES, MC_SIM_7B_63
     from spectrace.core.runner import DEFAULT_DRAFTS, load_drafter_model
 
