@@ -51,3 +51,30 @@ def qwen2_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("qwen2")
     model.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def dflash_dir(tmp_path_factory, target):
+    """A random-weight DFLASH checkpoint for the target (2 layers, block 6, mask token 5) in
+    z-lab's layout: for tests of loading, errors and viewers, not of acceptance."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from spectrace.core.config import ModelConfig
+    from spectrace.core.drafters.dflash import DFlashDraftModel, build_target_layer_ids
+
+    tc = target.config
+    torch.manual_seed(0)
+    ids = build_target_layer_ids(tc.num_hidden_layers, 2)
+    model = DFlashDraftModel(ModelConfig(**{**tc.__dict__, "num_hidden_layers": 2}), ids, 6, 5)
+    path = tmp_path_factory.mktemp("dflash")
+    cfg = {"architectures": ["DFlashDraftModel"], "model_type": "llama", "hidden_size": tc.hidden_size,
+           "intermediate_size": tc.intermediate_size, "num_hidden_layers": 2,
+           "num_attention_heads": tc.num_attention_heads, "num_key_value_heads": tc.num_key_value_heads,
+           "head_dim": tc.head_dim, "vocab_size": tc.vocab_size, "max_position_embeddings": tc.max_position_embeddings,
+           "block_size": 6, "num_target_layers": tc.num_hidden_layers,
+           "dflash_config": {"mask_token_id": 5, "target_layer_ids": ids}}
+    (path / "config.json").write_text(json.dumps(cfg))
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, path / "model.safetensors")
+    return path

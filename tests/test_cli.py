@@ -55,8 +55,9 @@ def other_vocab_model(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--algo", "bogus"], "invalid choice"),
-    (["--algo", "dflash", "--num-draft-tokens", "4"], "block of 8 tokens"),
-    (["--algo", "dflash", "--acceptance", "rejection", "--temperature", "1"], "argmax of a block"),
+    (["--algo", "dflash", "--draft-model", "DFLASH", "--num-draft-tokens", "4"], "block of 6 tokens"),
+    (["--algo", "dflash", "--draft-model", "DFLASH", "--acceptance", "rejection", "--temperature", "1"],
+     "argmax of a block"),
     (["--algo", "medusa", "--topk", "2"], "do not apply"),
     (["--algo", "medusa", "--acceptance", "tree_rejection", "--temperature", "1"], "static tree"),
     (["--algo", "medusa", "--medusa-choices", "/nonexistent.json"], "--medusa-choices"),
@@ -82,8 +83,8 @@ def other_vocab_model(tmp_path):
     (["--temperature", "1", "--speculative-accept-threshold-acc", "1.5"], "must lie in [0, 1]"),
     (["--acceptance", "speculative"], "unknown --acceptance"),
 ])
-def test_bad_input_is_one_line_and_exit_2(capsys, other_vocab_model, args, message):
-    args = [other_vocab_model if a == "OTHER" else a for a in args]
+def test_bad_input_is_one_line_and_exit_2(capsys, other_vocab_model, dflash_dir, args, message):
+    args = [{"OTHER": other_vocab_model, "DFLASH": str(dflash_dir)}.get(a, a) for a in args]
     code, out, err = _run(capsys, "run", "--no-tui", "--max-new-tokens", "4", *args)
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and message in err

@@ -9,21 +9,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_engine import generate, prompts
 
-from spectrace.core.config import ModelConfig, SpectraceError
-from spectrace.core.drafters.dflash import DFlashDraftModel, DFlashDrafter, build_target_layer_ids, load_dflash
+from spectrace.core.config import SpectraceError
+from spectrace.core.drafters.dflash import DFlashDrafter, build_target_layer_ids, load_dflash
 from spectrace.zoo import DFLASH_DIR
 
 
-def small_model(target, seed=0):
-    torch.manual_seed(seed)
-    tc = target.config
-    cfg = ModelConfig(**{**tc.__dict__, "num_hidden_layers": 2})
-    model = DFlashDraftModel(cfg, build_target_layer_ids(tc.num_hidden_layers, 2), 6, 5).eval()
-    with torch.no_grad():  # RMSNorm weights start at 1: make them matter
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.add_(0.1 * torch.randn_like(p))
-    return model
+@pytest.fixture(scope="module")
+def small(target, dflash_dir):
+    return load_dflash(dflash_dir, target)  # random weights, 2 layers, block 6
 
 
 def test_build_target_layer_ids():
@@ -31,9 +24,9 @@ def test_build_target_layer_ids():
     assert build_target_layer_ids(8, 3) == [1, 3, 5] and build_target_layer_ids(8, 1) == [4]
 
 
-def test_the_block_is_not_causal(target):
+def test_the_block_is_not_causal(target, small):
     """Row 1's output depends on row 4's input: every block row sees the whole block."""
-    m = small_model(target)
+    m = small
     H, T = target.config.hidden_size, 7
     feats = torch.randn(1, T, 2 * H)
     ctx = m.context_kv(feats, torch.arange(T)[None])
@@ -46,10 +39,10 @@ def test_the_block_is_not_causal(target):
     assert not torch.allclose(out[0, 1], out2[0, 1])
 
 
-def test_the_context_cache_equals_the_dense_context(target):
+def test_the_context_cache_equals_the_dense_context(target, small):
     """The drafter caches context K/V as tokens commit (prefill, then accepted rows); drafting
     from it equals the training forward over all features with the prefix mask."""
-    m = small_model(target, seed=1)
+    m = small
     H = target.config.hidden_size
     d = DFlashDrafter(m, target)
     feats = torch.randn(13, 2 * H)
@@ -71,32 +64,22 @@ def test_the_context_cache_equals_the_dense_context(target):
     assert tree.draft_tokens[0, 1:].tolist() == torch.argmax(target.lm_head(cached[0, 1:]), -1).tolist()
 
 
-def test_loader_checks_the_checkpoint(target, tmp_path):
-    from safetensors.torch import save_file
+def test_loader_checks_the_checkpoint(target, dflash_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
 
-    m = small_model(target)
-    cfg = {"architectures": ["DFlashDraftModel"], "model_type": "llama", "hidden_size": target.config.hidden_size,
-           "intermediate_size": target.config.intermediate_size, "num_hidden_layers": 2,
-           "num_attention_heads": target.config.num_attention_heads,
-           "num_key_value_heads": target.config.num_key_value_heads, "head_dim": target.config.head_dim,
-           "vocab_size": target.config.vocab_size, "max_position_embeddings": 512, "block_size": 6,
-           "num_target_layers": target.config.num_hidden_layers,
-           "dflash_config": {"mask_token_id": 5, "target_layer_ids": m.target_layer_ids}}
-    state = {k: v.contiguous() for k, v in m.state_dict().items()}
+    cfg = json.loads((dflash_dir / "config.json").read_text())
+    state = load_file(dflash_dir / "model.safetensors")
     for name, c, st_, message in [
-        ("ok", cfg, state, None),
         ("layers", {**cfg, "num_target_layers": 12}, state, "num_target_layers 12"),
         ("missing", cfg, {k: v for k, v in state.items() if "q_norm" not in k}, "missing"),
         ("block", {**cfg, "block_size": 1}, state, "block_size 1"),
+        ("taps", {**cfg, "dflash_config": {"mask_token_id": 5, "target_layer_ids": [1, 9]}}, state, "target layers"),
     ]:
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(json.dumps(c))
         save_file(st_, tmp_path / name / "model.safetensors")
-        if message is None:
-            assert load_dflash(tmp_path / name, target).block_size == 6
-        else:
-            with pytest.raises(SpectraceError, match=message):
-                load_dflash(tmp_path / name, target)
+        with pytest.raises(SpectraceError, match=message):
+            load_dflash(tmp_path / name, target)
 
 
 @pytest.fixture(scope="module")

@@ -214,17 +214,18 @@ assert asyncio.run(go()) == 1
     (["--algo", "ngram", "--prompt-lookup-min", "1", "--prompt-lookup-max", "3"], ["up"], "n-gram: the context's last"),
     (["--algo", "ngram", "--ngram-style", "sglang"], ["up"], "n-gram trie (BFS)"),
     (["--algo", "medusa", "--acceptance", "typical", "--temperature", "1"], [], "typical (Medusa)"),
-    (["--algo", "dflash"], [], "greedy: accept iff"),
+    (["--algo", "dflash", "--draft-model", "DFLASH"], [], "greedy: accept iff"),
     (["--algo", "eagle", "--speculative-adaptive"], [], "adaptive: this step drafted 3"),
     (["--algo", "eagle", "--acceptance", "tree_rejection", "--temperature", "1"], [], "siblings were drawn from q"),
 ])
-def test_every_drafter_and_rule_walks_and_renders(tmp_path, capsys, args, keys, shown):
+def test_every_drafter_and_rule_walks_and_renders(tmp_path, capsys, dflash_dir, args, keys, shown):
     """A short run of each new drafter: the walkthrough shows what is particular to it on the
     first drafted step (at the root for n-gram, else on the first node), every step opens, and
     every step renders as DOT."""
     from spectrace.viz.graph import step_graph
 
     trace = tmp_path / "t.jsonl"
+    args = [str(dflash_dir) if a == "DFLASH" else a for a in args]
     assert main(["run", "--no-tui", "--max-new-tokens", "12", "--trace", str(trace), *args]) == 0
     t = TraceFile(trace)
     first = next(i for i, m in enumerate(t.index) if t.step(i)["draft"] is not None)
