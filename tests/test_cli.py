@@ -24,7 +24,7 @@ def _run(capsys, *args):
 def test_every_algorithm_prints_the_same_text_as_none(capsys, tmp_path):
     """The whole `spectrace run` path (loading, defaults, engine, trace, summary) per algorithm."""
     texts = {}
-    for algo in ("none", "standalone", "eagle", "eagle3", "nextn", "mtp", "frozen_kv_mtp", "ngram", "medusa"):
+    for algo in ("none", "standalone", "eagle", "eagle3", "nextn", "mtp", "frozen_kv_mtp", "ngram", "medusa", "dflash"):
         trace = tmp_path / f"{algo}.jsonl"
         extra = ["--prompt-lookup-min", "1", "--prompt-lookup-max", "3"] if algo == "ngram" else []
         code, out, err = _run(capsys, "run", "--algo", algo, "--no-tui", "--batch", "2",
@@ -39,7 +39,8 @@ def test_every_algorithm_prints_the_same_text_as_none(capsys, tmp_path):
             assert "SpecDecoding metrics: Mean acceptance length" in out
             # SGLang's choice for a Llama target; n-gram: a chain of vLLM's k tokens
             # Medusa: the depth, widest rank and size of its default tree (24 paths of mc_sim_7b_63)
-            shape = {"standalone": (3, 1, 4), "ngram": (5, 1, 6), "medusa": (3, 9, 25)}.get(algo, (5, 4, 8))
+            shape = {"standalone": (3, 1, 4), "ngram": (5, 1, 6), "medusa": (3, 9, 25), "dflash": (7, 1, 8)}.get(
+                algo, (5, 4, 8))
             cfg = t.header["config"]
             assert (cfg["num_steps"], cfg["topk"], cfg["num_draft_tokens"]) == shape
         assert texts[algo] == texts["none"], algo
