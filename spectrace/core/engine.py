@@ -25,7 +25,7 @@ from spectrace.core.acceptance.target_only import target_only_walk
 from spectrace.core.acceptance.tree_rejection import SiblingStats, tree_rejection_walk
 from spectrace.core.acceptance.typical import typical_walk
 from spectrace.core.acceptance.vllm import vllm_accept
-from spectrace.core.adaptive import AdaptiveSpeculativeParams
+from spectrace.core.adaptive import AdaptiveConfig, AdaptiveSpeculativeParams
 from spectrace.core.batch import ForwardBatch
 from spectrace.core.config import SpectraceError
 from spectrace.core.metrics import SpecMetrics
@@ -99,11 +99,7 @@ class SpecConfig:
         """vLLM's rules: 1 <= min <= max; its proposer drafts a chain of num_steps tokens.
         SGLang's: the trie's own (ngram.cpp's Param checks)."""
         if self.ngram_style == "sglang":
-            c = self.ngram_trie
-            if not (c.branch_length > 1 and 0 < c.min_match_window_size <= c.max_match_window_size < c.branch_length
-                    and 0 < c.min_bfs_breadth <= c.max_bfs_breadth and c.match_type in ("BFS", "PROB")):
-                raise SpectraceError(f"SGLang's n-gram needs max_trie_depth > 1, 0 < min window <= max window < "
-                                     f"max_trie_depth, 0 < min bfs breadth <= max, match type BFS or PROB: got {c}")
+            self.ngram_trie.check()
             return
         if self.ngram_style != "vllm":
             raise SpectraceError(f"unknown --ngram-style {self.ngram_style!r} (choose from vllm, sglang)")
@@ -122,7 +118,7 @@ class SpecConfig:
             raise SpectraceError(f"--speculative-adaptive runs with EAGLE / EAGLE3 (and NEXTN, MTP), not --algo {self.algo}")
         if self.topk != 1:
             raise SpectraceError("--speculative-adaptive switches chain lengths: it needs --topk 1")
-        tiers = AdaptiveSpeculativeParams(self.num_steps).config.candidate_steps
+        tiers = AdaptiveConfig().candidate_steps
         if self.num_steps not in tiers:
             raise SpectraceError(f"--speculative-adaptive starts from a tier: --num-steps must be one of {tiers}")
 

@@ -348,6 +348,15 @@ def beam_features(h_prev: torch.Tensor, i: int, parent_beam, topk: int) -> torch
     return h_prev[(parent_beam + offset).flatten()]
 
 
+def children(node: int, next_token: list[int], next_sibling: list[int]) -> list[int]:
+    """A node's children in sibling order, read off the retrive_* linked lists."""
+    out, cur = [], next_token[node]
+    while cur != -1:
+        out.append(cur)
+        cur = next_sibling[cur]
+    return out
+
+
 def tree_capacity(topk: int, num_steps: int) -> int:
     """Candidates the draft loop scores: the most draft nodes a tree can hold (n - 1)."""
     return topk + (num_steps - 1) * topk * topk

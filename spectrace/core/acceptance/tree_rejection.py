@@ -37,6 +37,7 @@ import torch
 
 from spectrace.core.acceptance.greedy import AcceptResult
 from spectrace.core.sampling import sample_from_prob, topk_pairs
+from spectrace.core.tree import children
 
 
 def tree_rejection_walk(candidates: list[int], next_token: list[int], next_sibling: list[int],
@@ -100,11 +101,8 @@ class SiblingStats:
         self.accepted = torch.ones(topk, dtype=torch.float64)
 
     def observe(self, decisions: list[dict], next_token: list[int], next_sibling: list[int]) -> None:
-        rank = {}  # node -> its index among its parent's children
-        for first in next_token:
-            j, cur = 0, first
-            while cur != -1 and cur not in rank:
-                rank[cur], j, cur = j, j + 1, next_sibling[cur]
+        rank = {c: j for node in range(len(next_token))  # node -> its index among its parent's children
+                for j, c in enumerate(children(node, next_token, next_sibling))}
         for d in decisions:
             self.tried[rank[d["node"]]] += 1
             self.accepted[rank[d["node"]]] += d["accepted"]

@@ -23,6 +23,7 @@ import torch
 
 from spectrace.core.acceptance.greedy import AcceptResult
 from spectrace.core.sampling import sample_from_prob, topk_pairs
+from spectrace.core.tree import children
 
 POSTERIOR_THRESHOLD, POSTERIOR_ALPHA = 0.09, 0.3
 
@@ -38,14 +39,14 @@ def typical_walk(candidates: list[int], next_token: list[int], next_sibling: lis
                  posterior_alpha: float = POSTERIOR_ALPHA, trace_topk: int = 5) -> AcceptResult:
     """One request; target_probs (n, V) p after each node; coin: the bonus's uniform."""
     limits = [typical_threshold(p, posterior_threshold, posterior_alpha) for p in target_probs]
-    parent = {c: node for node in range(len(candidates)) for c in _children(node, next_token, next_sibling)}
+    parent = {c: node for node in range(len(candidates)) for c in children(node, next_token, next_sibling)}
 
     def passes(node: int) -> bool:
         return float(target_probs[parent[node], candidates[node]]) > limits[parent[node]][0]
 
     # every path's longest passing prefix, as a list of nodes (the root excluded)
     best, best_key = [], (0, 0.0)
-    stack = [[c] for c in _children(0, next_token, next_sibling)]
+    stack = [[c] for c in children(0, next_token, next_sibling)]
     while stack:
         path = stack.pop()
         if not passes(path[-1]):
@@ -53,7 +54,7 @@ def typical_walk(candidates: list[int], next_token: list[int], next_sibling: lis
         ll = sum(math.log(float(target_probs[parent[n], candidates[n]])) for n in path)
         if (len(path), ll) > best_key:
             best, best_key = path, (len(path), ll)
-        stack += [path + [c] for c in _children(path[-1], next_token, next_sibling)]
+        stack += [path + [c] for c in children(path[-1], next_token, next_sibling)]
     chosen = set(best)
     decisions = []
     for node in sorted(parent):  # each node whose parent passed (or is the root) was tested
@@ -73,10 +74,3 @@ def typical_walk(candidates: list[int], next_token: list[int], next_sibling: lis
                   "topk": topk_pairs((kept / kept.sum()).float(), trace_topk)}
     return AcceptResult([candidates[n] for n in best], bonus, [0] + best, decisions, bonus_from)
 
-
-def _children(node: int, next_token: list[int], next_sibling: list[int]) -> list[int]:
-    out, cur = [], next_token[node]
-    while cur != -1:
-        out.append(cur)
-        cur = next_sibling[cur]
-    return out

@@ -25,6 +25,8 @@ import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
+from spectrace.core.config import SpectraceError
+
 
 @dataclass(frozen=True)
 class TrieConfig:
@@ -37,6 +39,14 @@ class TrieConfig:
     match_type: str = "BFS"  # or "PROB"
     branch_length: int = 18  # max_trie_depth
     capacity: int = 10_000_000  # trie nodes; the least recently used leaves go first
+
+    def check(self) -> None:
+        """ngram.cpp's Param checks, as one clear line."""
+        if not (self.branch_length > 1 and 0 < self.min_match_window_size <= self.max_match_window_size
+                < self.branch_length and 0 < self.min_bfs_breadth <= self.max_bfs_breadth
+                and self.match_type in ("BFS", "PROB") and self.capacity > 0):
+            raise SpectraceError(f"SGLang's n-gram needs max_trie_depth > 1, 0 < min window <= max window < "
+                                 f"max_trie_depth, 0 < min bfs breadth <= max, match type BFS or PROB: got {self}")
 
 
 @dataclass(eq=False)
@@ -62,11 +72,8 @@ class Proposal:
 
 class NgramTrie:
     def __init__(self, config: TrieConfig = TrieConfig()):
-        c = config
-        if not (c.branch_length > 1 and 0 < c.min_match_window_size <= c.max_match_window_size < c.branch_length
-                and 0 < c.min_bfs_breadth <= c.max_bfs_breadth and c.match_type in ("BFS", "PROB")):
-            raise ValueError(f"invalid n-gram trie config {c}")
-        self.config = c
+        config.check()
+        self.config = config
         self.root = TrieNode(-1)
         self.size = 0  # nodes below the root
         self._clock = itertools.count(1)
