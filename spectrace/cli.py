@@ -13,9 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-# the algorithms of the design
-ALL_ALGOS = ("none", "standalone", "eagle", "eagle3", "nextn", "mtp", "frozen_kv_mtp", "ngram",
-             "medusa", "dflash")
+from spectrace.algos import ALGOS
+from spectrace.errors import SpectraceError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -29,11 +28,8 @@ class UsageError(Exception):
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--algo", "--speculative-algorithm", dest="algo", default="standalone",
-                   type=str.lower, choices=ALL_ALGOS, metavar="ALGO",
-                   help="none (plain autoregressive), standalone (draft LM), eagle (EAGLE-1 head), "
-                        "eagle3 (EAGLE-3 head), nextn / mtp (MTP module, run as EAGLE), frozen_kv_mtp "
-                        "(MTP assistant reading the target's KV), ngram (vLLM's prompt lookup, no model), medusa (Medusa heads, static tree), dflash (a block drafted in "
-                        "one non-causal pass); default standalone")
+                   type=str.lower, choices=list(ALGOS), metavar="ALGO",
+                   help=", ".join(f"{a.name} ({a.about})" for a in ALGOS.values()) + "; default standalone")
     p.add_argument("--num-steps", "--speculative-num-steps", dest="num_steps", type=int, default=None,
                    help="tree depth; unset with --topk and --num-draft-tokens: SGLang's automatic choice, "
                         "(5, 4, 8) on a Llama target except for standalone, (3, 1, 4) otherwise")
@@ -130,7 +126,7 @@ def _check_supported(args) -> None:
 
 def _run_config(args, **over):
     from spectrace.core.ngram.trie import TrieConfig
-    from spectrace.core.runner import RunConfig
+    from spectrace.run import RunConfig
 
     kw = dict(algo=args.algo, num_steps=args.num_steps, topk=args.topk, num_draft_tokens=args.num_draft_tokens,
               max_new_tokens=args.max_new_tokens, acceptance=args.acceptance, temperature=args.temperature,
@@ -150,15 +146,42 @@ def _run_config(args, **over):
     return RunConfig(**kw)
 
 
+class Progress:
+    """One status line on stderr while a run loads and generates (the walkthrough opens only
+    when it is done); silent when stderr is not a terminal."""
+
+    def __init__(self, total_tokens: int):
+        self.live, self.total, self.tokens = sys.stderr.isatty(), total_tokens, 0
+
+    def say(self, message: str) -> None:
+        if self.live:
+            print(f"\r\x1b[Kspectrace: {message}", end="", file=sys.stderr, flush=True)
+
+    def step(self, record: dict) -> None:
+        self.tokens += len(record["committed_tokens"])
+        self.say(f"generating: {self.tokens} of at most {self.total} tokens")
+
+    def done(self) -> None:
+        if self.live:
+            print("\r\x1b[K", end="", file=sys.stderr, flush=True)
+
+
 def cmd_run(args) -> int:
-    from spectrace.core.runner import run
+    progress = Progress(args.max_new_tokens * max(len(args.prompt), args.batch or 1))
+    progress.say("loading torch")
+    from spectrace.run import run
     from spectrace.viz.text import run_summary
 
-    result = run(_run_config(args, prompts=args.prompt, batch=args.batch, trace=args.trace))
-    if not args.no_tui and sys.stdin.isatty() and sys.stdout.isatty():
-        from spectrace.viz.tui.app import replay
+    try:
+        result = run(_run_config(args, prompts=args.prompt, batch=args.batch, trace=args.trace), progress.step,
+                     progress.say)
+        if not args.no_tui and sys.stdin.isatty() and sys.stdout.isatty():
+            progress.say("opening the walkthrough")
+            from spectrace.viz.tui.app import replay
 
-        replay(result.trace_path)
+            replay(result.trace_path)
+    finally:
+        progress.done()
     print(run_summary(result, args.algo))
     return 0
 
@@ -201,7 +224,7 @@ def cmd_render(args) -> int:
 
 def cmd_bench(args) -> int:
     """Each prompt of the set alone (batch 1); best wall time of --repeat runs."""
-    from spectrace.core.runner import run
+    from spectrace.run import run
     from spectrace.zoo.prompts import HELD_OUT_PROMPTS, REPEATING_PROMPTS
 
     prompts = REPEATING_PROMPTS if args.prompt_set == "repeating" else HELD_OUT_PROMPTS
@@ -234,7 +257,7 @@ def cmd_bench(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from spectrace.core.config import SpectraceError
+    from spectrace.errors import SpectraceError
     from spectrace.core.trace import TraceError
 
     args = build_parser().parse_args(argv)

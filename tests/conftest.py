@@ -1,12 +1,21 @@
+"""Fixtures shared by the tests: the embedded models, small random checkpoints, and `generate`,
+which runs the engine and checks the invariants every run must keep."""
 import pytest
 import torch
+from hypothesis import strategies as st
 
 from spectrace.core.drafters.eagle import load_eagle
 from spectrace.core.drafters.eagle3 import load_eagle3
 from spectrace.core.drafters.frozen_kv_mtp import load_frozen_kv_mtp
 from spectrace.core.drafters.mtp import load_mtp
+from spectrace.core.engine import SpecConfig
 from spectrace.core.model import load_model
+from spectrace.run import build_engine
 from spectrace.zoo import DRAFT_DIR, EAGLE3_DIR, EAGLE_DIR, FROZEN_KV_MTP_DIR, MTP_DIR, TARGET_DIR
+from spectrace.zoo.prompts import HELD_OUT_PROMPTS
+
+# one thread: the tiny models run fastest so, and a busy neighbour does not make them thrash
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
@@ -78,3 +87,41 @@ def dflash_dir(tmp_path_factory, target):
     (path / "config.json").write_text(json.dumps(cfg))
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, path / "model.safetensors")
     return path
+
+
+@st.composite
+def prompts(draw, tokenizer):
+    """Held-out code cut at a random point, sometimes after random token ids."""
+    n = draw(st.integers(1, 4))
+    out = []
+    for _ in range(n):
+        ids = tokenizer.encode(draw(st.sampled_from(HELD_OUT_PROMPTS)))
+        ids = ids[: draw(st.integers(1, len(ids)))]
+        noise = draw(st.lists(st.integers(1, 4095), max_size=6))
+        out.append(noise + ids)
+    return out
+
+
+def generate(target, draft, algo, prompt_ids, num_steps=3, max_new=16, style="sglang", eos=(0,), topk=1, n=None,
+             ngram=None, medusa_tree=None, steps=None, **sampling):
+    """A run of the engine; checks that no KV slot leaked, that every step record keeps
+    accept_len = correct + 1, and that the records add up to each request's output. `steps`,
+    when given, collects the step records. Returns (output ids per request, metrics)."""
+    spec = SpecConfig(algo=algo, num_steps=num_steps, topk=topk, num_draft_tokens=n, max_new_tokens=max_new,
+                      commit_style=style, **sampling)
+    records = [] if steps is None else steps
+    engine = build_engine(target, draft if algo != "none" else None, spec, prompt_ids, eos, ngram=ngram,
+                          medusa_tree=medusa_tree, on_step=records.append)
+    reqs, metrics = engine.generate(prompt_ids)
+    for kv in [engine.kv] + ([engine.drafter_kv] if engine.drafter_kv is not None else []):  # no slot leaked
+        assert len(kv.allocator.free_slots) == kv.allocator.num_slots
+    for rec in records:  # every step of every request
+        assert rec["accept_len"] == len(rec["correct_drafts"]) + 1
+        assert rec["accept_tokens"] == rec["correct_drafts"] + [rec["bonus_token"]]
+        assert rec["committed_tokens"] == rec["accept_tokens"][: len(rec["committed_tokens"])]
+    for r in reqs:  # the first token comes from prefill, every other one from a step's record
+        mine = [s for s in records if s["request"] == r.req_pool_idx]
+        assert [r.output_ids[0]] + [t for s in mine for t in s["committed_tokens"]] == r.output_ids
+        if algo == "none":
+            assert len(mine) == len(r.output_ids) - 1
+    return [r.output_ids for r in reqs], metrics

@@ -2,7 +2,7 @@
 accept sequences, and adaptive runs of the embedded models equal autoregressive decoding."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_engine import generate
+from conftest import generate
 
 from spectrace.core.adaptive import AdaptiveConfig, AdaptiveSpeculativeParams
 
@@ -56,13 +56,11 @@ def test_switches_follow_the_rule(seq, initial):
             assert not (idx < len(cand) - 1 and ema > cand[idx] - 0.5 + cfg.up_hysteresis)
 
 
-# the target keeps repeating the line: after 30 batches the EMA passes 2.5 (measured on the embedded models)
+# the target keeps repeating the line, so the drafts are accepted whole and the EMA climbs
 REPEATING = "\n".join(["        self.a = None"] * 4)
 
 
 def test_adaptive_runs_equal_autoregressive_and_record_switches(target, drafters, tokenizer):
-    from spectrace.core.engine import SpecConfig
-    from spectrace.core.runner import build_engine
     from spectrace.zoo.prompts import HELD_OUT_PROMPTS
 
     ids = [tokenizer.encode(REPEATING), tokenizer.encode(HELD_OUT_PROMPTS[2])]
@@ -70,16 +68,12 @@ def test_adaptive_runs_equal_autoregressive_and_record_switches(target, drafters
     spec, _ = generate(target, drafters["eagle"], "eagle", ids, 3, 100, "sglang", (0,), adaptive=True)
     assert spec == ar
 
-    ids = ids[:1]  # alone, so no other request pulls its EMA down
-    engine = build_engine(target, drafters["eagle"], SpecConfig(algo="eagle", num_steps=3, max_new_tokens=100,
-                                                                adaptive=True), ids, (0,))
-    steps = []
-    observe = engine.metrics.observe_step
-    engine.metrics.observe_step = lambda rec: (steps.append(rec), observe(rec))
-    engine.generate(ids)
-    used = [s["adaptive"]["num_steps"] for s in steps]
-    assert all(len(s["draft"]["tokens"]) == s["adaptive"]["num_steps"] for s in steps)
-    assert used[0] == 3 and used[-1] == 7  # the repeated line is accepted whole: the chain grows
-    for s, nxt in zip(steps, steps[1:]):  # a switch takes effect from the next step
-        if s["adaptive"]["switched_to"] is not None and nxt["step"] > s["step"]:
-            assert nxt["adaptive"]["num_steps"] == s["adaptive"]["switched_to"]
+    steps = []  # alone, so no other request pulls its EMA down
+    generate(target, drafters["eagle"], "eagle", ids[:1], 3, 100, adaptive=True, steps=steps)
+    # each step drafted the tier the rule held before it, fed the accepted drafts seen so far
+    rule = AdaptiveSpeculativeParams(3)
+    for s in steps:
+        assert s["adaptive"]["num_steps"] == len(s["draft"]["tokens"]) == rule.current_steps
+        switched = rule.update([len(s["correct_drafts"])])
+        assert s["adaptive"]["switched_to"] == (rule.current_steps if switched else None)
+    assert any(s["adaptive"]["switched_to"] for s in steps), "the prompt no longer makes the chain switch tiers"

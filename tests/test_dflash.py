@@ -7,9 +7,9 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_engine import generate, prompts
+from conftest import generate, prompts
 
-from spectrace.core.config import SpectraceError
+from spectrace.errors import SpectraceError
 from spectrace.core.drafters.dflash import DFlashDrafter, build_target_layer_ids, load_dflash
 from spectrace.zoo import DFLASH_DIR
 

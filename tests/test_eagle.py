@@ -8,7 +8,7 @@ from safetensors.torch import load_file, save_file
 
 from spectrace.cli import main
 from spectrace.core.batch import ForwardBatch
-from spectrace.core.config import SpectraceError
+from spectrace.errors import SpectraceError
 from spectrace.core.drafters.eagle import load_eagle
 from spectrace.core.drafters.eagle3 import default_capture_layers, load_eagle3
 from spectrace.core.drafters.frozen_kv_mtp import load_frozen_kv_mtp
@@ -62,7 +62,8 @@ def test_unrolled_training_levels_equal_chain_drafting(target, kind):
     scratch = TreeScratch(kv, [0], 1, levels, [t + 1])
     h = h[t:t + 1]
     for i in range(levels - 1):
-        batch = scratch.batch(i, ids[0, t + i + 2:t + i + 3], None if i == 0 else torch.zeros(1, 1, dtype=torch.long))
+        # a chain's kept path at level i is candidate i (one per level), the child of candidate i - 1
+        batch = scratch.batch(i, ids[0, t + i + 2:t + i + 3], torch.tensor([[i]]))
         h = head(batch, kv, h)
         torch.testing.assert_close(h[0], dense[i + 1][t], atol=1e-5, rtol=1e-5)
 

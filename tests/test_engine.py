@@ -1,58 +1,28 @@
 """Greedy speculative decoding reproduces greedy autoregressive decoding, and the KV stays sound."""
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
+from conftest import generate, prompts
+
 from spectrace.core.batch import ForwardBatch
 from spectrace.core.engine import Request, SpecConfig
-from spectrace.core.runner import build_engine
 from spectrace.core.tree import tree_capacity
+from spectrace.run import build_engine
 from spectrace.zoo import TARGET_DIR
 from spectrace.zoo.prompts import HELD_OUT_PROMPTS
 
-NEWLINE_INDENT = 277  # "\n   ": frequent, so using it as an extra EOS makes runs stop mid-step
-
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-
-@st.composite
-def prompts(draw, tokenizer):
-    """Held-out code cut at a random point, sometimes after random token ids."""
-    n = draw(st.integers(1, 4))
-    out = []
-    for _ in range(n):
-        ids = tokenizer.encode(draw(st.sampled_from(HELD_OUT_PROMPTS)))
-        ids = ids[: draw(st.integers(1, len(ids)))]
-        noise = draw(st.lists(st.integers(1, 4095), max_size=6))
-        out.append(noise + ids)
-    return out
-
-
 ALGOS = ["standalone", "eagle", "eagle3", "mtp", "frozen_kv_mtp"]
 
 
-def generate(target, draft, algo, prompt_ids, num_steps=3, max_new=16, style="sglang", eos=(0,), topk=1, n=None,
-             **sampling):
-    spec = SpecConfig(algo=algo, num_steps=num_steps, topk=topk, num_draft_tokens=n, max_new_tokens=max_new,
-                      commit_style=style, **sampling)
-    engine = build_engine(target, draft if algo != "none" else None, spec, prompt_ids, eos)
-    steps = []
-    observe = engine.metrics.observe_step
-    engine.metrics.observe_step = lambda rec: (steps.append(rec), observe(rec))
-    reqs, metrics = engine.generate(prompt_ids)
-    for kv in [engine.kv] + ([engine.drafter_kv] if engine.drafter_kv is not None else []):  # no slot leaked
-        assert len(kv.allocator.free_slots) == kv.allocator.num_slots
-    for rec in steps:  # every step of every request
-        assert rec["accept_len"] == len(rec["correct_drafts"]) + 1
-        assert rec["accept_tokens"] == rec["correct_drafts"] + [rec["bonus_token"]]
-        assert rec["committed_tokens"] == rec["accept_tokens"][: len(rec["committed_tokens"])]
-    for r in reqs:  # the first token comes from prefill, every other one from a step's record
-        mine = [s for s in steps if s["request"] == r.req]
-        assert [r.output_ids[0]] + [t for s in mine for t in s["committed_tokens"]] == r.output_ids
-        if algo == "none":
-            assert len(mine) == len(r.output_ids) - 1
-    return [r.output_ids for r in reqs], metrics
+@pytest.fixture(scope="module")
+def newline_indent(tokenizer):
+    """A frequent token ("\n" and an indent): taken as an extra EOS, runs stop mid-step."""
+    (token,) = tokenizer.encode("\n   ")
+    return token
 
 
 def test_autoregressive_equals_transformers_greedy_generate(target, tokenizer):
@@ -77,10 +47,10 @@ def tree_shapes(draw):
 @SETTINGS
 @given(data=st.data(), algo=st.sampled_from(ALGOS), shape=tree_shapes(), max_new=st.integers(1, 20),
        style=st.sampled_from(["sglang", "vllm"]), extra_eos=st.booleans())
-def test_speculative_output_equals_autoregressive(target, drafters, tokenizer, data, algo, shape, max_new,
-                                                  style, extra_eos):
+def test_speculative_output_equals_autoregressive(target, drafters, tokenizer, newline_indent, data, algo, shape,
+                                                  max_new, style, extra_eos):
     ids = data.draw(prompts(tokenizer))
-    eos = (0, NEWLINE_INDENT) if extra_eos else (0,)
+    eos = (0, newline_indent) if extra_eos else (0,)
     topk, num_steps, n = shape
     ar, _ = generate(target, None, "none", ids, max_new=max_new, eos=eos)
     spec, metrics = generate(target, drafters[algo], algo, ids, num_steps, max_new, style, eos, topk, n)
@@ -96,7 +66,7 @@ def _fresh_kv(model, tokens):
 
 def _check_kv(kv, model, reqs, expected_tokens):
     """No slot leaks; committed KV equals a fresh prefill of the committed tokens."""
-    held = [s for r in reqs if not r.finish_reason for s in kv.held_slots(r.req)]
+    held = [s for r in reqs if not r.finish_reason for s in kv.held_slots(r.req_pool_idx)]
     assert len(held) == len(set(held))
     assert not set(held) & set(kv.allocator.free_slots)
     assert len(held) + len(kv.allocator.free_slots) == kv.allocator.num_slots
@@ -104,22 +74,22 @@ def _check_kv(kv, model, reqs, expected_tokens):
         if r.finish_reason:
             continue
         tokens = expected_tokens(r)
-        assert kv.seq_lens[r.req] == len(tokens)
+        assert kv.seq_lens[r.req_pool_idx] == len(tokens)
         k, v = _fresh_kv(model, tokens)
-        slots = kv.committed_slots(r.req)
+        slots = kv.committed_slots(r.req_pool_idx)
         torch.testing.assert_close(kv.pool.k[:, slots], k, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(kv.pool.v[:, slots], v, atol=1e-5, rtol=1e-5)
 
 
 @SETTINGS
 @given(data=st.data(), shape=tree_shapes(), style=st.sampled_from(["sglang", "vllm"]))
-def test_kv_invariants_after_every_step(target, draft, tokenizer, data, shape, style):
+def test_kv_invariants_after_every_step(target, draft, tokenizer, newline_indent, data, shape, style):
     """Standalone: its draft KV is an LM's KV, so a fresh prefill can check it too."""
     ids = data.draw(prompts(tokenizer))
     topk, num_steps, n = shape
     spec = SpecConfig(algo="standalone", num_steps=num_steps, topk=topk, num_draft_tokens=n,
                       max_new_tokens=12, commit_style=style)
-    engine = build_engine(target, draft, spec, ids, (0, NEWLINE_INDENT))
+    engine = build_engine(target, draft, spec, ids, (0, newline_indent))
     reqs = [Request(i, p) for i, p in enumerate(ids)]
     engine.prefill(reqs)
     while True:

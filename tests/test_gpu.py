@@ -7,7 +7,8 @@ from transformers import AutoModelForCausalLM
 from spectrace.core.batch import ForwardBatch
 from spectrace.core.engine import SpecConfig
 from spectrace.core.model import load_model
-from spectrace.core.runner import build_engine
+from spectrace.core.drafters.ngram import NgramConfig
+from spectrace.run import build_engine, load_tokenizer
 from spectrace.zoo import DRAFT_DIR, TARGET_DIR
 from spectrace.zoo.prompts import HELD_OUT_PROMPTS
 
@@ -50,10 +51,10 @@ def test_gpu_fp32_speculative_equals_autoregressive(tokenizer, style):
 @pytest.mark.parametrize("algo", ["standalone", "eagle", "eagle3", "mtp", "frozen_kv_mtp"])
 def test_gpu_fp32_trees_equal_autoregressive(tokenizer, algo):
     """Every drafter at SGLang's Llama tree (5, 4, 8), batch 8, fp32 on the GPU."""
-    from spectrace.core.runner import DEFAULT_DRAFTS, load_drafter_model
+    from spectrace.run import RunConfig, load_drafter_model
 
     target = load_model(TARGET_DIR, torch.float32, "cuda")
-    draft = load_drafter_model(algo, DEFAULT_DRAFTS[algo], target, tokenizer, torch.float32, "cuda")
+    draft = load_drafter_model(algo, RunConfig(algo=algo).draft_path, target, load_tokenizer(TARGET_DIR), torch.float32, "cuda")
     ids = [tokenizer.encode(p) for p in HELD_OUT_PROMPTS]
     out = {}
     for a in ("none", algo):
@@ -64,37 +65,35 @@ def test_gpu_fp32_trees_equal_autoregressive(tokenizer, algo):
     assert out["none"] == out[algo]
 
 
-@pytest.mark.parametrize("algo, kw", [
-    ("medusa", {"num_steps": 3, "topk": 9, "num_draft_tokens": 25}),
-    ("ngram", {"num_steps": 5, "prompt_lookup_min": 2, "prompt_lookup_max": 4}),
-    ("eagle", {"num_steps": 3, "adaptive": True}),
-    ("ngram", {"num_steps": 11, "topk": 10, "num_draft_tokens": 12, "ngram_style": "sglang"}),
-    ("dflash", {"num_steps": 7, "topk": 1, "num_draft_tokens": 8}),
+@pytest.mark.parametrize("algo, kw, ngram", [
+    ("medusa", {"num_steps": 3, "topk": 9, "num_draft_tokens": 25}, None),  # the default tree: 24 paths
+    ("ngram", {"num_steps": 5}, NgramConfig(prompt_lookup_min=2, prompt_lookup_max=4)),
+    ("eagle", {"num_steps": 3, "adaptive": True}, None),
+    ("ngram", {"num_steps": 11, "topk": 10, "num_draft_tokens": 12}, NgramConfig(style="sglang")),
+    ("dflash", {"num_steps": 7, "topk": 1, "num_draft_tokens": 8}, None),
 ])
-def test_gpu_fp32_other_drafters_equal_autoregressive(tokenizer, algo, kw):
+def test_gpu_fp32_other_drafters_equal_autoregressive(tokenizer, algo, kw, ngram):
     """Medusa's static tree, n-gram chains and trie trees, adaptive EAGLE chains and DFLASH blocks,
     batch 8, fp32 on the GPU."""
-    from spectrace.core.drafters.medusa import DEFAULT_CHOICES, MC_SIM_7B_63
-    from spectrace.core.runner import DEFAULT_DRAFTS, load_drafter_model
+    from spectrace.run import RunConfig, load_drafter_model
 
     target = load_model(TARGET_DIR, torch.float32, "cuda")
-    draft = None if algo == "ngram" else load_drafter_model(algo, DEFAULT_DRAFTS[algo], target, tokenizer,
-                                                            torch.float32, "cuda")
-    if algo == "medusa":
-        kw = {**kw, "medusa_choices": MC_SIM_7B_63[:DEFAULT_CHOICES]}
+    draft = None if algo == "ngram" else load_drafter_model(algo, RunConfig(algo=algo).draft_path, target,
+                                                            load_tokenizer(TARGET_DIR), torch.float32, "cuda")
     ids = [tokenizer.encode(p) for p in HELD_OUT_PROMPTS]
     none, _ = build_engine(target, None, SpecConfig(algo="none", max_new_tokens=48), ids, (0,)).generate(ids)
-    reqs, metrics = build_engine(target, draft, SpecConfig(algo=algo, max_new_tokens=48, **kw), ids, (0,)).generate(ids)
+    spec = SpecConfig(algo=algo, max_new_tokens=48, **kw)
+    reqs, metrics = build_engine(target, draft, spec, ids, (0,), ngram=ngram).generate(ids)
     print(f"{algo}: accept length {metrics['accept_length']:.3f} on the GPU")
     assert [r.output_ids for r in reqs] == [r.output_ids for r in none]
 
 
 def test_gpu_sampled_trees_repeat_and_keep_the_invariants(tokenizer):
     """tree_rejection at T 1 on the GPU: the seeded run repeats bit for bit."""
-    from spectrace.core.runner import DEFAULT_DRAFTS, load_drafter_model
+    from spectrace.run import RunConfig, load_drafter_model
 
     target = load_model(TARGET_DIR, torch.float32, "cuda")
-    draft = load_drafter_model("eagle", DEFAULT_DRAFTS["eagle"], target, tokenizer, torch.float32, "cuda")
+    draft = load_drafter_model("eagle", RunConfig(algo="eagle").draft_path, target, load_tokenizer(TARGET_DIR), torch.float32, "cuda")
     ids = [tokenizer.encode(p) for p in HELD_OUT_PROMPTS]
     spec = SpecConfig(algo="eagle", num_steps=5, topk=4, num_draft_tokens=8, max_new_tokens=32,
                       acceptance="tree_rejection", temperature=1.0, seed=3)

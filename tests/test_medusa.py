@@ -6,10 +6,11 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_engine import generate, prompts
+from conftest import generate, prompts
 
-from spectrace.core.config import SpectraceError
-from spectrace.core.drafters.medusa import MC_SIM_7B_63, MedusaDrafter, MedusaHeads, check_choices, load_medusa
+from spectrace.errors import SpectraceError
+from spectrace.core.drafters.medusa import MC_SIM_7B_63, MedusaDrafter, MedusaHeads, MedusaTree, check_choices, \
+    load_medusa
 from spectrace.zoo import MEDUSA_DIR
 
 
@@ -21,17 +22,17 @@ def heads(target):
 def test_the_static_tree_follows_the_choices(heads):
     """Node i+1 is choices[i] (sorted by length, then ranks); its token is head depth-1's rank-th
     best, whatever its parent; the mask holds the root and the path's prefixes."""
-    d = MedusaDrafter(heads, [[1], [0], [0, 0], [0, 1], [1, 0], [0, 0, 2]])
-    assert d.choices == [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 2]]
-    assert d.parent == [0, 0, 1, 1, 2, 3]
+    d = MedusaDrafter(heads, MedusaTree.from_choices([[1], [0], [0, 0], [0, 1], [1, 0], [0, 0, 2]], heads.num_heads))
+    assert d.tree.choices == [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 2]]
+    assert d.tree.parent == [0, 0, 1, 1, 2, 3]
     torch.manual_seed(0)
     d.last_hidden[0] = torch.randn(heads.medusa_head[0][-1].weight.shape[1])
     tree = d.draft([0], [7], [10])
     probs = torch.softmax(heads(d.last_hidden[0].view(1, -1)).float(), -1)[:, 0]  # (K, V)
     order = torch.argsort(probs, dim=-1, descending=True)
-    want = [int(order[len(c) - 1, c[-1]]) for c in d.choices]
+    want = [int(order[len(c) - 1, c[-1]]) for c in d.tree.choices]
     assert tree.draft_tokens[0].tolist() == [7] + want
-    assert tree.parents(0) == d.parent
+    assert tree.parents(0) == d.tree.parent
     assert tree.positions[0].tolist() == [10, 11, 11, 12, 12, 12, 13]
     assert tree.retrive_next_token[0].tolist()[:3] == [1, 3, 5] and tree.retrive_next_sibling[0, 1] == 2
 
@@ -82,5 +83,5 @@ def test_medusa_output_equals_autoregressive(target, heads, tokenizer, data, cho
     ar, _ = generate(target, None, "none", ids, max_new=max_new)
     depth, width = max(map(len, choices)), max(max(c) for c in choices) + 1
     spec, _ = generate(target, heads, "medusa", ids, depth, max_new, "sglang", (0,), width, len(choices) + 1,
-                       medusa_choices=choices)
+                       medusa_tree=MedusaTree.from_choices(choices, heads.num_heads))
     assert spec == ar

@@ -7,7 +7,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from spectrace.core.batch import ForwardBatch
-from spectrace.core.config import SpectraceError
+from spectrace.errors import SpectraceError
 from spectrace.core.model import load_model
 from spectrace.zoo import TARGET_DIR
 

@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_engine import generate
+from conftest import generate
 
 from spectrace.compat.vllm import NgramProposer, _find_subarray_kmp, _kmp_lps_array
+from spectrace.core.drafters.ngram import NgramConfig
 from spectrace.core.ngram.lookup import propose_first_match, propose_longest_match
 
 
@@ -82,23 +83,17 @@ def test_ngram_runs_equal_autoregressive(target, tokenizer, match, lo, hi):
 
     ids = [tokenizer.encode(REPEATING), tokenizer.encode(HELD_OUT_PROMPTS[1]), tokenizer.encode("x")]
     ar, _ = generate(target, None, "none", ids, max_new=24)
-    kw = dict(prompt_lookup_min=lo, prompt_lookup_max=hi, ngram_match=match)
-    spec, metrics = generate(target, None, "ngram", ids, 4, 24, "sglang", (0,), **kw)
+    ngram = NgramConfig(prompt_lookup_min=lo, prompt_lookup_max=hi, match=match)
+    spec, metrics = generate(target, None, "ngram", ids, 4, 24, "sglang", (0,), ngram=ngram)
     assert spec == ar
     assert metrics["vllm"]["num_drafts"] > 0  # the repeating prompt gets proposals
 
 
 def test_a_step_without_a_match_is_a_plain_decode(target, tokenizer):
-    from spectrace.core.engine import SpecConfig
-    from spectrace.core.runner import build_engine
-
     ids = [tokenizer.encode(REPEATING), tokenizer.encode("x")]
-    spec = SpecConfig(algo="ngram", num_steps=4, max_new_tokens=8, prompt_lookup_min=3, prompt_lookup_max=3)
-    engine = build_engine(target, None, spec, ids, (0,))
     steps = []
-    observe = engine.metrics.observe_step
-    engine.metrics.observe_step = lambda rec: (steps.append(rec), observe(rec))
-    engine.generate(ids)
+    generate(target, None, "ngram", ids, 4, 8, ngram=NgramConfig(prompt_lookup_min=3, prompt_lookup_max=3),
+             steps=steps)
     plain = [s for s in steps if s["draft"] is None]
     drafted = [s for s in steps if s["draft"] is not None]
     assert plain and drafted
@@ -183,7 +178,7 @@ def test_sglang_ngram_runs_equal_autoregressive(target, tokenizer, kind):
 
     ids = [tokenizer.encode(REPEATING), tokenizer.encode(HELD_OUT_PROMPTS[3]), tokenizer.encode("x")]
     ar, _ = generate(target, None, "none", ids, max_new=24)
-    spec, metrics = generate(target, None, "ngram", ids, 7, 24, "sglang", (0,), 10, 8, ngram_style="sglang",
-                             ngram_trie=TrieConfig(match_type=kind))
+    spec, metrics = generate(target, None, "ngram", ids, 7, 24, "sglang", (0,), 10, 8,
+                             ngram=NgramConfig(style="sglang", trie=TrieConfig(match_type=kind)))
     assert spec == ar
     assert metrics["num_correct_drafts"] > 0

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from spectrace.core.runner import RunConfig, run
+from spectrace.run import RunConfig, run
 from spectrace.core.trace import SCHEMA, TraceError, read_trace
 
 
@@ -21,9 +21,9 @@ def test_round_trip(traced_run):
         r = traced_run.requests[rq["request"]]
         assert rq["output_ids"] == r.output_ids and rq["prompt_ids"] == r.prompt_ids
         # one step record per decode step per request, and their tokens rebuild the output
-        steps = [s for s in t.steps if s["request"] == r.req]
-        assert len(steps) == traced_run.metrics["per_request"][r.req]["spec_verify_ct"]
-        rebuilt = [p["first_token"] for p in t.prefills if p["request"] == r.req]
+        steps = [s for s in t.steps if s["request"] == r.req_pool_idx]
+        assert len(steps) == traced_run.metrics["per_request"][r.req_pool_idx]["spec_verify_ct"]
+        rebuilt = [p["first_token"] for p in t.prefills if p["request"] == r.req_pool_idx]
         rebuilt += [tok for s in steps for tok in s["committed_tokens"]]
         assert rebuilt == r.output_ids
         # a viewer decodes every token from the trace alone

@@ -5,7 +5,8 @@ from hypothesis import strategies as st
 
 from spectrace.compat.sglang import (TreeMaskMode, build_tree_kernel_efficient, organize_draft_results,
                                      reconstruct_indices_from_tree_mask, verify_tree_greedy)
-from spectrace.core.tree import draft_tree, select_top_k_tokens, tree_capacity, tree_mask_rows
+from spectrace.core.drafters.eagle_worker import build_draft_tree, draft_forward
+from spectrace.core.tree import select_top_k_tokens, tree_capacity, tree_mask_rows
 
 V = 40
 
@@ -136,9 +137,12 @@ def test_verify_tree_greedy_follows_the_target_argmax(args, seed):
 
 def test_draft_tree_of_topk_1_is_a_chain():
     g = torch.Generator().manual_seed(0)
-    step = lambda i, ids, parent: torch.softmax(torch.randn(len(ids), V, generator=g), -1)  # noqa: E731
-    tree = draft_tree(torch.softmax(torch.randn(2, V, generator=g), -1), step, torch.tensor([1, 2]),
-                      [5, 7], topk=1, num_steps=4, num_draft_tokens=5)
+
+    def forward(i, input_ids, hidden_states, parents):
+        return torch.softmax(torch.randn(len(input_ids), V, generator=g), -1), None
+
+    levels = draft_forward(forward, torch.softmax(torch.randn(2, V, generator=g), -1), None, num_steps=4, topk=1)
+    tree = build_draft_tree(levels, torch.tensor([1, 2]), [5, 7], 5, topk=1, trace_topk=5, sampled=None)
     for b in range(2):
         assert tree.parents(b) == [0, 1, 2, 3]
         assert tree.positions[b].tolist() == [[5, 7][b] + d for d in range(5)]

@@ -1,13 +1,23 @@
-"""SGLang's speculative-decoding tree functions, with its names, argument order and in-place
-outputs, on CPU tensors. Thin adapters over `spectrace.core`; see reference/sglang.md 1-3.
+"""SGLang's speculative-decoding tree functions with its names, argument order and in-place
+outputs, on CPU tensors (sgl-kernel `eagle_utils.cu`, `speculative_sampling.cuh`, `ngram_utils.cu`
+and their Python wrappers in `sglang.srt.speculative.eagle_utils`). Thin adapters over
+`spectrace.core`: the batched forms loop the per-request walks of `spectrace.core.acceptance`.
+
+Outputs follow the kernels: rows are flat, request b's node j is row retrive_index[b, j]
+(= b * n + j); `predicts[row]` is the token that follows an accepted row (the bonus after the
+last); `accept_index` (bs, num_spec_step) lists the accepted rows, root first, -1 padded; and
+`accept_token_num` counts the correct drafts, without the bonus (spectrace's accept_len - 1).
+sgl-kernel's wrappers spell the linked lists `retrive_*` (the kernels' `retrieve_*`); pass them
+by position.
 """
 from __future__ import annotations
 
 import torch
 
 from spectrace.core import tree
-from spectrace.core.acceptance import greedy
-from spectrace.core.acceptance.target_only import tree_speculative_sampling_target_only
+from spectrace.core.acceptance import AcceptResult, Randoms, RuleParams
+from spectrace.core.acceptance.greedy import greedy_walk
+from spectrace.core.acceptance.target_only import target_only_walk
 from spectrace.core.tree import TreeMaskMode, organize_draft_results
 
 __all__ = ["TreeMaskMode", "organize_draft_results", "build_tree_kernel_efficient", "verify_tree_greedy",
@@ -25,7 +35,42 @@ def build_tree_kernel_efficient(verified_id, parent_list, top_scores_index, draf
     return mask, positions, ri, rnt, rns, draft_tokens
 
 
-verify_tree_greedy = greedy.verify_tree_greedy
+def _write_back(res: AcceptResult, rows: list[int], b: int, predicts, accept_index, accept_token_num) -> None:
+    """One request's walk into the kernel's in-place outputs."""
+    for k, node in enumerate(res.accept_nodes):
+        accept_index[b, k] = rows[node]
+        predicts[rows[node]] = res.accept_tokens[k]  # the token that follows this row
+    accept_token_num[b] = len(res.correct_drafts)
+
+
+def verify_tree_greedy(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                       retrive_next_token, retrive_next_sibling, target_predict) -> None:
+    """In place: predicts (bs*n,), accept_index (bs, num_spec_step), accept_token_num (bs,).
+    target_predict (bs, n) or (bs*n,): the target's argmax after each row."""
+    flat_target = target_predict.flatten()
+    for b in range(candidates.shape[0]):
+        rows = retrive_index[b].tolist()
+        res = greedy_walk(candidates[b].tolist(), retrive_next_token[b].tolist(), retrive_next_sibling[b].tolist(),
+                          [int(flat_target[r]) for r in rows], None, None, Randoms(), accept_index.shape[1] - 1,
+                          RuleParams())
+        _write_back(res, rows, b, predicts, accept_index, accept_token_num)
+
+
+def tree_speculative_sampling_target_only(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                                          retrive_next_token, retrive_next_sibling, uniform_samples,
+                                          uniform_samples_for_final_sampling, target_probs, draft_probs,
+                                          threshold_single=1.0, threshold_acc=1.0, deterministic=True) -> None:
+    """In place (predicts, accept_index, accept_token_num, and draft_probs as the kernel writes
+    it). target_probs, draft_probs (bs, n, V) float32; uniform_samples (bs, n); the final coins
+    (bs,). `deterministic` is accepted for the signature: the walk is deterministic."""
+    bs, n = candidates.shape
+    params = RuleParams(threshold_single, threshold_acc)
+    for b in range(bs):
+        rows = retrive_index[b].tolist()
+        randoms = Randoms(coins=uniform_samples[b], coin_final=uniform_samples_for_final_sampling[b])
+        res = target_only_walk(candidates[b].tolist(), retrive_next_token[b].tolist(), retrive_next_sibling[b].tolist(),
+                               None, target_probs[b], draft_probs[b], randoms, accept_index.shape[1] - 1, params)
+        _write_back(res, rows, b, predicts, accept_index, accept_token_num)
 
 
 def reconstruct_indices_from_tree_mask(tree_mask, seq_lens, positions, retrive_index, retrive_next_token,

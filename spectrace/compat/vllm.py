@@ -1,14 +1,16 @@
-"""vLLM's rejection sampler and n-gram proposer with their v0.8.5 names and calls, on CPU; thin
-adapters over `spectrace.core.acceptance.vllm` and `spectrace.core.ngram.lookup` (see
-reference/vllm.md sections 1 and 3).
+"""vLLM's rejection sampler and n-gram proposer with their v0.8.5 names and calls, on CPU
+(`vllm/v1/sample/rejection_sampler.py`, `vllm/v1/spec_decode/ngram_proposer.py`); thin adapters over
+`spectrace.core.acceptance.vllm` and `spectrace.core.ngram.lookup`.
 
     sampler = RejectionSampler()
     out = sampler(metadata, draft_probs, target_logits, bonus_token_ids, sampling_metadata)
     # out: int32 [B, max_spec_len + 1], PLACEHOLDER_TOKEN_ID (-1) after a rejection
 
-v0.8.5 semantics: greedy requests carry temperature GREEDY_TEMPERATURE (-1); probabilities are
-softmax(top-k/top-p(logits / T)); draft_probs None means the drafts were argmax (one-hot q).
-Uniforms are float64 as in current vLLM (float32 `torch.rand` can return 0.0).
+v0.8.5 semantics: greedy requests carry temperature GREEDY_TEMPERATURE (-1), and `temperature` is
+None when all requests are greedy; probabilities are softmax(top-k/top-p(logits / T));
+draft_probs None means the drafts were argmax (one-hot q). As in current vLLM, uniforms are
+float64 (float32 `torch.rand` can return 0.0) and recovered tokens are argmax(prob * (1 / e)).
+Each seeded request draws, on its generator, its n uniforms and then its V exponentials.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from spectrace.core.acceptance.vllm import PLACEHOLDER_TOKEN_ID, draw_randoms, vllm_walk
+from spectrace.core.acceptance.vllm import PLACEHOLDER_TOKEN_ID, vllm_walk
 from spectrace.core.ngram.lookup import find_subarray_kmp, kmp_lps_array, propose_first_match
 from spectrace.core.sampling import SamplingParams, probs_from_logits
 
@@ -56,7 +58,7 @@ class SpecDecodeMetadata:
 
 @dataclass
 class SamplingMetadata:
-    temperature: torch.Tensor  # [B]; GREEDY_TEMPERATURE (-1) marks greedy requests
+    temperature: torch.Tensor | None  # [B]; GREEDY_TEMPERATURE (-1) marks greedy requests; None: all greedy
     all_greedy: bool
     all_random: bool
     top_k: torch.Tensor | None = None  # [B]
@@ -76,21 +78,26 @@ class RejectionSampler(torch.nn.Module):
         for r, n in enumerate(metadata.num_draft_tokens):
             rows = slice(start, start + n)
             start += n
-            temp = float(sampling_metadata.temperature[r])
-            greedy = sampling_metadata.all_greedy or temp == GREEDY_TEMPERATURE
+            temp = GREEDY_TEMPERATURE if sampling_metadata.all_greedy else float(sampling_metadata.temperature[r])
             drafts = metadata.draft_token_ids[rows].tolist()
-            if greedy:
-                probs, u, e = target_logits[rows].float(), None, None  # argmax of logits = argmax of p
+            if temp == GREEDY_TEMPERATURE:
+                probs, u, inv_q = target_logits[rows].float(), None, None  # argmax of logits = argmax of p
             else:
                 params = SamplingParams(temp, int(sampling_metadata.top_k[r]) if sampling_metadata.top_k is not None else 0,
                                         float(sampling_metadata.top_p[r]) if sampling_metadata.top_p is not None else 1.0)
                 probs = probs_from_logits(target_logits[rows], params)
                 # unseeded requests draw from the global generator; requests without drafts draw nothing
-                u, e = draw_randoms(n, target_logits.shape[-1], gens.get(r)) if n else (None, None)
+                u, inv_q = _uniforms_and_inv_q(n, target_logits.shape[-1], gens.get(r)) if n else (None, None)
             dp = None if draft_probs is None else draft_probs[rows].float()
-            row, _ = vllm_walk(drafts, probs, dp, int(bonus_token_ids[r, 0]), u, e, greedy)
+            row, _ = vllm_walk(drafts, probs, dp, int(bonus_token_ids[r, 0]), u, inv_q, temp == GREEDY_TEMPERATURE)
             out[r, :len(row)] = torch.tensor(row, dtype=torch.int32)
         return out
+
+
+def _uniforms_and_inv_q(n: int, vocab: int, gen: torch.Generator | None):
+    """`generate_uniform_probs` and the recovered tokens' q for one request, in vLLM's order."""
+    u = torch.rand(n, dtype=torch.float64, generator=gen)
+    return u, 1 / torch.empty(vocab, dtype=torch.float32).exponential_(generator=gen)
 
 
 class NgramProposer:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from spectrace.core.config import SpectraceError
+from spectrace.errors import SpectraceError
 
 
 @dataclass

@@ -1,45 +1,52 @@
-"""The decode loop: prefill, then plain decoding or speculative steps, recorded into a trace.
+"""The decode loop: prefill, then speculative steps or plain decoding, each recorded into a trace.
 
-One speculative step, as the seeds name its phases:
+A speculative step reads as SGLang's `EAGLEWorker.forward_batch_generation` (draft, verify,
+forward_draft_extend_after_decode), with acceptance and the KV bookkeeping as phases of their own:
+
     DRAFT    the drafter proposes a tree of num_draft_tokens nodes rooted at the last committed
-             token (a chain when topk is 1), and BUILD gives its mask, positions and lists
-    VERIFY   one target forward over all nodes with the tree mask over prefix + tree (TARGET_VERIFY)
+             token (a chain when topk is 1), with its mask, positions and retrive_* lists
+    VERIFY   one target forward over every node; each sees the prefix, its ancestors and itself
     ACCEPT   the acceptance rule walks the tree: correct_drafts + 1 bonus_token
-    COMMIT   the target keeps the KV of the accepted path, the rest is released
+    COMMIT   the target keeps the KV of the accepted path; the rest is released
     EXTEND   the drafter catches up on accept_tokens (DRAFT_EXTEND)
-Requests of a batch have their own prompt lengths and accept lengths; each phase runs as one
-ragged forward over all unfinished requests.
+    RECORD   one trace record per request (step_record.py)
+
+Requests of a batch have their own prompt and accept lengths: each phase is one ragged pass over
+the unfinished requests, and what a request carries through a step lives in its `StepRow`.
+Plain decoding (--algo none) is its own short path, `decode_one_token`, as in gpt-fast.
 """
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 import torch
 
+from spectrace.algos import ALGOS
 from spectrace.core import acceptance
-from spectrace.core.acceptance.greedy import AcceptResult, greedy_walk
-from spectrace.core.acceptance.rejection import rejection_walk
-from spectrace.core.acceptance.target_only import target_only_walk
-from spectrace.core.acceptance.tree_rejection import SiblingStats, tree_rejection_walk
-from spectrace.core.acceptance.typical import typical_walk
-from spectrace.core.acceptance.vllm import vllm_accept
+from spectrace.core.acceptance import AcceptResult, RuleParams, bonus_from
+from spectrace.core.acceptance.tree_rejection import SiblingStats
 from spectrace.core.adaptive import AdaptiveConfig, AdaptiveSpeculativeParams
 from spectrace.core.batch import ForwardBatch
-from spectrace.core.config import SpectraceError
+from spectrace.core.drafters import Drafter
+from spectrace.core.drafters.eagle_worker import SampledDrafts
+from spectrace.core.kv import KVCache
 from spectrace.core.metrics import SpecMetrics
-from spectrace.core.ngram.trie import TrieConfig
 from spectrace.core.model import CausalLM
-from spectrace.core.sampling import SamplingParams, probs_from_logits, request_generator, sample, topk_pairs
+from spectrace.core.sampling import SamplingParams, probs_from_logits, request_generator, sample
+from spectrace.core.step_record import prefill_record, record_token_ids, step_record
 from spectrace.core.trace import TraceWriter
-from spectrace.core.tree import DraftTree, SampledDrafts, tree_capacity
-
-ALGOS = ("none", "standalone", "eagle", "eagle3", "nextn", "mtp", "frozen_kv_mtp", "ngram", "medusa", "dflash")
+from spectrace.core.tree import DraftTree, tree_capacity
+from spectrace.errors import SpectraceError
 
 
 @dataclass
 class SpecConfig:
+    """What the engine runs: the algorithm, the tree's shape, sampling and the acceptance rule.
+    Checked once, when made. Drafter-only options (n-gram lookup, Medusa choices) belong to the
+    drafters (spectrace/run.py builds them)."""
+
     algo: str = "standalone"
     num_steps: int = 3  # SGLang's STANDALONE default (steps 3, topk 1, 4 draft tokens)
     topk: int = 1
@@ -54,25 +61,27 @@ class SpecConfig:
     seed: int = 0
     threshold_single: float = 1.0
     threshold_acc: float = 1.0
-    prompt_lookup_min: int = 5  # n-gram: vLLM's defaults when neither is given
-    prompt_lookup_max: int = 5
-    ngram_match: str = "first"  # first: v0.8.5's proposer; longest: current vLLM's
-    ngram_style: str = "vllm"  # or "sglang": the trie cache and its draft trees
-    ngram_trie: TrieConfig = field(default_factory=TrieConfig)
     adaptive: bool = False  # SGLang's --speculative-adaptive: num_steps follows an EMA of accepted drafts
-    medusa_choices: list[list[int]] | None = None  # Medusa's static tree, as paths of top-k ranks
 
     @property
     def sampling(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
 
+    @property
+    def rule_params(self) -> RuleParams:
+        return RuleParams(self.threshold_single, self.threshold_acc, self.trace_topk)
+
     def __post_init__(self):
+        if self.algo not in ALGOS:
+            raise SpectraceError(f"unknown --algo {self.algo!r} (available: {', '.join(ALGOS)})")
+        if self.max_new_tokens < 1:
+            raise SpectraceError(f"--max-new-tokens must be at least 1, got {self.max_new_tokens}")
+        if not 0 < self.top_p <= 1:
+            raise SpectraceError(f"--top-p must lie in (0, 1], got {self.top_p}")
         if self.acceptance is None:
             self.acceptance = acceptance.default_rule(self.temperature)
         acceptance.check(self.acceptance, self.algo, self.topk, self.temperature, self.threshold_single,
                          self.threshold_acc)
-        if self.top_p <= 0 or self.top_p > 1:
-            raise SpectraceError(f"--top-p must lie in (0, 1], got {self.top_p}")
         if self.algo == "none":
             self.num_draft_tokens = 1
             return
@@ -80,41 +89,21 @@ class SpecConfig:
             raise SpectraceError(f"--num-steps must be at least 1, got {self.num_steps}")
         if self.topk < 1:
             raise SpectraceError(f"--topk must be at least 1, got {self.topk}")
-        if self.algo == "ngram":
-            self._check_ngram()
         if self.adaptive:
             self._check_adaptive()
+        cap = tree_capacity(self.topk, self.num_steps)
         if self.topk == 1:
             self.num_draft_tokens = self.num_steps + 1
         elif self.num_draft_tokens is None:  # SGLang's Llama default tree size, if the tree holds it
-            self.num_draft_tokens = min(8, tree_capacity(self.topk, self.num_steps) + 1)
-        cap = tree_capacity(self.topk, self.num_steps)
+            self.num_draft_tokens = min(8, cap + 1)
         if not 2 <= self.num_draft_tokens <= cap + 1:
             raise SpectraceError(
                 f"--num-draft-tokens {self.num_draft_tokens} does not fit a tree of topk {self.topk} and "
                 f"{self.num_steps} steps: it holds 2 to {cap + 1} nodes (root included)")
 
-
-    def _check_ngram(self) -> None:
-        """vLLM's rules: 1 <= min <= max; its proposer drafts a chain of num_steps tokens.
-        SGLang's: the trie's own (ngram.cpp's Param checks)."""
-        if self.ngram_style == "sglang":
-            self.ngram_trie.check()
-            return
-        if self.ngram_style != "vllm":
-            raise SpectraceError(f"unknown --ngram-style {self.ngram_style!r} (choose from vllm, sglang)")
-        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
-        if lo < 1 or hi < lo:
-            raise SpectraceError(f"--prompt-lookup-min {lo} and --prompt-lookup-max {hi}: need 1 <= min <= max")
-        if self.topk != 1:
-            raise SpectraceError("vLLM's n-gram proposer drafts a chain: it needs --topk 1")
-        if self.ngram_match not in ("first", "longest"):
-            raise SpectraceError(f"unknown --ngram-match {self.ngram_match!r} (choose from first, longest)")
-
-
     def _check_adaptive(self) -> None:
         """SGLang: the EAGLE worker, topk 1, and a starting num_steps among the tiers."""
-        if self.algo not in acceptance.EAGLE_WORKER_ALGOS:
+        if not ALGOS[self.algo].eagle_worker:
             raise SpectraceError(f"--speculative-adaptive runs with EAGLE / EAGLE3 (and NEXTN, MTP), not --algo {self.algo}")
         if self.topk != 1:
             raise SpectraceError("--speculative-adaptive switches chain lengths: it needs --topk 1")
@@ -122,114 +111,277 @@ class SpecConfig:
         if self.num_steps not in tiers:
             raise SpectraceError(f"--speculative-adaptive starts from a tier: --num-steps must be one of {tiers}")
 
+    @property
+    def max_steps(self) -> int:
+        """The deepest chain or tree a step may draft: num_steps, or the top tier of adaptive steps."""
+        return max(AdaptiveConfig().candidate_steps + [self.num_steps]) if self.adaptive else self.num_steps
+
 
 @dataclass
 class Request:
-    req: int  # row in req_to_token
+    req_pool_idx: int  # its row in req_to_token (SGLang's name)
     prompt_ids: list[int]
     output_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # "eos" or "length"
     gen: torch.Generator | None = None  # this request's random numbers (sampling only)
 
-    @property
-    def committed_len(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
 
+@dataclass
+class StepRow:
+    """One request's part of one step: what each phase reads and leaves for the next."""
 
-class _Timer:
-    """Wall time of each phase of a step, synchronising the GPU so times are real."""
-
-    def __init__(self, device):
-        self.cuda = torch.device(device).type == "cuda"
-        self.ms: dict[str, float] = {}
-
-    def __call__(self, phase: str):
-        timer = self
-
-        class _Phase:
-            def __enter__(self):
-                if timer.cuda:
-                    torch.cuda.synchronize()
-                self.t0 = time.perf_counter()
-
-            def __exit__(self, *exc):
-                if timer.cuda:
-                    torch.cuda.synchronize()
-                timer.ms[phase] = round((time.perf_counter() - self.t0) * 1000, 3)
-
-        return _Phase()
-
-
-def _fates(n: int, res) -> list[str]:
-    """Each draft node's fate in the walk: correct (on the accepted path), rejected (tried
-    against the target and refused) or unreached (the walk never got to it)."""
-    fate = ["unreached"] * n
-    for d in res.decisions:
-        fate[d["node"]] = "correct" if d["accepted"] else "rejected"
-    return fate[1:]
-
-
-def _tree_record(tree: DraftTree, b: int, res) -> dict:
-    """One request's draft tree for the trace: nodes 1..n-1 (node 0 is the root)."""
-    n = tree.size(b)
-    parents = tree.parents(b)
-    depths = []
-    for p in parents:
-        depths.append(1 if p == 0 else depths[p - 1] + 1)
-    rec = {
-        "tokens": tree.draft_tokens[b, 1:n].tolist(),
-        "parents": parents,  # node index, 0 = the root
-        "depths": depths,
-        "q": [round(float(x), 6) for x in tree.q[b, :n - 1]],
-        "scores": [round(float(x), 6) for x in tree.scores[b, :n - 1]],
-        "draft_topk": tree.draft_topk[b][:n - 1],
-        "tree_mask": ["".join("1" if x else "0" for x in row[:n]) for row in tree.tree_mask[b, :n].tolist()],
-        "retrive_next_token": tree.retrive_next_token[b, :n].tolist(),
-        "retrive_next_sibling": tree.retrive_next_sibling[b, :n].tolist(),
-        "fates": _fates(n, res),
-    }
-    if tree.sibling_worth is not None:  # a sampled tree's scores are products of these, not of q
-        rec["sibling_worth"] = [round(float(x), 6) for x in tree.sibling_worth[b]]
-    if tree.proposers is not None and tree.proposers[b] is not None:  # n-gram: the match it copied
-        rec["proposer"] = tree.proposers[b]
-    return rec
+    req: Request
+    seq_len: int  # the target's KV before the step: committed tokens but the root
+    draft_seq_len: int | None  # the drafter's KV before the step (None: it keeps none)
+    tail_before: dict | None  # the last entries of req_to_token before the step, for the trace
+    b: int = 0  # this request's index in the step's DraftTree
+    drafted: bool = False  # the drafter proposed something (n-gram may not)
+    candidates: list[int] = field(default_factory=list)  # (n,) node tokens, root first
+    positions: list[int] = field(default_factory=list)  # (n,) RoPE positions: seq_len + depth
+    first_row: int = 0  # this request's first row in the forward batch
+    target_predict: list[int] = field(default_factory=list)  # (n,) the target's argmax after each node
+    target_probs: torch.Tensor | None = None  # (n, V) p after each node, on the CPU
+    result: AcceptResult | None = None
+    committed: list[int] = field(default_factory=list)  # accept_tokens up to EOS or max_new_tokens
+    events: list[dict] = field(default_factory=list)  # this step's KV events, tagged with their phase
 
 
 class Engine:
-    def __init__(self, target: CausalLM, spec: SpecConfig, eos_token_ids, drafter=None,
-                 trace: TraceWriter | None = None, num_slots: int | None = None,
-                 max_requests: int = 1, max_context: int | None = None):
-        if spec.algo not in ALGOS:
-            raise SpectraceError(f"unknown algorithm {spec.algo!r}")
-        if spec.algo != "none" and drafter is None:
-            raise SpectraceError(f"--algo {spec.algo} needs a drafter")
-        self.target, self.spec, self.drafter, self.trace = target, spec, drafter, trace
+    def __init__(self, target: CausalLM, kv: KVCache, spec: SpecConfig, eos_token_ids, drafter: Drafter | None = None,
+                 trace: TraceWriter | None = None, on_step=None):
+        """kv: the target's paged KV, sized for every request (spectrace/run.py: build_engine);
+        on_step(record): called with every step record, after the metrics saw it."""
+        if (spec.algo == "none") != (drafter is None):
+            raise SpectraceError(f"--algo {spec.algo} {'takes no' if spec.algo == 'none' else 'needs a'} drafter")
+        self.target, self.kv, self.spec, self.drafter = target, kv, spec, drafter
+        self.trace, self.on_step = trace, on_step
         self.eos = set(eos_token_ids)
         self.device = target.lm_head.weight.device
-        max_context = max_context or target.config.max_position_embeddings
-        self.kv = target.new_kv_cache("target", spec.commit_style, num_slots, max_requests, max_context)
-        # what EAGLE-style drafters read: the last hidden state, or (EAGLE-3) the inputs of these layers
-        self.drafter_kv = drafter.kv if drafter is not None else None  # FROZEN_KV_MTP keeps none
-        self.capture_layers = drafter.capture_layers if drafter is not None else ()
-        if spec.acceptance in acceptance.SAMPLED_RULES:  # drafts are sampled from q = softmax(logits / T)
-            drafter.temperature = spec.temperature
-        if hasattr(drafter, "bind_target_kv"):  # FROZEN_KV_MTP attends to the target's KV
-            drafter.bind_target_kv(self.kv)
-        self._events: dict[int, list[dict]] = {}  # req -> this step's KV events so far
+        self.rule = acceptance.RULES[spec.acceptance]
         self.sibling_stats: dict[int, SiblingStats] = {}  # req -> tree_rejection's sibling worth
         self.adaptive = AdaptiveSpeculativeParams(spec.num_steps) if spec.adaptive else None
-        max_steps = max(self.adaptive.candidate_steps) if self.adaptive else spec.num_steps
-        self.metrics = SpecMetrics(max_steps if spec.algo != "none" else 0, spec.num_draft_tokens)
+        self.metrics = SpecMetrics(spec.max_steps if spec.algo != "none" else 0, spec.num_draft_tokens)
         self.step_count = 0
 
-    # ---- helpers -------------------------------------------------------------------------
-    def _target_forward(self, batch: ForwardBatch):
-        """Target logits and the features drafters read, (N, F) per row."""
-        out = self.target(batch, self.kv, self.capture_layers)
-        feats = torch.cat(out.aux_hidden_states, dim=-1) if self.capture_layers else out.hidden_states
-        return out.logits, feats
+    @property
+    def drafter_kv(self) -> KVCache | None:
+        return self.drafter.kv if self.drafter is not None else None
 
-    def _append(self, r: Request, tokens: list[int]) -> list[int]:
+    # ---- the loop ------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]]) -> tuple[list[Request], dict]:
+        reqs = [Request(i, list(p), gen=request_generator(self.spec.seed, i)) for i, p in enumerate(prompts)]
+        t0 = time.perf_counter()
+        self.prefill(reqs)
+        step = self.decode_one_token if self.spec.algo == "none" else self.speculative_step
+        while live := [r for r in reqs if not r.finish_reason]:
+            step(live)
+        self._sync()
+        metrics = self.metrics.summary(time.perf_counter() - t0)
+        metrics["per_request"] = [self.metrics.per_request(r.req_pool_idx) for r in reqs]
+        return reqs, metrics
+
+    @torch.no_grad()
+    def prefill(self, reqs: list[Request]) -> None:
+        """Target EXTEND over every prompt; its last row gives each request's first token. Then
+        the drafter aligns itself with the prompt (SGLang's forward_draft_extend)."""
+        rows, timing = [StepRow(r, 0, 0 if self.drafter_kv is not None else None, None) for r in reqs], {}
+        for row in rows:
+            row.candidates, row.positions = list(row.req.prompt_ids), list(range(len(row.req.prompt_ids)))
+        with self.phase("prefill", rows, timing):
+            logits, features = self.forward_rows(rows, last_only=True)  # logits (bs, V)
+            for b, row in enumerate(rows):
+                n = len(row.candidates)
+                self.kv.commit(row.req.req_pool_idx, 0, n, list(range(n)))
+                self.append(row.req, [self.next_token(logits[b], row.req.gen)])
+                self.metrics.observe_prefill(row.req.req_pool_idx)
+        live = [row for row in rows if not row.req.finish_reason]
+        if self.drafter is not None and live:
+            with self.phase("extend", live, timing):
+                self.drafter.draft_extend_for_prefill([(row.req.req_pool_idx, row.req.prompt_ids + row.req.output_ids,
+                                                        features[row.first_row:row.first_row + len(row.candidates)])
+                                                       for row in live])
+        for row in rows:
+            rec = prefill_record(row, row.req.output_ids[0], self.kv_record(row), timing)
+            if self.trace:
+                self.trace.write(rec, row.req.prompt_ids + row.req.output_ids)
+
+    @torch.no_grad()
+    def decode_one_token(self, reqs: list[Request]) -> None:
+        """Plain autoregressive decoding, one token per request: the target reads the last
+        token; the next is its argmax, or a sample of p."""
+        rows, timing = self.new_rows(reqs), {}
+        for row in rows:
+            row.candidates, row.positions = [row.req.output_ids[-1]], [row.seq_len]
+        with self.phase("verify", rows, timing):
+            logits, _ = self.forward_rows(rows)
+        with self.phase("accept", rows, timing):
+            for row in rows:
+                self.read_verify(row, logits)
+                row.result = self.plain_result(row, logits[row.first_row])
+        with self.phase("commit", rows, timing):
+            self.commit(rows)
+        self.record(rows, None, timing)
+
+    @torch.no_grad()
+    def speculative_step(self, reqs: list[Request]) -> None:
+        """DRAFT -> VERIFY -> ACCEPT -> COMMIT -> EXTEND -> RECORD for every request in `reqs`."""
+        rows, timing = self.new_rows(reqs), {}
+        with self.phase("draft", rows, timing):
+            tree = self.draft(rows)
+        with self.phase("verify", rows, timing):
+            logits, features = self.verify(rows, tree)
+        with self.phase("accept", rows, timing):
+            self.accept(rows, tree, logits)
+        with self.phase("commit", rows, timing):
+            self.commit(rows)
+        live = [row for row in rows if not row.req.finish_reason]
+        with self.phase("extend", live, timing):
+            self.extend(live, features)
+        self.record(rows, tree, timing)
+
+    # ---- the phases ----------------------------------------------------------------------
+    def draft(self, rows: list[StepRow]) -> DraftTree:
+        """DRAFT: the drafter's tree for every request, rooted at its last committed token.
+        Sampling rules get drafts sampled from q (trees ranked by each request's sibling worth)."""
+        sampled = None
+        if self.rule.samples_drafts:
+            worth = torch.stack([self.siblings(row.req).worth() for row in rows]) if self.spec.topk > 1 else None
+            sampled = SampledDrafts([row.req.gen for row in rows], worth)
+        tree = self.drafter.draft([row.req.req_pool_idx for row in rows], [row.req.output_ids[-1] for row in rows],
+                                  [row.seq_len for row in rows], sampled)
+        for b, row in enumerate(rows):
+            n = tree.size(b)
+            row.b, row.drafted = b, n > 1  # n-gram without a match: the root alone, a plain decode
+            row.candidates, row.positions = tree.draft_tokens[b, :n].tolist(), tree.positions[b, :n].tolist()
+        return tree
+
+    def verify(self, rows: list[StepRow], tree: DraftTree):
+        """VERIFY (TARGET_VERIFY): one target forward over every node of every tree. Node j of a
+        request takes req_to_token[req, seq_len + j] and sees the committed prefix, then the
+        root, its ancestors and itself."""
+        masks = []
+        for row in rows:
+            n = len(row.candidates)
+            prefix = torch.ones(n, row.seq_len, dtype=torch.bool, device=self.device)
+            masks.append(torch.cat([prefix, tree.tree_mask[row.b, :n, :n]], dim=1))  # (n, seq_len + n)
+        return self.forward_rows(rows, masks)
+
+    def accept(self, rows: list[StepRow], tree: DraftTree, logits: torch.Tensor) -> None:
+        """ACCEPT: the rule walks each request's tree from the root, with random numbers drawn
+        from the request's generator in the order the peers' kernels read them."""
+        for row in rows:
+            self.read_verify(row, logits)
+            if not row.drafted:
+                row.result = self.plain_result(row, logits[row.first_row])
+                continue
+            n, b = len(row.candidates), row.b
+            next_token, next_sibling = tree.retrive_next_token[b, :n].tolist(), tree.retrive_next_sibling[b, :n].tolist()
+            draft_probs = tree.draft_probs[b].cpu() if tree.draft_probs is not None else None
+            randoms = self.rule.draw(n, row.target_probs.shape[-1], row.req.gen)
+            row.result = self.rule.walk(row.candidates, next_token, next_sibling, row.target_predict, row.target_probs,
+                                        draft_probs, randoms, self.spec.num_steps, self.spec.rule_params)
+            if self.rule.name == "tree_rejection":  # what each sibling rank was worth shapes the next trees
+                self.siblings(row.req).observe(row.result.decisions, next_token, next_sibling)
+
+    def commit(self, rows: list[StepRow]) -> None:
+        """COMMIT: the target keeps the accepted path's KV (sglang: remap the kept slots, free the
+        rest; vllm: roll num_computed_tokens back), and the request takes accept_tokens up to EOS
+        or max_new_tokens."""
+        for row in rows:
+            self.kv.commit(row.req.req_pool_idx, row.seq_len, len(row.candidates), row.result.accept_nodes)
+            row.committed = self.append(row.req, row.result.accept_tokens)
+
+    def extend(self, rows: list[StepRow], features: torch.Tensor) -> None:
+        """EXTEND (DRAFT_EXTEND): the drafter reads each live request's accept_tokens with the
+        target features of the accepted path's rows (root .. last correct draft)."""
+        if rows:
+            self.drafter.draft_extend([(row.req.req_pool_idx, row.result.accept_tokens,
+                                        features[[row.first_row + j for j in row.result.accept_nodes]]) for row in rows])
+
+    def record(self, rows: list[StepRow], tree: DraftTree | None, timing: dict) -> None:
+        """RECORD: adaptive steps fold the batch in; each request's step record goes to the
+        metrics, the trace and on_step."""
+        adaptive = self.adapt(rows) if self.adaptive is not None else None
+        for row in rows:
+            rec = step_record(self.step_count, row, tree, self.rule.name, self.kv_record(row),
+                              {**timing, "batch_size": len(rows)}, self.spec.trace_topk, adaptive)
+            self.metrics.observe_step(rec)
+            if self.trace:
+                self.trace.write(rec, record_token_ids(rec))
+            if self.on_step:
+                self.on_step(rec)
+        self.step_count += 1
+
+    def adapt(self, rows: list[StepRow]) -> dict:
+        """Fold this batch into the adaptive EMA; a new tier takes effect from the next step,
+        swapped in whole as SGLang swaps its SpecRuntimeState."""
+        a = self.adaptive
+        used = a.current_steps
+        switched = a.update([len(row.result.correct_drafts) for row in rows])
+        if switched:
+            self.spec = replace(self.spec, num_steps=a.current_steps, num_draft_tokens=a.current_steps + 1)
+            self.drafter.set_num_steps(a.current_steps)
+        return {"num_steps": used, "ema": round(a.ema, 6), "batch_count": a.batch_count,
+                "tiers": a.candidate_steps, "switched_to": a.current_steps if switched else None}
+
+    # ---- helpers -------------------------------------------------------------------------
+    @contextmanager
+    def phase(self, name: str, rows: list[StepRow], timing: dict):
+        """Time one phase (waiting for the GPU, so times are real) and file the KV events it
+        caused into each row, tagged with the phase."""
+        self._sync()
+        t0 = time.perf_counter()
+        yield
+        self._sync()
+        timing[name] = round((time.perf_counter() - t0) * 1000, 3)
+        self.file_events(rows, name)
+
+    def file_events(self, rows: list[StepRow], phase: str) -> None:
+        for row in rows:
+            for kv in (self.kv, self.drafter_kv):
+                if kv is not None:
+                    row.events += [{**e, "phase": phase} for e in kv.take_events(row.req.req_pool_idx)]
+
+    def new_rows(self, reqs: list[Request]) -> list[StepRow]:
+        return [StepRow(r, self.kv.seq_lens[r.req_pool_idx],
+                        self.drafter_kv.seq_lens[r.req_pool_idx] if self.drafter_kv is not None else None,
+                        self.req_to_token_tail(r.req_pool_idx)) for r in reqs]
+
+    def forward_rows(self, rows: list[StepRow], masks=None, last_only: bool = False):
+        """The target over each row's candidates at its positions, written after its seq_len
+        committed tokens: logits (N, V), or (bs, V) of the last rows, and the features drafters
+        read (N, F)."""
+        batch = ForwardBatch.build(self.kv, [(row.req.req_pool_idx, row.seq_len, row.candidates) for row in rows],
+                                   masks, [row.positions for row in rows])
+        first = 0
+        for row in rows:
+            row.first_row, first = first, first + len(row.candidates)
+        out = self.target(batch, self.kv, self.drafter.capture_layers if self.drafter is not None else (), last_only)
+        features = torch.cat(out.aux_hidden_states, dim=-1) if out.aux_hidden_states else out.hidden_states
+        return out.logits, features
+
+    def read_verify(self, row: StepRow, logits: torch.Tensor) -> None:
+        """This request's verify rows: the target's argmax after each node (ties to the lowest
+        id, as autoregressive decoding breaks them) and p (softmax at temperature 0, which the
+        trace shows; else after temperature, top-k and top-p), on the CPU where the walks run."""
+        lg = logits[row.first_row:row.first_row + len(row.candidates)]
+        row.target_predict = torch.argmax(lg, dim=-1).tolist()
+        p = torch.softmax(lg, dim=-1) if self.spec.sampling.greedy else probs_from_logits(lg, self.spec.sampling)
+        row.target_probs = p.cpu()
+
+    def next_token(self, logits: torch.Tensor, gen: torch.Generator | None) -> int:
+        """Plain decoding's next token after one row of logits: the argmax, or a sample of p."""
+        if self.spec.sampling.greedy:
+            return int(torch.argmax(logits))
+        return sample(probs_from_logits(logits, self.spec.sampling), gen)
+
+    def plain_result(self, row: StepRow, logits: torch.Tensor) -> AcceptResult:
+        """A step without drafts: the root's next token is the bonus."""
+        token = self.next_token(logits, row.req.gen)
+        where = None if self.spec.sampling.greedy else bonus_from("target", 0, row.target_probs[0], self.spec.trace_topk)
+        return AcceptResult([], token, [0], [], where)
+
+    def append(self, r: Request, tokens: list[int]) -> list[int]:
         """Commit tokens to the output until EOS or max_new_tokens; returns what entered."""
         entered = []
         for t in tokens:
@@ -243,248 +395,32 @@ class Engine:
                 break
         return entered
 
-    def _finish(self, r: Request) -> None:
-        self.kv.release(r.req)
-        self.sibling_stats.pop(r.req, None)
-        if self.drafter is not None:
-            self.drafter.release(r.req)
-
-    def _first_token(self, r: Request, logits: torch.Tensor) -> int:
-        """The prefill's token: the argmax, or a sample of p."""
-        if self.spec.sampling.greedy:
-            return int(torch.argmax(logits))
-        return sample(probs_from_logits(logits, self.spec.sampling), r.gen)
-
-    def _accept(self, r: Request, b: int, tree: DraftTree | None, rows: list[int], probs: torch.Tensor) -> AcceptResult:
-        """The sampling rules, on one request's tree; probs (n, V) the target's after each node."""
-        rule, gen, k = self.spec.acceptance, r.gen, self.spec.trace_topk
-        if tree is None:  # plain sampling
-            return AcceptResult([], sample(probs[0], gen), [0], [], {"dist": "target", "node": 0,
-                                                                    "topk": topk_pairs(probs[0], k)})
-        n = tree.size(b)
-        nt, ns = tree.retrive_next_token[b, :n].tolist(), tree.retrive_next_sibling[b, :n].tolist()
-        if rule == "target_only":
-            coins = torch.rand(len(rows), generator=gen)  # SGLang: one float32 coin per node, then the final
-            return target_only_walk(rows, nt, ns, probs, coins, float(torch.rand((), generator=gen)),
-                                    self.spec.num_steps, self.spec.threshold_single, self.spec.threshold_acc,
-                                    trace_topk=k)
-        if rule == "rejection":
-            coins = torch.rand(len(rows) - 1, generator=gen)
-            return rejection_walk(rows, probs, tree.draft_probs[b].cpu(), coins, float(torch.rand((), generator=gen)), k)
-        if rule == "vllm":  # n-gram drafts have no q: one-hot, as vLLM passes draft_probs=None
-            return vllm_accept(rows, probs, tree.draft_probs[b].cpu() if tree.draft_probs is not None else None, gen, k)
-        if rule == "typical":
-            return typical_walk(rows, nt, ns, probs, float(torch.rand((), generator=gen, dtype=torch.float64)),
-                                trace_topk=k)
-        res = tree_rejection_walk(rows, nt, ns, probs, tree.draft_probs[b].cpu(), gen, self.spec.num_steps, k)
-        self._siblings(r).observe(res.decisions, nt, ns)
-        return res
-
-    def _siblings(self, r: Request) -> SiblingStats:
+    def siblings(self, r: Request) -> SiblingStats:
         """What a tree_rejection request's j-th sibling draw has been worth so far."""
-        return self.sibling_stats.setdefault(r.req, SiblingStats(self.spec.topk))
+        return self.sibling_stats.setdefault(r.req_pool_idx, SiblingStats(self.spec.topk))
 
-    def _req_to_token_tail(self, req: int, n: int = 16) -> dict:
+    def req_to_token_tail(self, req: int, n: int = 16) -> dict:
         """The last n committed entries of `req_to_token` for one request: the pointers a viewer shows."""
         end = self.kv.seq_lens[req]
         start = max(0, end - n)
         return {"start": start, "slots": self.kv.req_to_token[req, start:end].tolist()}
 
-    def _collect(self, reqs: list[Request], phase: str) -> None:
-        """Move the KV events of both pools into this step's record, each tagged with the phase
-        that caused it (prefill, draft, verify, commit, extend, finish)."""
-        for r in reqs:
-            for kv in (self.kv, self.drafter_kv):
-                for e in kv.take_events(r.req) if kv is not None else []:
-                    self._events.setdefault(r.req, []).append({**e, "phase": phase})
-
-    def _kv_record(self, r: Request, target_before: int, draft_before: int | None,
-                   tail_before: dict | None = None) -> dict:
-        """KV state of one request after a step; a finished request releases its slots here,
+    def kv_record(self, row: StepRow) -> dict:
+        """KV state of one request after its step; a finished request releases its slots here,
         so the trace shows them freed."""
-        rec = {
-            "style": self.spec.commit_style,
-            "target_seq_len": [target_before, self.kv.seq_lens[r.req]],
-            "req_to_token_tail_before": tail_before,
-            "req_to_token_tail": self._req_to_token_tail(r.req),
-        }
+        req = row.req.req_pool_idx
+        rec = {"style": self.spec.commit_style, "target_seq_len": [row.seq_len, self.kv.seq_lens[req]],
+               "req_to_token_tail_before": row.tail_before, "req_to_token_tail": self.req_to_token_tail(req)}
         if self.drafter_kv is not None:
-            rec["draft_seq_len"] = [draft_before, self.drafter_kv.seq_lens[r.req]]
-        if r.finish_reason:
-            self._finish(r)
-        self._collect([r], "finish")
-        rec["events"] = self._events.pop(r.req, [])
-        rec["free_slots"] = len(self.kv.allocator.free_slots)
-        return rec
+            rec["draft_seq_len"] = [row.draft_seq_len, self.drafter_kv.seq_lens[req]]
+        if row.req.finish_reason:
+            self.kv.release(req)
+            self.sibling_stats.pop(req, None)
+            if self.drafter is not None:
+                self.drafter.release(req)
+        self.file_events([row], "finish")
+        return {**rec, "events": row.events, "free_slots": len(self.kv.allocator.free_slots)}
 
-    # ---- phases --------------------------------------------------------------------------
-    def prefill(self, reqs: list[Request]) -> None:
-        """Target EXTEND over every prompt; its last row gives each request's first token."""
-        timer = _Timer(self.device)
-        with timer("prefill"):
-            batch = ForwardBatch.build(self.kv, [(r.req, 0, r.prompt_ids) for r in reqs])
-            logits, feats = self._target_forward(batch)
-        features, end = {}, 0
-        for r in reqs:
-            n = len(r.prompt_ids)
-            end += n
-            self.kv.commit(r.req, 0, n, list(range(n)))
-            features[r.req] = feats[end - n:end]
-            self._append(r, [self._first_token(r, logits[end - 1])])
-            self.metrics.observe_prefill(r.req)
-        self._collect(reqs, "prefill")
-        live = [r for r in reqs if not r.finish_reason]
-        if self.drafter is not None and live:
-            with timer("draft_extend"):
-                self.drafter.draft_extend_for_prefill(
-                    [(r.req, r.prompt_ids + r.output_ids, features[r.req]) for r in live])
-            self._collect(live, "extend")
-        for r in reqs:
-            rec = {"kind": "prefill", "request": r.req, "prompt_len": len(r.prompt_ids),
-                   "first_token": r.output_ids[0], "finish_reason": r.finish_reason,
-                   "kv": self._kv_record(r, 0, 0 if self.drafter_kv is not None else None), "timing": timer.ms}
-            if self.trace:
-                self.trace.write(rec, r.prompt_ids + r.output_ids)
-
-    def decode_one_token(self, reqs: list[Request]) -> None:
-        """Plain autoregressive decoding: each step verifies a tree that is the root alone."""
-        self._step(reqs, tree=None, timer=_Timer(self.device))
-
-    def speculative_step(self, reqs: list[Request]) -> None:
-        timer = _Timer(self.device)
-        with timer("draft"):
-            sampled = None
-            if self.spec.acceptance in acceptance.SAMPLED_RULES:
-                worth = torch.stack([self._siblings(r).worth() for r in reqs]) if self.spec.topk > 1 else None
-                sampled = SampledDrafts([r.gen for r in reqs], worth)
-            tree = self.drafter.draft([r.req for r in reqs], [r.output_ids[-1] for r in reqs],
-                                      [self.kv.seq_lens[r.req] for r in reqs], sampled)
-        self._collect(reqs, "draft")
-        self._step(reqs, tree, timer)
-
-    def _step(self, reqs: list[Request], tree: DraftTree | None, timer: _Timer) -> None:
-        """VERIFY -> ACCEPT -> COMMIT -> EXTEND for one step of every request in `reqs`."""
-        draft_before = {r.req: self.drafter_kv.seq_lens[r.req] for r in reqs} if self.drafter_kv is not None else {}
-        L = {r.req: self.kv.seq_lens[r.req] for r in reqs}  # target KV: committed tokens but the root
-        tail_before = {r.req: self._req_to_token_tail(r.req) for r in reqs}
-        # a request whose drafter proposed nothing (n-gram without a match) decodes plainly
-        drafted = {r.req: tree is not None and tree.size(b) > 1 for b, r in enumerate(reqs)}
-        if tree is None:
-            rows = {r.req: [r.output_ids[-1]] for r in reqs}
-            positions = {r.req: [L[r.req]] for r in reqs}
-            masks = None
-        else:
-            size = {r.req: tree.size(b) for b, r in enumerate(reqs)}
-            rows = {r.req: tree.draft_tokens[b, :size[r.req]].tolist() for b, r in enumerate(reqs)}
-            positions = {r.req: tree.positions[b, :size[r.req]].tolist() for b, r in enumerate(reqs)}
-            # each node sees the whole committed prefix, then the root, its ancestors and itself
-            masks = [torch.cat([torch.ones(size[r.req], L[r.req], dtype=torch.bool, device=self.device),
-                                tree.tree_mask[b, :size[r.req], :size[r.req]]], dim=1) for b, r in enumerate(reqs)]
-        with timer("verify"):  # node j of request r takes req_to_token[r, L + j]
-            batch = ForwardBatch.build(self.kv, [(r.req, L[r.req], rows[r.req]) for r in reqs], masks,
-                                       [positions[r.req] for r in reqs])
-            logits, feats = self._target_forward(batch)  # (sum of nodes, vocab), (sum of nodes, F)
-        self._collect(reqs, "verify")
-        with timer("accept"):
-            results, verify, first_row, end = {}, {}, {}, 0
-            for b, r in enumerate(reqs):
-                n = len(rows[r.req])
-                first_row[r.req] = end
-                lg = logits[end:end + n]
-                end += n
-                target_predict = torch.argmax(lg, dim=-1).tolist()  # ties: lowest id, as in AR
-                own = tree if drafted[r.req] else None  # this request's tree, if it has drafts
-                parents = own.parents(b) if own is not None else []
-                if self.spec.sampling.greedy:
-                    probs = torch.softmax(lg, dim=-1)
-                    if own is None:
-                        results[r.req] = greedy_walk(rows[r.req], [-1], [-1], target_predict, 0)
-                    else:
-                        n = len(rows[r.req])
-                        results[r.req] = greedy_walk(rows[r.req], own.retrive_next_token[b, :n].tolist(),
-                                                     own.retrive_next_sibling[b, :n].tolist(), target_predict,
-                                                     self.spec.num_steps)
-                else:  # what the rule compares against: p after temperature, top-k and top-p
-                    probs = probs_from_logits(lg, self.spec.sampling).cpu()
-                    results[r.req] = self._accept(r, b, own, rows[r.req], probs)
-                verify[r.req] = {
-                    "tokens": rows[r.req],
-                    "positions": positions[r.req],
-                    "target_predict": target_predict,
-                    "target_topk": [topk_pairs(p, self.spec.trace_topk) for p in probs],
-                    # target probability of node j's token after its parent
-                    "p_draft": [round(float(probs[p, rows[r.req][j + 1]]), 6) for j, p in enumerate(parents)],
-                }
-        with timer("commit"):
-            committed = {}
-            for r in reqs:
-                res = results[r.req]
-                self.kv.commit(r.req, L[r.req], len(rows[r.req]), res.accept_nodes)
-                committed[r.req] = self._append(r, res.accept_tokens)
-        self._collect(reqs, "commit")
-        live = [r for r in reqs if not r.finish_reason]
-        if self.drafter is not None and live:
-            with timer("extend"):
-                # the features of the accepted path's rows (root .. last correct draft)
-                self.drafter.draft_extend([
-                    (r.req, results[r.req].accept_tokens,
-                     feats[[first_row[r.req] + j for j in results[r.req].accept_nodes]])
-                    for r in live])
-            self._collect(live, "extend")
-
-        adapt = self._adapt([len(results[r.req].correct_drafts) for r in reqs]) if self.adaptive and tree else None
-        for b, r in enumerate(reqs):
-            res = results[r.req]
-            rec = {
-                "kind": "step", "step": self.step_count, "request": r.req,
-                "correct_drafts": res.correct_drafts, "bonus_token": res.bonus_token,
-                "accept_tokens": res.accept_tokens, "accept_len": res.accept_len,
-                "committed_tokens": committed[r.req], "finish_reason": r.finish_reason,
-                "draft": _tree_record(tree, b, res) if drafted[r.req] else None,
-                "verify": verify[r.req],
-                "accept": {"rule": self.spec.acceptance if drafted[r.req] else "none",
-                           "accept_nodes": res.accept_nodes, "decisions": res.decisions,
-                           "bonus_from": res.bonus_from},
-                "kv": self._kv_record(r, L[r.req], draft_before.get(r.req), tail_before[r.req]),
-                "timing": {**timer.ms, "batch_size": len(reqs)},
-            }
-            if adapt is not None:
-                rec["adaptive"] = adapt
-            self.metrics.observe_step(rec)
-            if self.trace:
-                ids = set(rows[r.req]) | set(res.accept_tokens)
-                ids |= {t for row in verify[r.req]["target_topk"] for t, _ in row}
-                if drafted[r.req]:
-                    ids |= {t for row in tree.draft_topk[b] for t, _ in row}
-                if res.bonus_from is not None:
-                    ids |= {t for t, _ in res.bonus_from["topk"]}
-                self.trace.write(rec, ids)
-        self.step_count += 1
-
-    def _adapt(self, accepted_drafts: list[int]) -> dict:
-        """Fold this batch into the adaptive EMA; a new tier takes effect from the next step,
-        swapped in whole as SGLang swaps its SpecRuntimeState."""
-        a = self.adaptive
-        used = a.current_steps
-        switched = a.update(accepted_drafts)
-        if switched:
-            self.spec = replace(self.spec, num_steps=a.current_steps, num_draft_tokens=a.current_steps + 1)
-            self.drafter.num_steps, self.drafter.num_draft_tokens = a.current_steps, a.current_steps + 1
-        return {"num_steps": used, "ema": round(a.ema, 6), "batch_count": a.batch_count,
-                "tiers": a.candidate_steps, "switched_to": a.current_steps if switched else None}
-
-    # ---- the loop ------------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]]) -> tuple[list[Request], dict]:
-        reqs = [Request(i, list(p), gen=request_generator(self.spec.seed, i)) for i, p in enumerate(prompts)]
-        t0 = time.perf_counter()
-        self.prefill(reqs)
-        while live := [r for r in reqs if not r.finish_reason]:
-            if self.spec.algo == "none":
-                self.decode_one_token(live)
-            else:
-                self.speculative_step(live)
+    def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        metrics = self.metrics.summary(time.perf_counter() - t0)
-        metrics["per_request"] = [self.metrics.per_request(r.req) for r in reqs]
-        return reqs, metrics

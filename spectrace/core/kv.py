@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spectrace.core.config import SpectraceError
+from spectrace.errors import SpectraceError
 
 COMMIT_STYLES = ("sglang", "vllm")
 

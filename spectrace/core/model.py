@@ -17,7 +17,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from spectrace.core.batch import ForwardBatch
-from spectrace.core.config import ModelConfig, SpectraceError
+from spectrace.core.config import ModelConfig, read_config_json
+from spectrace.errors import SpectraceError
 from spectrace.core.kv import KVCache
 
 
@@ -39,6 +40,11 @@ def rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
+def apply_rope(x, cos, sin):
+    """RoPE on queries or keys (..., heads, head_dim), cos/sin broadcast over the heads."""
+    return x * cos + rotate_half(x) * sin
+
+
 class RotaryEmbedding(nn.Module):
     """RoPE: rotate each (i, i + d/2) pair of a head by position * theta^(-2i/d)."""
 
@@ -51,6 +57,22 @@ class RotaryEmbedding(nn.Module):
         freqs = positions.float()[:, None] * self.inv_freq.to(positions.device)[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
+
+
+def attend(q, keys, values, mask=None):
+    """Scaled dot-product attention with grouped KV heads, the math every attention here shares.
+
+    q (..., n, h, d); keys, values (..., S, kvh, d), each KV head serving h / kvh query heads;
+    mask (..., n, S) bool, True where a query sees a key (None: every key). Scores and softmax in
+    float32, as transformers computes them. Returns (..., n, h, d)."""
+    group = q.shape[-2] // keys.shape[-2]
+    keys = keys.repeat_interleave(group, dim=-2)  # (..., S, h, d)
+    values = values.repeat_interleave(group, dim=-2)
+    scores = torch.einsum("...qhd,...khd->...hqk", q, keys) * q.shape[-1] ** -0.5  # (..., h, n, S)
+    if mask is not None:
+        scores = scores.masked_fill(~mask.unsqueeze(-3), float("-inf"))
+    probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.einsum("...hqk,...khd->...qhd", probs, values)
 
 
 class Attention(nn.Module):
@@ -69,28 +91,20 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, batch: ForwardBatch, kv: KVCache):
         N = x.shape[0]
-        q = self.q_proj(x).view(N, self.num_heads, self.head_dim)  # (N, h, d)
-        k = self.k_proj(x).view(N, self.num_kv_heads, self.head_dim)  # (N, kvh, d)
+        q = apply_rope(self.q_proj(x).view(N, self.num_heads, self.head_dim), cos, sin)  # (N, h, d)
+        k = apply_rope(self.k_proj(x).view(N, self.num_kv_heads, self.head_dim), cos, sin)  # (N, kvh, d)
         v = self.v_proj(x).view(N, self.num_kv_heads, self.head_dim)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
         kv.pool.write(self.layer_id, batch.out_cache_loc, k, v)  # new tokens' KV into their slots
 
         out = torch.empty_like(q)
-        group = self.num_heads // self.num_kv_heads
         row = 0
         for req, seq_len, n, mask in zip(batch.req_pool_indices, batch.seq_lens, batch.extend_lens,
                                           batch.custom_masks):
             slots = kv.req_to_token[req, :seq_len]  # prefix + the new tokens, in position order
-            keys = kv.pool.k[self.layer_id, slots].repeat_interleave(group, dim=1)  # (S, h, d)
-            values = kv.pool.v[self.layer_id, slots].repeat_interleave(group, dim=1)
-            qs = q[row:row + n]  # (n, h, d)
-            scores = torch.einsum("qhd,khd->hqk", qs, keys) * self.head_dim ** -0.5  # (h, n, S)
             if mask is None:  # causal: new token j sits at position seq_len - n + j
                 mask = torch.ones(n, seq_len, dtype=torch.bool, device=x.device).tril(seq_len - n)
-            scores = scores.masked_fill(~mask, float("-inf"))
-            probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-            out[row:row + n] = torch.einsum("hqk,khd->qhd", probs, values)
+            out[row:row + n] = attend(q[row:row + n], kv.pool.k[self.layer_id, slots],
+                                      kv.pool.v[self.layer_id, slots], mask)
             row += n
         return self.o_proj(out.view(N, self.num_heads * self.head_dim))
 
@@ -108,15 +122,19 @@ class MLP(nn.Module):  # SwiGLU
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int):
+    """Pre-norm block: x + attention(norm(x)), then x + MLP(norm(x)). The attention module is the
+    one thing that varies: paged self-attention here, queries into the target's KV for
+    FROZEN_KV_MTP, context-injected block attention for DFLASH; it gets `attn_args`."""
+
+    def __init__(self, cfg: ModelConfig, self_attn: nn.Module):
         super().__init__()
-        self.self_attn = Attention(cfg, layer_id)
+        self.self_attn = self_attn
         self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, batch, kv):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, kv)
+    def forward(self, x, *attn_args):
+        x = x + self.self_attn(self.input_layernorm(x), *attn_args)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -124,14 +142,14 @@ class Backbone(nn.Module):  # transformers' `model.` prefix
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, Attention(cfg, i)) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
 
 
 @dataclass
 class ForwardOutput:
-    logits: torch.Tensor  # (N, vocab) float32
+    logits: torch.Tensor  # (N, vocab) float32; (bs, vocab) with last_only
     hidden_states: torch.Tensor  # (N, H) after the final norm: what lm_head reads
     aux_hidden_states: list[torch.Tensor]  # (N, H) each: residual stream entering each captured layer
 
@@ -155,9 +173,11 @@ class CausalLM(nn.Module, KVCacheOwner):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     @torch.no_grad()
-    def forward(self, batch: ForwardBatch, kv: KVCache, capture_layers: tuple[int, ...] = ()) -> ForwardOutput:
+    def forward(self, batch: ForwardBatch, kv: KVCache, capture_layers: tuple[int, ...] = (),
+                last_only: bool = False) -> ForwardOutput:
         """`capture_layers`: ids i whose input (the output of layer i-1) is returned, as SGLang
-        captures EAGLE-3's auxiliary hidden states."""
+        captures EAGLE-3's auxiliary hidden states. `last_only`: logits of each request's last
+        row only (bs, V), as SGLang's LogitsProcessor prunes a prefill; else of every row."""
         x = self.model.embed_tokens(batch.input_ids)  # (N, H)
         cos, sin = self.model.rotary_emb(batch.positions, x.dtype)
         aux = []
@@ -166,7 +186,8 @@ class CausalLM(nn.Module, KVCacheOwner):
                 aux.append(x)
             x = layer(x, cos, sin, batch, kv)
         x = self.model.norm(x)
-        return ForwardOutput(self.lm_head(x).float(), x, aux)
+        rows = x[torch.tensor(batch.extend_lens, device=x.device).cumsum(0) - 1] if last_only else x
+        return ForwardOutput(self.lm_head(rows).float(), x, aux)
 
     @property
     def layers(self):
@@ -198,19 +219,15 @@ def weights_digest(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def read_checkpoint(path: str | Path):
-    """(transformers config, state dict) of a HF directory, with one-line errors."""
-    from transformers import AutoConfig
-
+def read_checkpoint(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config.json as a dict, state dict) of a HF directory, with one-line errors."""
     path = Path(path)
-    if not (path / "config.json").is_file():
-        raise SpectraceError(f"model directory {path} not found or has no config.json")
+    raw = read_config_json(path)
     try:
-        hf = AutoConfig.from_pretrained(path)
         state = _read_state_dict(path)
-    except (OSError, ValueError) as e:  # unreadable config or weights
+    except (OSError, ValueError) as e:  # unreadable weights
         raise SpectraceError(f"cannot load model from {path}: {str(e).splitlines()[0]}") from None
-    return hf, {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
+    return raw, {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
 
 
 def check_keys(model: nn.Module, state: dict, path, what: str, optional=()) -> None:
@@ -227,11 +244,24 @@ def check_keys(model: nn.Module, state: dict, path, what: str, optional=()) -> N
                                  f"the config makes it {tuple(expected[k].shape)}")
 
 
+def finish_loading(model: nn.Module, state: dict, target: CausalLM, path, what: str,
+                   share_embedding: bool = False) -> nn.Module:
+    """The tail of every drafter loader: keys checked strictly, weights loaded, the model moved to
+    the target's device and dtype. share_embedding: `embed_tokens.weight` may be absent, and the
+    target's stands in (EAGLE's own loader assumes the head shares the target's embedding)."""
+    check_keys(model, state, path, what, optional=["embed_tokens.weight"] if share_embedding else ())
+    if share_embedding:
+        state.setdefault("embed_tokens.weight", target.model.embed_tokens.weight.detach().cpu())
+    model.load_state_dict(state)
+    p = target.lm_head.weight
+    return model.to(device=p.device, dtype=p.dtype).eval()
+
+
 def load_model(path: str | Path, dtype=torch.float32, device="cpu") -> CausalLM:
-    """Config through `transformers.AutoConfig`, weights from the directory's files; the key set
-    must match exactly (tied heads and RoPE buffers of old checkpoints aside)."""
-    hf, state = read_checkpoint(path)
-    cfg = ModelConfig.from_hf(hf)
+    """Config from config.json, weights from the directory's files; the key set must match
+    exactly (tied heads and RoPE buffers of old checkpoints aside)."""
+    raw, state = read_checkpoint(path)
+    cfg = ModelConfig.from_json(raw)
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     with torch.device("meta"):

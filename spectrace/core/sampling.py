@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -52,34 +53,41 @@ def request_generator(seed: int, request: int) -> torch.Generator:
 
 def sample(probs: torch.Tensor, gen: torch.Generator) -> int:
     """One token from a (V,) distribution with the request's generator (inverse CDF)."""
-    return sample_from_prob(probs.detach().cpu().double(), float(torch.rand((), generator=gen, dtype=torch.float64)))
+    return sample_from_prob(probs.detach().cpu(), float(torch.rand((), generator=gen, dtype=torch.float64)))
 
 
-def sample_without_replacement(probs: torch.Tensor, k: int, gen: torch.Generator) -> list[int]:
-    """Up to k distinct tokens of a (V,) distribution in draw order: each draw is a sample of what
-    the earlier draws left (sampling without replacement). Fewer when fewer have mass."""
-    w = probs.detach().cpu().double().clone()
-    out = []
-    while len(out) < k and w.sum() > 0:
-        out.append(sample_from_prob(w, float(torch.rand((), generator=gen, dtype=torch.float64))))
-        w[out[-1]] = 0.0
-    return out
+def exponential_race(probs: torch.Tensor, k: int, gen: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """k draws without replacement from each row of probs (R, V), in draw order: the first k
+    arrivals of an exponential race, token v arriving at E_v / p_v with E_v ~ Exp(1) (Gumbel-top-k
+    sampling; each arrival is a sample of what the earlier ones left). SGLang's
+    `sample_draft_proposal` draws a chain's draft as the first arrival, argmax(p / E). Returns the
+    tokens (R, k) and which are real draws (R, k): a row with fewer than k tokens of mass pads."""
+    noise = torch.empty(probs.shape, dtype=torch.float32).exponential_(generator=gen).to(probs.device)
+    arrivals = torch.topk(probs / noise, k, dim=-1)
+    return arrivals.indices, arrivals.values > 0
 
 
 def sample_from_prob(weights: torch.Tensor, coin: float) -> int:
     """flashinfer's DeviceSamplingFromProb on unnormalised weights (V,): the smallest i with
     weights[i] > 0 and cumsum[i] > coin * sum; if rounding leaves none, the last i with
-    weights[i] > 0. This is how SGLang samples bonus and residual tokens."""
-    w = weights.double()
-    c = torch.cumsum(w, 0)
-    hit = torch.nonzero((w > 0) & (c > coin * c[-1]))
+    weights[i] > 0. This is how SGLang samples bonus and residual tokens (here in float64)."""
+    w = weights.detach().cpu().numpy().astype(np.float64)
+    c = np.cumsum(w)
+    hit = np.flatnonzero((w > 0) & (c > coin * c[-1]))
     if len(hit):
         return int(hit[0])
-    pos = torch.nonzero(w > 0)
+    pos = np.flatnonzero(w > 0)
     return int(pos[-1]) if len(pos) else len(w) - 1
 
 
-def topk_pairs(probs: torch.Tensor, k: int) -> list[list]:
-    """[[token, prob], ...] of the k most likely tokens: what a trace records of a distribution."""
+def topk_pairs(probs: torch.Tensor, k: int) -> list:
+    """[[token, prob], ...] of the k most likely tokens: what a trace records of a distribution.
+    probs (V,) gives one such list, (..., V) one per row."""
     p, i = torch.topk(probs.float(), min(k, probs.shape[-1]))
-    return [[int(a), round(float(b), 6)] for a, b in zip(i, p)]
+    return _pairs(i.tolist(), p.tolist())
+
+
+def _pairs(ids: list, ps: list) -> list:
+    if ids and isinstance(ids[0], list):
+        return [_pairs(a, b) for a, b in zip(ids, ps)]
+    return [[a, round(b, 6)] for a, b in zip(ids, ps)]

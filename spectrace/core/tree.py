@@ -7,7 +7,9 @@ Notation: `bs` requests, `K = topk`, `S = num_steps` (spec_steps), `n = num_draf
     organize_draft_results     the n-1 best of all K + (S-1)K^2 candidates, in candidate order
     build_tree_kernel_efficient  tree mask, positions and the retrive_* linked lists
     reconstruct_indices_from_tree_mask  the same indices, recovered from a mask alone
-(The greedy walk over the tree, `verify_tree_greedy`, is an acceptance rule: acceptance/greedy.py.)
+    DraftTree                  one step's trees, as drafters hand them to the engine
+(The draft loop itself, SGLang's `draft_forward`, is drafters/eagle_worker.py; the walks over the
+tree are acceptance rules, acceptance/.)
 
 Written as plain loops over requests and nodes, one per CUDA thread of SGLang's kernels, so
 each line can be read against the kernel. `spectrace.compat.sglang` exposes them under
@@ -19,8 +21,6 @@ import enum
 from dataclasses import dataclass
 
 import torch
-
-from spectrace.core.sampling import sample_without_replacement
 
 
 class TreeMaskMode(enum.IntEnum):
@@ -80,85 +80,86 @@ def organize_draft_results(score_list, token_list, parents_list, num_draft_token
 
 # ---- building the tree -------------------------------------------------------------------------
 
-def _parent_node(sel, parents, pos: int, topk: int, n: int) -> int:
-    """Tree node index of the parent of node pos+1 (0 = the root; n = not among the nodes)."""
-    ptb = int(sel[pos]) // topk  # which row of the candidate list the node was expanded from
-    if ptb == 0:
+def _parent_position(selected_index: list[int], parents: list[int], i: int, topk: int, n: int) -> int:
+    """Tree node of the parent of node i+1, as the kernel finds it (0: the root; n: not among the
+    nodes). selected_index (n-1,) and parents (K(S-1)+1,) are one request's rows."""
+    parent_tb_idx = selected_index[i] // topk  # the row of parent_list the node was expanded from
+    if parent_tb_idx == 0:
         return 0
-    token_idx = int(parents[ptb])  # flat candidate index of the parent
-    # SGLang's kernel scans j < n, one past the row's n-1 entries; we stop at the row's end
-    for j in range(n - 1):
-        if int(sel[j]) == token_idx:
-            return j + 1
+    token_idx = parents[parent_tb_idx]  # flat candidate index of the parent
+    # the kernel scans parent_position < n, one past the row's n-1 entries; we stop at the row's end
+    for parent_position in range(n - 1):
+        if selected_index[parent_position] == token_idx:
+            return parent_position + 1
     return n
 
 
 def build_tree(parent_list, top_scores_index, seq_lens, topk: int, num_verify_tokens: int,
                tree_mask_mode: TreeMaskMode = TreeMaskMode.FULL_MASK):
-    """SGLang's `build_tree_kernel_efficient` kernel for every request.
+    """SGLang's `build_tree_kernel_efficient` kernel (sgl-kernel `eagle_utils.cu`) for every request.
 
-    seq_lens (bs,): committed prefix length, root excluded. Returns the flat tree mask (layout
-    by mode), positions (bs*n,) and retrive_index / retrive_next_token / retrive_next_sibling
-    (bs, n), with -1 for "none"."""
+    seq_lens (bs,): committed prefix length, root excluded (the kernel's verified_seq_len).
+    Returns the flat tree mask (layout by mode), positions (bs*n,) and retrive_index /
+    retrive_next_token / retrive_next_sibling (bs, n), with -1 for "none". Each request's
+    (n, n) tree part is computed on lists, then laid out as the mode says (`lay_out_mask`)."""
     bs, n = len(seq_lens), num_verify_tokens
-    device = top_scores_index.device
     seq_lens = [int(s) for s in seq_lens]
-    if tree_mask_mode == TreeMaskMode.FULL_MASK:  # prefix columns stay True (the wrapper's fill)
-        tree_mask = torch.ones(sum(seq_lens) * n + n * n * bs, dtype=torch.bool, device=device)
-    elif tree_mask_mode == TreeMaskMode.QLEN_ONLY:
-        tree_mask = torch.ones(n * n * bs, dtype=torch.bool, device=device)
-    else:  # SGLang packs rows into uint8/16/32: at most 32 nodes
-        if n > 32:
-            raise ValueError(f"QLEN_ONLY_BITPACKING holds at most 32 tree nodes, not {n}")
-        dtype = [torch.uint8, torch.int16, torch.int32][(n > 8) + (n > 16)]
-        tree_mask = torch.zeros(n * bs, dtype=dtype, device=device)
-    positions = torch.empty(bs * n, dtype=torch.int64, device=device)
-    retrive_index, retrive_next_token, retrive_next_sibling = torch.full(
-        (3, bs, n), -1, dtype=torch.int64, device=device)
-
-    def set_mask(b, row, node, value: bool):
-        if tree_mask_mode == TreeMaskMode.FULL_MASK:
-            width = seq_lens[b] + n
-            start = sum(seq_lens[:b]) * n + b * n * n
-            tree_mask[start + row * width + seq_lens[b] + node] = value
-        elif tree_mask_mode == TreeMaskMode.QLEN_ONLY:
-            tree_mask[b * n * n + row * n + node] = value
-        elif value:
-            tree_mask[b * n + row] |= 1 << node
-
-    for b in range(bs):
-        sel, par = top_scores_index[b], parent_list[b]
-        for row in range(n):  # each row sees the root and, below, its own ancestors and itself
-            set_mask(b, row, 0, True)
-            for node in range(1, n):
-                set_mask(b, row, node, False)
-        # linked lists (kernel thread 0): children pushed to the front, scanning nodes downward,
+    tree_rows, positions = [], []
+    retrive_index, retrive_next_token, retrive_next_sibling = ([[-1] * n for _ in range(bs)] for _ in range(3))
+    for b in range(bs):  # one CUDA block per request
+        selected_index, parents = top_scores_index[b].tolist(), parent_list[b].tolist()
+        # each row sees the root and, below, its own ancestors and itself
+        mask = [[True] + [False] * (n - 1) for _ in range(n)]
+        pos = [seq_lens[b]] * n
+        # linked lists (thread 0): children pushed to the front, scanning nodes downward,
         # so next_token is the lowest-index child and siblings run in increasing index
-        positions[b * n] = seq_lens[b]
+        next_token, next_sibling = retrive_next_token[b], retrive_next_sibling[b]
         for i in range(n - 1, 0, -1):
-            retrive_index[b, i] = b * n + i
-            p = _parent_node(sel, par, i - 1, topk, n)
-            if p == n:  # SGLang prints "invalid eagle tree" and drops the node
+            retrive_index[b][i] = b * n + i
+            parent_position = _parent_position(selected_index, parents, i - 1, topk, n)
+            if parent_position == n:  # SGLang prints "invalid eagle tree" and drops the node
                 continue
-            if retrive_next_token[b, p] != -1:
-                retrive_next_sibling[b, i] = retrive_next_token[b, p]
-            retrive_next_token[b, p] = i
-        retrive_index[b, 0] = b * n
-        # ancestors and depth (kernel threads 1..n-1)
+            if next_token[parent_position] != -1:
+                next_sibling[i] = next_token[parent_position]
+            next_token[parent_position] = i
+        retrive_index[b][0] = b * n
+        # ancestors and depth (threads 1..n-1)
         for tid in range(1, n):
-            cur, depth = tid - 1, 0
+            cur_position, depth = tid - 1, 0
             while True:
                 depth += 1
-                set_mask(b, tid, cur + 1, True)
-                ptb = int(sel[cur]) // topk
-                if ptb == 0:
+                mask[tid][cur_position + 1] = True
+                parent_position = _parent_position(selected_index, parents, cur_position, topk, n)
+                if parent_position in (0, n):  # reached the root (or a dropped node)
                     break
-                nxt = _parent_node(sel, par, cur, topk, n)
-                if nxt == n:
-                    break
-                cur = nxt - 1
-            positions[b * n + tid] = seq_lens[b] + depth
-    return tree_mask, positions, retrive_index, retrive_next_token, retrive_next_sibling
+                cur_position = parent_position - 1
+            pos[tid] = seq_lens[b] + depth
+        tree_rows.append(mask)
+        positions += pos
+    device = top_scores_index.device
+    as_tensor = lambda x: torch.tensor(x, dtype=torch.int64, device=device)  # noqa: E731
+    return (lay_out_mask(torch.tensor(tree_rows, dtype=torch.bool, device=device).view(bs, n, n), seq_lens,
+                         tree_mask_mode),
+            as_tensor(positions), as_tensor(retrive_index), as_tensor(retrive_next_token),
+            as_tensor(retrive_next_sibling))
+
+
+def lay_out_mask(tree_rows: torch.Tensor, seq_lens: list[int], mode: TreeMaskMode) -> torch.Tensor:
+    """Each request's (n, n) tree part (bs, n, n) in SGLang's flat layouts:
+    FULL_MASK    per request n rows of (prefix + n) columns, the prefix all True (the wrapper's
+                 fill), blocks concatenated
+    QLEN_ONLY    per request the n x n tree part
+    BITPACKING   one integer per row, bit j = node j; uint8 / int16 / int32 for n <= 8 / 16 / 32"""
+    bs, n = tree_rows.shape[:2]
+    if mode == TreeMaskMode.FULL_MASK:
+        return torch.cat([torch.cat([torch.ones(n, L, dtype=torch.bool, device=tree_rows.device), rows], 1).flatten()
+                          for rows, L in zip(tree_rows, seq_lens)]) if bs else tree_rows.flatten()
+    if mode == TreeMaskMode.QLEN_ONLY:
+        return tree_rows.flatten()
+    if n > 32:
+        raise ValueError(f"QLEN_ONLY_BITPACKING holds at most 32 tree nodes, not {n}")
+    bits = (tree_rows.to(torch.int64) << torch.arange(n, device=tree_rows.device)).sum(-1)
+    return bits.flatten().to([torch.uint8, torch.int16, torch.int32][(n > 8) + (n > 16)])
 
 
 def tree_mask_rows(tree_mask, seq_lens, n: int, mode: TreeMaskMode) -> list[torch.Tensor]:
@@ -203,7 +204,7 @@ def reconstruct_indices_from_tree_mask(tree_mask, seq_lens, n: int):
     return positions, retrive_index, retrive_next_token, retrive_next_sibling
 
 
-# ---- one step's draft tree, end to end -----------------------------------------------------------
+# ---- one step's draft trees ---------------------------------------------------------------------
 
 @dataclass
 class DraftTree:
@@ -227,133 +228,39 @@ class DraftTree:
         return self.sizes[b] if self.sizes is not None else self.draft_tokens.shape[1]
 
     def parents(self, b: int) -> list[int]:
-        """Parent node of each node 1..size-1 (0 = root), read off the mask."""
-        m = self.tree_mask[b]
-        return [max(i for i in range(j) if m[j, i]) for j in range(1, self.size(b))]
+        """Parent node of each node 1..size-1 (0 = root), read off the mask: the deepest ancestor."""
+        n = self.size(b)
+        mask = self.tree_mask[b, :n, :n].tolist()
+        return [max(i for i in range(j) if mask[j][i]) for j in range(1, n)]
 
 
-def chain_tree(proposals: list[list[int]], root_tokens: list[int], seq_lens,
-               proposers: list[dict | None] | None = None, device="cpu") -> DraftTree:
-    """Chains of model-free drafts (n-gram), one per request, each as long as its proposal (q = 1
-    for a copied token). Padded to the longest; `sizes` says where each request's chain ends."""
+def chain_tree(proposals: list[list[int]], root_tokens: list[int], seq_lens, q: torch.Tensor | None = None,
+               draft_topk: list | None = None, proposers: list[dict | None] | None = None, device="cpu") -> DraftTree:
+    """Chains, one per request, each as long as its proposal, padded to the longest (`sizes` says
+    where each ends). q (bs, n-1): each draft's probability given its parent, 1 by default (a
+    copied n-gram); draft_topk: the trace's draft top-k at each node's parent (default [[token, q]])."""
     bs, n = len(proposals), 1 + max((len(p) for p in proposals), default=0)
     tokens = torch.zeros(bs, n, dtype=torch.int64)
-    nt, ns = torch.full((2, bs, n), -1, dtype=torch.int64)
+    retrive_next_token, retrive_next_sibling = torch.full((2, bs, n), -1, dtype=torch.int64)
     for b, (root, p) in enumerate(zip(root_tokens, proposals)):
         tokens[b, :len(p) + 1] = torch.tensor([root] + list(p))
-        nt[b, :len(p)] = torch.arange(1, len(p) + 1)
-    ones = torch.ones(bs, n - 1)
+        retrive_next_token[b, :len(p)] = torch.arange(1, len(p) + 1)
+    q = torch.ones(bs, n - 1) if q is None else q.float().cpu()
     return DraftTree(
         draft_tokens=tokens.to(device), tree_mask=torch.ones(n, n, dtype=torch.bool).tril().expand(bs, n, n).to(device),
         positions=(torch.tensor([int(s) for s in seq_lens]).view(bs, 1) + torch.arange(n)).to(device),
-        retrive_index=(torch.arange(bs * n).view(bs, n)).to(device), retrive_next_token=nt.to(device),
-        retrive_next_sibling=ns.to(device), q=ones, scores=ones,
-        draft_topk=[[[[t, 1.0]] for t in p] for p in proposals], sizes=[len(p) + 1 for p in proposals],
-        proposers=proposers)
+        retrive_index=torch.arange(bs * n).view(bs, n).to(device), retrive_next_token=retrive_next_token.to(device),
+        retrive_next_sibling=retrive_next_sibling.to(device), q=q, scores=torch.cumprod(q, dim=1),
+        draft_topk=draft_topk if draft_topk is not None else [[[[t, 1.0]] for t in p] for p in proposals],
+        sizes=[len(p) + 1 for p in proposals], proposers=proposers)
 
 
-@dataclass
-class SampledDrafts:
-    """Drafts sampled from q, for the lossless sampling rules, instead of the draft's top K."""
-
-    generators: list  # one torch.Generator per request
-    sibling_worth: torch.Tensor | None = None  # (bs, K): how much a node's j-th draw is worth; needed when K > 1
-
-
-def draft_tree(first_probs, forward_beams, root_tokens, seq_lens, topk: int, num_steps: int,
-               num_draft_tokens: int, trace_topk: int = 5, sampled: SampledDrafts | None = None) -> DraftTree:
-    """SGLang's EAGLE draft loop, then `organize_draft_results` and `build_tree`.
-
-    first_probs (bs, V): the draft's distribution after the root. forward_beams(i, input_ids,
-    parent_beam) runs the drafter on the K kept paths of level i (input_ids (bs*K,); parent_beam
-    (bs, K) says which path of level i-1 each extends, None at level 0) and returns the next
-    distributions (bs*K, V). The last level runs no forward. seq_lens: the target's committed
-    KV length per request (root excluded).
-
-    sampled: the K children of a path are K draws without replacement from its q, in draw order
-    (a chain draws one, as SGLang's `sample_draft_proposal` does for rejection sampling), and
-    the tree keeps the q each node was drawn from. Which nodes the tree keeps must not depend
-    on what they drew: a node kept or dropped for its token's q would bias the tree rule (the
-    chi-square test of tests/test_acceptance.py catches it). So a child's path score uses, in
-    place of its own q, `sibling_worth[j]`: what the j-th draw of a node is worth, measured
-    before this step (acceptance/tree_rejection.py). The shape is then fixed before the draws,
-    as in SpecInfer's and Sequoia's static trees; ties go to the earlier candidate."""
-    bs, K = first_probs.shape[0], topk
-    wide = min(max(K, trace_topk), first_probs.shape[-1])
-    level_probs = []
-
-    def top(probs):  # (q, tokens, rank) of each path's K children; the trace keeps the top `wide`
-        p, i = torch.topk(probs, wide, dim=-1)
-        pairs = [[[int(a), round(float(b), 6)] for a, b in zip(ii, pp)] for ii, pp in zip(i, p)]
-        if sampled is None:
-            q = p[:, :K].contiguous()
-            return q, i[:, :K].contiguous(), q, pairs
-        level_probs.append(probs)
-        per = probs.shape[0] // bs  # paths per request
-        gens = sampled.generators
-        draws = [sample_without_replacement(probs[row], K, gens[row // per]) for row in range(probs.shape[0])]
-        # a path whose q has fewer than K tokens with mass pads with q = 0 (never tried)
-        ids = torch.tensor([d + d[:1] * (K - len(d)) for d in draws], device=probs.device)
-        real = torch.tensor([[j < len(d) for j in range(K)] for d in draws], device=probs.device)
-        q = torch.where(real, torch.gather(probs, 1, ids), 0.0)
-        worth = torch.ones(bs, 1) if K == 1 else sampled.sibling_worth
-        return q, ids, worth.to(probs.device).repeat_interleave(per, dim=0), pairs
-
-    topk_q, topk_index, topk_rank, beam_pairs = top(first_probs)
-    score_list, token_list, parents_list, q_list, cand_pairs = [], [], [], [], [[] for _ in range(bs)]
-    scores = None
-    for i in range(num_steps):
-        input_ids, _, scores, info = select_top_k_tokens(i, topk_rank, topk_index, None, scores, K)
-        score_list.append(info[0])
-        token_list.append(info[1])
-        parents_list.append(info[2])
-        q_list.append(topk_q.reshape(bs, -1))  # each candidate's probability given its parent
-        for b in range(bs):  # candidate c of this level was drawn from beam c // K (root at level 0)
-            beams = [beam_pairs[b]] if i == 0 else beam_pairs[b * K:(b + 1) * K]
-            cand_pairs[b] += [beams[c // K] if i else beams[0] for c in range(K if i == 0 else K * K)]
-        if i == num_steps - 1:
-            break
-        parent_beam = None if i == 0 else (info[2] - (K * K * (i - 1) + K)) // K
-        topk_q, topk_index, topk_rank, beam_pairs = top(forward_beams(i, input_ids, parent_beam))
-
-    parent_list, top_scores_index, draft_tokens = organize_draft_results(
-        score_list, token_list, parents_list, num_draft_tokens)
-    all_scores = torch.cat([s.flatten(1) for s in score_list], dim=1)
-    n = num_draft_tokens
-    mask, positions, ri, rnt, rns = build_tree(parent_list, top_scores_index, seq_lens, K, n,
-                                               TreeMaskMode.QLEN_ONLY)
-    draft_probs = None
-    if sampled is not None:  # the q each kept node was drawn from: its parent path's distribution
-        paths = torch.cat([level_probs[0].view(bs, 1, -1)] + [lp.view(bs, K, -1) for lp in level_probs[1:]], dim=1)
-        path_of = torch.tensor([0] * K + [1 + (i - 1) * K + c // K for i in range(1, num_steps) for c in range(K * K)],
-                               device=paths.device)  # candidate -> row of `paths`
-        draft_probs = torch.stack([paths[b, path_of[top_scores_index[b]]] for b in range(bs)])
-    return DraftTree(
-        draft_tokens=torch.cat([root_tokens.view(bs, 1), draft_tokens], dim=1),
-        tree_mask=mask.view(bs, n, n), positions=positions.view(bs, n), retrive_index=ri,
-        retrive_next_token=rnt, retrive_next_sibling=rns,
-        q=torch.gather(torch.cat(q_list, dim=1), 1, top_scores_index),
-        scores=torch.gather(all_scores, 1, top_scores_index),
-        draft_topk=[[cand_pairs[b][int(c)] for c in top_scores_index[b]] for b in range(bs)],
-        draft_probs=draft_probs, sibling_worth=sampled.sibling_worth if sampled is not None else None)
-
-
-def beam_features(h_prev: torch.Tensor, i: int, parent_beam, topk: int) -> torch.Tensor:
-    """The hidden states level i's K paths continue (bs*K, H): at level 0 every path continues the
-    root's (h_prev (bs, H)); later, path k continues the path of level i-1 it was expanded from
-    (h_prev (bs*K, H), parent_beam (bs, K))."""
-    if i == 0:
-        return h_prev.repeat_interleave(topk, dim=0)
-    offset = torch.arange(0, parent_beam.shape[0] * topk, topk, device=h_prev.device).unsqueeze(1)
-    return h_prev[(parent_beam + offset).flatten()]
-
-
-def children(node: int, next_token: list[int], next_sibling: list[int]) -> list[int]:
-    """A node's children in sibling order, read off the retrive_* linked lists."""
-    out, cur = [], next_token[node]
+def children(node: int, retrive_next_token: list[int], retrive_next_sibling: list[int]) -> list[int]:
+    """A node's children in sibling order, read off the linked lists."""
+    out, cur = [], retrive_next_token[node]
     while cur != -1:
         out.append(cur)
-        cur = next_sibling[cur]
+        cur = retrive_next_sibling[cur]
     return out
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import graphviz
 
-from spectrace.core.config import SpectraceError
+from spectrace.errors import SpectraceError
 from spectrace.viz.steptree import ViewNode, step_tree
 
 # fate -> (fill, border): the TUI uses the borders as text colours

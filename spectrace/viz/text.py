@@ -24,7 +24,7 @@ def metrics_lines(m: dict, algo: str) -> list[str]:
 def run_summary(result, algo: str) -> str:
     out = []
     for r, text in zip(result.requests, result.texts):
-        out.append(f"--- request {r.req} ({len(r.prompt_ids)} prompt tokens, {len(r.output_ids)} generated, "
+        out.append(f"--- request {r.req_pool_idx} ({len(r.prompt_ids)} prompt tokens, {len(r.output_ids)} generated, "
                    f"finished: {r.finish_reason})")
         out.append(text)
     out.append("---")

@@ -46,7 +46,7 @@ from spectrace.core.drafters.eagle3 import Eagle3Head, default_capture_layers
 from spectrace.core.drafters.frozen_kv_mtp import FrozenKVMtpHead
 from spectrace.core.drafters.medusa import MedusaHeads
 from spectrace.core.drafters.mtp import MtpHead
-from spectrace.core.model import rotate_half
+from spectrace.core.model import apply_rope
 from spectrace.zoo import TARGET_DIR, corpus
 from spectrace.zoo.train import token_stream
 
@@ -72,7 +72,7 @@ def head_config(target_hf, kind: str, draft_vocab_size: int | None = None):
         extra = {"backbone_hidden_size": target_hf.hidden_size}
     layers = {"frozen_kv_mtp": 2, "dflash": DFLASH_LAYERS}.get(kind, 1)
     cfg = LlamaConfig(**{k: d[k] for k in keep if k in d}, num_hidden_layers=layers,
-                      rope_theta=ModelConfig.from_hf(target_hf).rope_theta, tie_word_embeddings=False, **extra)
+                      rope_theta=ModelConfig.from_json(target_hf.to_dict()).rope_theta, tie_word_embeddings=False, **extra)
     cfg.architectures = [{"eagle3": "LlamaForCausalLMEagle3", "frozen_kv_mtp": "FrozenKVMtpForCausalLM",
                           "dflash": "DFlashDraftModel"}.get(
         kind, "LlamaForCausalLM")]
@@ -80,7 +80,7 @@ def head_config(target_hf, kind: str, draft_vocab_size: int | None = None):
 
 
 def new_head(kind: str, hf_cfg, target_cfg, d2t=None, t2d=None):
-    cfg = ModelConfig.from_hf(hf_cfg)
+    cfg = ModelConfig.from_json(hf_cfg.to_dict())
     if kind == "eagle3":
         head = Eagle3Head(cfg, len(d2t), target_cfg.hidden_size, default_capture_layers(target_cfg.num_hidden_layers))
         head.d2t.copy_(d2t)
@@ -118,10 +118,6 @@ def _attend(q, keys, values, diag=()):
     return out
 
 
-def _rope(x, cos, sin):
-    return x * cos + rotate_half(x) * sin
-
-
 def eagle_level(head: EagleHead, ids, feats, j: int, past: list):
     """Level j of an EAGLE-1 / MTP / EAGLE-3 head: ids (B, n), feats (B, n, F) -> (B, n, H).
     `past` collects each level's (k, v): level 1's are the prefix, later ones the ancestors."""
@@ -130,8 +126,8 @@ def eagle_level(head: EagleHead, ids, feats, j: int, past: list):
     attn = layer.self_attn
     attn_in, x = head.layer_input(ids, feats)
     cos, sin = head.rotary_emb(torch.arange(n, device=ids.device) + j - 1, x.dtype)  # (n, 1, d)
-    q = _rope(attn.q_proj(attn_in).view(B, n, attn.num_heads, attn.head_dim), cos, sin)
-    k = _rope(attn.k_proj(attn_in).view(B, n, attn.num_kv_heads, attn.head_dim), cos, sin)
+    q = apply_rope(attn.q_proj(attn_in).view(B, n, attn.num_heads, attn.head_dim), cos, sin)
+    k = apply_rope(attn.k_proj(attn_in).view(B, n, attn.num_kv_heads, attn.head_dim), cos, sin)
     v = attn.v_proj(attn_in).view(B, n, attn.num_kv_heads, attn.head_dim)
     past.append((k, v))
     o = _attend(q, *past[0], past[1:])
@@ -148,7 +144,7 @@ def frozen_level(head: FrozenKVMtpHead, embeds, feats, target_k, target_v):
     cos, sin = head.rotary_emb(torch.arange(n, device=x.device) + 1, x.dtype)
     for layer in head.model.layers:
         attn = layer.self_attn
-        q = _rope(attn.q_proj(layer.input_layernorm(x)).view(B, n, attn.num_heads, attn.head_dim), cos, sin)
+        q = apply_rope(attn.q_proj(layer.input_layernorm(x)).view(B, n, attn.num_heads, attn.head_dim), cos, sin)
         x = x + attn.o_proj(_attend(q, target_k, target_v).reshape(B, n, -1))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     x = head.model.norm(x)
@@ -252,7 +248,7 @@ def train(args) -> dict:
         layer_ids = build_target_layer_ids(L, DFLASH_LAYERS)
         cfg.block_size, cfg.num_target_layers = DFLASH_BLOCK, L
         cfg.dflash_config = {"mask_token_id": mask_id, "target_layer_ids": layer_ids}
-        head = DFlashDraftModel(ModelConfig.from_hf(cfg), layer_ids, DFLASH_BLOCK, mask_id).to(device)
+        head = DFlashDraftModel(ModelConfig.from_json(cfg.to_dict()), layer_ids, DFLASH_BLOCK, mask_id).to(device)
     else:
         cfg = head_config(target.config, args.kind, args.draft_vocab)
         head = new_head(args.kind, cfg, target.config, d2t, t2d).to(device)

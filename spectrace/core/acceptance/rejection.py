@@ -1,5 +1,6 @@
 """Chain rejection sampling, SGLang's `chain_speculative_sampling` (--acceptance rejection, or
---speculative-use-rejection-sampling): the classic rule of Leviathan et al. and Chen et al.
+--speculative-use-rejection-sampling; the Triton kernel `speculative_sampling_classic_kernel`):
+the classic rule of Leviathan et al. and Chen et al.
 
 Each draft d_j was sampled from the draft's q(. | prefix); with the target's p(. | prefix):
 
@@ -8,40 +9,39 @@ Each draft d_j was sampled from the draft's q(. | prefix); with the target's p(.
     all accepted -> bonus ~ p after the last draft
 
 which makes every emitted token a sample of p exactly. SGLang allows it only for chains (topk
-1) with both thresholds 1.0. The comparison is strict, as in the kernel.
+1) with both thresholds 1.0. The comparison is strict and in float32, as in the kernel, and a NaN
+in q counts as 0 in the residual.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from spectrace.core.acceptance.greedy import AcceptResult
-from spectrace.core.sampling import sample_from_prob, topk_pairs
+from spectrace.core.acceptance import AcceptResult, bonus_from, decision
+from spectrace.core.sampling import sample_from_prob
+
+F32 = np.float32
 
 
-def rejection_walk(candidates: list[int], target_probs: torch.Tensor, draft_probs: torch.Tensor,
-                   coins: torch.Tensor, coin_final: float, trace_topk: int = 5) -> AcceptResult:
-    """One request's chain. candidates (n,): root then drafts; target_probs (n, V): p after each
-    node; draft_probs (n-1, V): the q each draft was sampled from; coins (n-1,)."""
+def rejection_walk(candidates, retrive_next_token, retrive_next_sibling, target_predict, target_probs,
+                   draft_probs, randoms, max_depth, params) -> AcceptResult:
+    """A chain: candidates (n,) root then drafts. Reads target_probs (n, V), draft_probs (n-1, V)
+    (the q each draft was sampled from), randoms.coins (coin j-1 for draft j) and coin_final."""
     n = len(candidates)
     path, correct, decisions, row = [0], [], [], 0
     for step in range(1, n):
         tok = candidates[step]
-        p, q, coin = float(target_probs[row, tok]), float(draft_probs[row, tok]), float(coins[step - 1])
+        p, q, coin = F32(target_probs[row, tok]), F32(draft_probs[row, tok]), F32(randoms.coins[step - 1])
         ok = coin * q < p
-        decisions.append({"node": step, "draft": tok, "accepted": ok, "coin": round(coin, 6), "p": round(p, 6),
-                          "q": round(q, 6), "rule": "coin * q < p" if ok else "coin * q >= p"})
+        decisions.append(decision(step, tok, ok, "coin * q < p" if ok else "coin * q >= p", coin=coin, p=p, q=q))
         if not ok:
             break
         correct.append(tok)
         path.append(step)
         row = step
     all_accepted = len(correct) == n - 1
-    if all_accepted:
-        dist = target_probs[row]
-    else:
-        dist = torch.relu(target_probs[row] - torch.nan_to_num(draft_probs[row]))
-    bonus = sample_from_prob(dist, coin_final)
-    total = float(dist.sum())
-    bonus_from = {"dist": "target" if all_accepted else "residual", "node": row, "coin": round(coin_final, 6),
-                  "topk": topk_pairs(dist / max(total, 1e-30), trace_topk)}
-    return AcceptResult(correct, bonus, path, decisions, bonus_from)
+    dist = target_probs[row] if all_accepted else torch.relu(target_probs[row] - torch.nan_to_num(draft_probs[row]))
+    coin_final = float(randoms.coin_final)
+    return AcceptResult(correct, sample_from_prob(dist, coin_final), path, decisions,
+                        bonus_from("target" if all_accepted else "residual", row, dist, params.trace_topk,
+                                   coin=coin_final))

@@ -3,9 +3,9 @@ sampling over siblings drawn without replacement (Jeon et al. 2024, "Recursive S
 Decoding"), the multi-draft form of SpecInfer's rule. SGLang's engine refuses rejection
 sampling on trees; this rule lifts that.
 
-The drafter samples the tree (tree.draft_tree with generators): the children x_1, x_2, ... of a
-node are draws without replacement from the draft's q after the node, in draw order. At the
-current node, with p the target's distribution after it:
+The drafter samples the tree (drafters/eagle_worker.py, `SampledDrafts`): the children x_1, x_2,
+... of a node are draws without replacement from the draft's q after the node, in draw order.
+At the current node, with p the target's distribution after it:
 
     p' = p, q' = q
     for each child x in draw order:   accept x  iff  coin * q'(x) < p'(x)   (prob. min(1, p'/q'))
@@ -15,57 +15,48 @@ current node, with p the target's distribution after it:
 
 Each try is the chain rule of rejection.py against (p', q'), the distribution the next draw
 really came from, so every emitted token is a sample of p. With one child this is chain
-rejection sampling; each further sibling is one more chance before the residual.
+rejection sampling; each further sibling is one more chance before the residual. Coins are
+SGLang's layout, one float32 coin per node (used when the node is tried) and a final one.
 
-The tree's shape. A sampled tree cannot be ranked by its draws' q as EAGLE-2 ranks top-k
-trees: keeping a node for what it drew selects on the draw and biases the output. What a
-node's j-th draw is worth is instead measured on the request's earlier steps (`SiblingStats`):
-r_j = P(the j-th draw is accepted | the earlier ones were rejected), and the j-th draw is
-on the accepted path with probability a_j = r_j * prod_{i<j} (1 - r_i). A node's path score
-is the product of a over its path: the expected number of accepted drafts is the sum of those
-scores, so the draft loop's top n-1 by path score is the best tree under that estimate
-(Sequoia's acceptance vector, measured online rather than offline).
-
-What the seed simplifies: EAGLE's own sampling path (SafeAILab `evaluate_posterior`) keeps
-the top-k tree and tries each sibling with q = 1 (accept iff coin <= p'(x), then p'(x) = 0).
-That is lossless too, but a level accepts with only the target's mass on the draft's top k,
-which at temperature 1 loses to a chain sampled from q (τ 1.76 against 1.99 on our models).
+The tree's shape. A sampled tree cannot be ranked by its draws' q as EAGLE-2 ranks top-k trees:
+keeping a node for what it drew selects on the draw and biases the output. What a node's j-th
+draw is worth is instead measured on the request's earlier steps (`SiblingStats`):
+r_j = P(the j-th draw is accepted | the earlier ones were rejected), and the j-th draw is on the
+accepted path with probability a_j = r_j * prod_{i<j} (1 - r_i). A node's path score is the
+product of a over its path: the expected number of accepted drafts is the sum of those scores,
+so the draft loop's top n-1 by path score is the best tree under that estimate (Sequoia's
+acceptance vector, measured online rather than offline). README.md tells how this rule compares
+with the others and with EAGLE's own sampling path.
 """
 from __future__ import annotations
 
 import torch
 
-from spectrace.core.acceptance.greedy import AcceptResult
-from spectrace.core.sampling import sample_from_prob, topk_pairs
+from spectrace.core.acceptance import AcceptResult, bonus_from, decision
+from spectrace.core.sampling import sample_from_prob
 from spectrace.core.tree import children
 
 
-def tree_rejection_walk(candidates: list[int], next_token: list[int], next_sibling: list[int],
-                        target_probs: torch.Tensor, draft_probs: torch.Tensor, gen: torch.Generator,
-                        max_depth: int, trace_topk: int = 5) -> AcceptResult:
-    """One request. target_probs (n, V): p after each node; draft_probs (n-1, V): the q node j+1
-    was drawn from (its parent's). Coins come from the request's generator, one per try, then
-    one for the bonus."""
-    def coin() -> float:
-        return float(torch.rand((), generator=gen, dtype=torch.float64))
-
+def tree_rejection_walk(candidates, retrive_next_token, retrive_next_sibling, target_predict, target_probs,
+                        draft_probs, randoms, max_depth, params) -> AcceptResult:
+    """Reads target_probs (n, V), draft_probs (n-1, V) (row j: the q node j+1 was drawn from, its
+    parent's), randoms.coins (n,) (coins[node] when node is tried) and coin_final."""
     path, correct, decisions = [0], [], []
     row, rejected = 0, False
-    p = target_probs[0].double()
+    p = target_probs[0]
     for _ in range(max_depth):
-        cur = next_token[row]
-        q = draft_probs[cur - 1].double() if cur != -1 else None
+        cur = retrive_next_token[row]
+        q = draft_probs[cur - 1] if cur != -1 else None
         while cur != -1:
             tok = candidates[cur]
-            px, qx = float(p[tok]), float(q[tok])
-            if qx == 0.0:  # not a draw (the path's q had fewer than topk tokens): nothing more to try
+            if q[tok] == 0.0:  # not a draw (the path's q had fewer than topk tokens): nothing more to try
                 cur = -1
                 break
-            u = coin()
-            ok = u * qx < px
-            decisions.append({"node": cur, "draft": tok, "accepted": ok, "coin": round(u, 6), "p": round(px, 6),
-                              "q": round(qx, 6), "rule": "coin * q'(x) < p'(x)" if ok else
-                              "coin * q'(x) >= p'(x): p' = relu(p' - q'), q'(x) = 0"})
+            coin = randoms.coins[cur]
+            ok = bool(coin * q[tok] < p[tok])
+            decisions.append(decision(cur, tok, ok, "coin * q'(x) < p'(x)" if ok else
+                                      "coin * q'(x) >= p'(x): p' = relu(p' - q'), q'(x) = 0",
+                                      coin=float(coin), p=float(p[tok]), q=float(q[tok])))
             if ok:
                 break
             rejected = True
@@ -78,18 +69,16 @@ def tree_rejection_walk(candidates: list[int], next_token: list[int], next_sibli
                 cur = -1
                 break
             q = q / q.sum()
-            cur = next_sibling[cur]
+            cur = retrive_next_sibling[cur]
         if cur == -1:
             break
         path.append(cur)
         correct.append(candidates[cur])
         row, rejected = cur, False
-        p = target_probs[row].double()
-    u = coin()
-    bonus = sample_from_prob(p, u)
-    bonus_from = {"dist": "residual" if rejected else "target", "node": row, "coin": round(u, 6),
-                  "topk": topk_pairs(p.float(), trace_topk)}
-    return AcceptResult(correct, bonus, path, decisions, bonus_from)
+        p = target_probs[row]
+    coin_final = float(randoms.coin_final)
+    return AcceptResult(correct, sample_from_prob(p, coin_final), path, decisions,
+                        bonus_from("residual" if rejected else "target", row, p, params.trace_topk, coin=coin_final))
 
 
 class SiblingStats:
@@ -100,9 +89,9 @@ class SiblingStats:
         self.tried = torch.full((topk,), 2.0, dtype=torch.float64)
         self.accepted = torch.ones(topk, dtype=torch.float64)
 
-    def observe(self, decisions: list[dict], next_token: list[int], next_sibling: list[int]) -> None:
-        rank = {c: j for node in range(len(next_token))  # node -> its index among its parent's children
-                for j, c in enumerate(children(node, next_token, next_sibling))}
+    def observe(self, decisions: list[dict], retrive_next_token: list[int], retrive_next_sibling: list[int]) -> None:
+        rank = {c: j for node in range(len(retrive_next_token))  # node -> its index among its parent's children
+                for j, c in enumerate(children(node, retrive_next_token, retrive_next_sibling))}
         for d in decisions:
             self.tried[rank[d["node"]]] += 1
             self.accepted[rank[d["node"]]] += d["accepted"]

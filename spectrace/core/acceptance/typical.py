@@ -21,8 +21,8 @@ import math
 
 import torch
 
-from spectrace.core.acceptance.greedy import AcceptResult
-from spectrace.core.sampling import sample_from_prob, topk_pairs
+from spectrace.core.acceptance import AcceptResult, Randoms, bonus_from, decision
+from spectrace.core.sampling import sample_from_prob
 from spectrace.core.tree import children
 
 POSTERIOR_THRESHOLD, POSTERIOR_ALPHA = 0.09, 0.3
@@ -34,19 +34,24 @@ def typical_threshold(p: torch.Tensor, posterior_threshold: float, posterior_alp
     return min(posterior_threshold, math.exp(-entropy) * posterior_alpha), entropy
 
 
-def typical_walk(candidates: list[int], next_token: list[int], next_sibling: list[int], target_probs: torch.Tensor,
-                 coin: float, posterior_threshold: float = POSTERIOR_THRESHOLD,
-                 posterior_alpha: float = POSTERIOR_ALPHA, trace_topk: int = 5) -> AcceptResult:
-    """One request; target_probs (n, V) p after each node; coin: the bonus's uniform."""
-    limits = [typical_threshold(p, posterior_threshold, posterior_alpha) for p in target_probs]
-    parent = {c: node for node in range(len(candidates)) for c in children(node, next_token, next_sibling)}
+def draw(n: int, vocab: int, gen: torch.Generator | None) -> Randoms:
+    """One coin, for the bonus (Medusa draws it with torch.multinomial)."""
+    return Randoms(coin_final=torch.rand((), generator=gen))
+
+
+def typical_walk(candidates, retrive_next_token, retrive_next_sibling, target_predict, target_probs, draft_probs,
+                 randoms, max_depth, params) -> AcceptResult:
+    """Reads target_probs (n, V), p after each node, and randoms.coin_final, the bonus's coin."""
+    limits = [typical_threshold(p, POSTERIOR_THRESHOLD, POSTERIOR_ALPHA) for p in target_probs]
+    parent = {c: node for node in range(len(candidates))
+              for c in children(node, retrive_next_token, retrive_next_sibling)}
 
     def passes(node: int) -> bool:
         return float(target_probs[parent[node], candidates[node]]) > limits[parent[node]][0]
 
     # every path's longest passing prefix, as a list of nodes (the root excluded)
     best, best_key = [], (0, 0.0)
-    stack = [[c] for c in children(0, next_token, next_sibling)]
+    stack = [[c] for c in children(0, retrive_next_token, retrive_next_sibling)]
     while stack:
         path = stack.pop()
         if not passes(path[-1]):
@@ -54,7 +59,7 @@ def typical_walk(candidates: list[int], next_token: list[int], next_sibling: lis
         ll = sum(math.log(float(target_probs[parent[n], candidates[n]])) for n in path)
         if (len(path), ll) > best_key:
             best, best_key = path, (len(path), ll)
-        stack += [path + [c] for c in children(path[-1], next_token, next_sibling)]
+        stack += [path + [c] for c in children(path[-1], retrive_next_token, retrive_next_sibling)]
     chosen = set(best)
     decisions = []
     for node in sorted(parent):  # each node whose parent passed (or is the root) was tested
@@ -62,15 +67,13 @@ def typical_walk(candidates: list[int], next_token: list[int], next_sibling: lis
             continue
         p, (threshold, entropy) = float(target_probs[parent[node], candidates[node]]), limits[parent[node]]
         ok = passes(node)
-        decisions.append({"node": node, "draft": candidates[node], "accepted": node in chosen, "p": round(p, 6),
-                          "threshold": round(threshold, 6), "entropy": round(entropy, 4), "passes": ok,
-                          "rule": ("p > threshold" if node in chosen else
-                                   "p > threshold, but another path is longer or likelier" if ok else "p <= threshold")})
+        decisions.append(decision(node, candidates[node], node in chosen,
+                                  "p > threshold" if node in chosen else
+                                  "p > threshold, but another path is longer or likelier" if ok else "p <= threshold",
+                                  p=p, threshold=threshold, entropy=round(entropy, 4), passes=ok))
     last = best[-1] if best else 0
     p = target_probs[last].double()
     kept = torch.where(p >= limits[last][0], p, 0.0)  # Medusa removes tokens with p < threshold
-    bonus = sample_from_prob(kept, coin)
-    bonus_from = {"dist": "typical", "node": last, "coin": round(coin, 6), "threshold": round(limits[last][0], 6),
-                  "topk": topk_pairs((kept / kept.sum()).float(), trace_topk)}
-    return AcceptResult([candidates[n] for n in best], bonus, [0] + best, decisions, bonus_from)
-
+    coin = float(randoms.coin_final)
+    return AcceptResult([candidates[n] for n in best], sample_from_prob(kept, coin), [0] + best, decisions,
+                        bonus_from("typical", last, kept, params.trace_topk, coin=coin, threshold=limits[last][0]))

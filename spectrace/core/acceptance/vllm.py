@@ -1,31 +1,34 @@
-"""vLLM's rejection sampler (--acceptance vllm), v0.8.5 semantics with float64 coins.
+"""vLLM's rejection sampler (--acceptance vllm), `vllm/v1/sample/rejection_sampler.py`, with v0.8.5's
+greedy convention and current vLLM's float64 uniforms and `* inv_q` recovered tokens.
 
 A chain of n drafts per request; target probabilities p at each draft position; the bonus token
-was sampled beforehand from the target's logits after the last draft.
+was sampled beforehand from p after the last draft.
 
     greedy request   out[pos] = argmax p; stop after the first position where draft != argmax
     random request   accepted = q(d) > 0 and p(d) / q(d) >= u      (q = 1 when draft_probs is None:
                      out[pos] = d if accepted else recovered[pos]    drafts were argmax, one-hot)
     all accepted     out[n] = bonus
-    recovered[pos] = argmax_v prob(v) / e(v),  prob = relu(p - q)  (draft_probs None: p with the
-                     draft token zeroed), e ~ Exp(1), one noise vector per request: the exponential
-                     race, a sample of prob / sum(prob) without normalising
-Positions after a rejection keep PLACEHOLDER_TOKEN_ID (-1). Per-request generators draw the n
-uniforms, then the V exponentials (requests without drafts draw nothing).
+    recovered[pos] = argmax_v prob(v) * inv_q(v),  prob = relu(p - q)  (draft_probs None: p with
+                     the draft token zeroed), inv_q = 1 / e, e ~ Exp(1), one noise vector per
+                     request: the exponential race, a sample of prob / sum(prob) without normalising
+Positions after a rejection keep PLACEHOLDER_TOKEN_ID (-1). `p / q` is a float32 division compared
+with a float64 uniform, as in `rejection_random_sample_kernel`.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from spectrace.core.acceptance.greedy import AcceptResult
-from spectrace.core.sampling import sample_from_prob, topk_pairs
+from spectrace.core.acceptance import AcceptResult, Randoms, bonus_from, decision
 
 PLACEHOLDER_TOKEN_ID = -1
+F32 = np.float32
 
 
 def recovered_tokens(target_probs: torch.Tensor, draft_probs: torch.Tensor | None, drafts: list[int],
-                     exp_noise: torch.Tensor) -> list[int]:
-    """target_probs (n, V); draft_probs (n, V) or None; exp_noise (V,) Exp(1) draws."""
+                     inv_q: torch.Tensor) -> list[int]:
+    """`sample_recovered_tokens_kernel` for one request: target_probs (n, V); draft_probs (n, V)
+    or None; inv_q (V,) = 1 / Exp(1) noise, shared by the request's positions."""
     out = []
     for pos, d in enumerate(drafts):
         if draft_probs is None:
@@ -33,14 +36,14 @@ def recovered_tokens(target_probs: torch.Tensor, draft_probs: torch.Tensor | Non
             prob[d] = 0.0
         else:
             prob = torch.clamp(target_probs[pos] - draft_probs[pos], min=0.0)
-        out.append(int(torch.argmax(prob / exp_noise)))
+        out.append(int(torch.argmax(prob * inv_q)))
     return out
 
 
 def vllm_walk(drafts: list[int], target_probs: torch.Tensor, draft_probs: torch.Tensor | None, bonus: int,
-              uniforms: torch.Tensor | None, exp_noise: torch.Tensor | None, greedy: bool,
-              trace_topk: int = 5) -> tuple[list[int], list[dict]]:
-    """One request: the output row (n + 1 entries, -1 placeholders) and the decisions."""
+              uniforms: torch.Tensor | None, inv_q: torch.Tensor | None, greedy: bool) -> tuple[list[int], list[dict]]:
+    """One request of `rejection_greedy_sample_kernel` / `rejection_random_sample_kernel`: the
+    output row (n + 1 entries, -1 placeholders) and the decisions."""
     n = len(drafts)
     out, decisions = [PLACEHOLDER_TOKEN_ID] * (n + 1), []
     if greedy:
@@ -48,55 +51,57 @@ def vllm_walk(drafts: list[int], target_probs: torch.Tensor, draft_probs: torch.
         for pos, d in enumerate(drafts):
             out[pos] = argmax[pos]
             ok = d == argmax[pos]
-            decisions.append({"node": pos + 1, "draft": d, "target_argmax": argmax[pos], "accepted": ok,
-                              "rule": "draft == argmax(p)" if ok else "draft != argmax(p): emit argmax(p)"})
+            decisions.append(decision(pos + 1, d, ok, "draft == argmax(p)" if ok else "draft != argmax(p): emit argmax(p)",
+                                      target_argmax=argmax[pos]))
             if not ok:
                 return out, decisions
         out[n] = bonus
         return out, decisions
-    recovered = recovered_tokens(target_probs, draft_probs, drafts, exp_noise) if n else []
+    recovered = recovered_tokens(target_probs, draft_probs, drafts, inv_q) if n else []
     for pos, d in enumerate(drafts):
-        u = float(uniforms[pos])
-        q = 1.0 if draft_probs is None else float(draft_probs[pos, d])
-        p = float(target_probs[pos, d])
-        ok = q > 0 and p / q >= u
+        u = float(uniforms[pos])  # float64
+        q = F32(1.0) if draft_probs is None else F32(draft_probs[pos, d])
+        p = F32(target_probs[pos, d])
+        ok = bool(q > 0 and p / q >= u)  # the float32 quotient is compared in float64
         out[pos] = d if ok else recovered[pos]
-        decisions.append({"node": pos + 1, "draft": d, "accepted": ok, "coin": round(u, 6), "p": round(p, 6),
-                          "q": round(q, 6), "rule": "p / q >= u" if ok else
-                          f"p / q < u: emit the recovered token {recovered[pos]} ~ relu(p - q)"})
+        decisions.append(decision(pos + 1, d, ok, "p / q >= u" if ok else
+                                  f"p / q < u: emit the recovered token {recovered[pos]} ~ relu(p - q)",
+                                  coin=u, p=p, q=q))
         if not ok:
             return out, decisions
     out[n] = bonus
     return out, decisions
 
 
-def draw_randoms(n: int, vocab: int, gen: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The request's n float64 uniforms, then its V exponentials, in vLLM's order."""
-    u = torch.rand(n, dtype=torch.float64, generator=gen)
-    e = torch.empty(vocab, dtype=torch.float32).exponential_(generator=gen)
-    return u, e
+def draw(n: int, vocab: int, gen: torch.Generator | None) -> Randoms:
+    """vLLM's order on a seeded request's generator: the Sampler's noise for the bonus, then one
+    float64 uniform per draft, then the recovered tokens' noise (n nodes: n - 1 drafts)."""
+    bonus_noise = torch.empty(vocab, dtype=torch.float32).exponential_(generator=gen)
+    uniforms = torch.rand(n - 1, dtype=torch.float64, generator=gen)
+    recovered_noise = torch.empty(vocab, dtype=torch.float32).exponential_(generator=gen)
+    return Randoms(bonus_noise=bonus_noise, uniforms=uniforms, recovered_noise=recovered_noise)
 
 
-def vllm_accept(candidates: list[int], target_probs: torch.Tensor, draft_probs: torch.Tensor | None,
-                gen: torch.Generator, trace_topk: int = 5) -> AcceptResult:
-    """The engine's use of the sampler for one request's chain: candidates (n+1,) root then
-    drafts; target_probs (n+1, V) after each node. The bonus is drawn first from p after the
-    last draft (vLLM samples it before rejection), then the uniforms and the exponentials."""
+def vllm_accept(candidates, retrive_next_token, retrive_next_sibling, target_predict, target_probs, draft_probs,
+                randoms, max_depth, params) -> AcceptResult:
+    """The engine's use of the sampler on one request's chain: candidates (n,) root then drafts;
+    target_probs (n, V) after each node; draft_probs (n-1, V), None for n-gram and DFLASH drafts
+    (one-hot, as vLLM passes draft_probs=None). The bonus is vLLM's Sampler's exponential race on
+    p after the last draft: argmax(p / noise)."""
     drafts = candidates[1:]
     n = len(drafts)
-    bonus_u = torch.rand((), dtype=torch.float64, generator=gen)
-    bonus = sample_from_prob(target_probs[n], float(bonus_u))
-    u, e = draw_randoms(n, target_probs.shape[-1], gen)
-    out, decisions = vllm_walk(drafts, target_probs[:n], draft_probs, bonus, u, e, greedy=False)
+    bonus = int(torch.argmax(target_probs[n] / randoms.bonus_noise))
+    out, decisions = vllm_walk(drafts, target_probs[:n], draft_probs, bonus, randoms.uniforms,
+                               1.0 / randoms.recovered_noise, greedy=False)
     emitted = [t for t in out if t != PLACEHOLDER_TOKEN_ID]
     correct = emitted[:-1]
-    rejected = len(correct) < n
     row = len(correct)
-    if rejected:
-        prob = torch.clamp(target_probs[row] - draft_probs[row], min=0.0) if draft_probs is not None else \
-            target_probs[row].clone().index_fill_(0, torch.tensor([drafts[row]]), 0.0)
-    else:
+    rejected = row < n
+    if not rejected:
         prob = target_probs[row]
-    bonus_from = {"dist": "residual" if rejected else "target", "node": row,
-                  "topk": topk_pairs(prob / max(float(prob.sum()), 1e-30), trace_topk)}
-    return AcceptResult(correct, emitted[-1], list(range(row + 1)), decisions, bonus_from)
+    elif draft_probs is None:
+        prob = target_probs[row].clone().index_fill_(0, torch.tensor([drafts[row]]), 0.0)
+    else:
+        prob = torch.clamp(target_probs[row] - draft_probs[row], min=0.0)
+    return AcceptResult(correct, emitted[-1], list(range(row + 1)), decisions,
+                        bonus_from("residual" if rejected else "target", row, prob, params.trace_topk))

@@ -1,5 +1,37 @@
 """Drafters propose a draft tree (a chain is a tree of topk 1) for the target to verify.
 
-Each lives in its own module and offers `draft_extend_for_prefill`, `draft` (-> tree.DraftTree),
-`draft_extend` and `release`.
+Each lives in its own module; the engine sees only this interface. SGLang's EAGLE worker names
+the phases: DRAFT is `draft`, DRAFT_EXTEND is `forward_draft_extend` (after prefill) and
+`forward_draft_extend_after_decode` (after each verify).
 """
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from spectrace.core.kv import KVCache
+from spectrace.core.tree import DraftTree
+
+# what DRAFT_EXTEND hands a drafter, per request: (req_pool_idx, tokens, target features (len, F))
+ExtendItem = tuple[int, list[int], torch.Tensor]
+
+
+class Drafter(Protocol):
+    kv: KVCache | None  # the drafter's own paged KV (the engine files its events), or None
+    capture_layers: tuple[int, ...]  # target layers whose inputs the features are; () = last hidden state
+
+    def draft_extend_for_prefill(self, items: list[ExtendItem]) -> None:
+        """After prefill: tokens = prompt + the first generated token; features of the prompt rows."""
+
+    def draft(self, reqs: list[int], root_tokens: list[int], seq_lens: list[int], sampled=None) -> DraftTree:
+        """DRAFT for every request: a tree rooted at its last committed token, whose nodes sit after
+        the target's committed KV (seq_lens, root excluded). sampled: `SampledDrafts` when the
+        rule needs drafts sampled from q (drafters that cannot sample are refused before the run)."""
+
+    def draft_extend(self, items: list[ExtendItem]) -> None:
+        """After a verify: tokens = the step's accept_tokens; features of the accepted path's rows
+        (root .. last correct draft)."""
+
+    def release(self, req: int) -> None:
+        """A finished request: forget it, return its KV."""

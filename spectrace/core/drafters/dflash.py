@@ -22,11 +22,13 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from spectrace.core.config import ModelConfig, SpectraceError
-from spectrace.core.model import MLP, CausalLM, RMSNorm, RotaryEmbedding, check_keys, read_checkpoint, rotate_half
+from spectrace.core.config import ModelConfig
+from spectrace.core.model import (CausalLM, DecoderLayer, RMSNorm, RotaryEmbedding, apply_rope, attend, finish_loading,
+                                   read_checkpoint)
+from spectrace.core.sampling import topk_pairs
 from spectrace.core.tree import DraftTree, chain_tree
+from spectrace.errors import SpectraceError
 
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -35,10 +37,6 @@ def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> lis
         return [num_target_layers // 2]
     span = num_target_layers - 3 - 1
     return [int(round(1 + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]
-
-
-def _rope(x, cos, sin):
-    return x * cos + rotate_half(x) * sin
 
 
 class DFlashAttention(nn.Module):
@@ -56,35 +54,18 @@ class DFlashAttention(nn.Module):
     def kv(self, x, cos, sin):
         """(N, T, H) -> keys (normed, rotated) and values (N, T, kvh, d)."""
         N, T, _ = x.shape
-        k = _rope(self.k_norm(self.k_proj(x).view(N, T, self.kvh, self.d)), cos, sin)
+        k = apply_rope(self.k_norm(self.k_proj(x).view(N, T, self.kvh, self.d)), cos, sin)
         return k, self.v_proj(x).view(N, T, self.kvh, self.d)
 
     def forward(self, x, cos, sin, ctx_k, ctx_v, ctx_mask):
-        """x (N, B, H) the block; ctx_k/v (N, T, kvh, d); ctx_mask (N, T): which context keys count."""
+        """x (N, B, H) the block; ctx_k/v (N, T, kvh, d); ctx_mask (N, T): which context keys count.
+        No causal mask inside the block: every row sees the whole block."""
         N, B, _ = x.shape
-        q = _rope(self.q_norm(self.q_proj(x).view(N, B, self.h, self.d)), cos, sin)
+        q = apply_rope(self.q_norm(self.q_proj(x).view(N, B, self.h, self.d)), cos, sin)
         k, v = self.kv(x, cos, sin)
-        group = self.h // self.kvh
-        keys = torch.cat([ctx_k, k], 1).repeat_interleave(group, dim=2)  # (N, T+B, h, d)
-        values = torch.cat([ctx_v, v], 1).repeat_interleave(group, dim=2)
-        scores = torch.einsum("nqhd,nkhd->nhqk", q, keys) * self.d ** -0.5  # (N, h, B, T+B)
-        visible = torch.cat([ctx_mask, torch.ones(N, B, dtype=torch.bool, device=x.device)], 1)
-        scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))  # no causal mask in the block
-        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        return self.o_proj(torch.einsum("nhqk,nkhd->nqhd", probs, values).reshape(N, B, self.h * self.d))
-
-
-class DFlashLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.self_attn = DFlashAttention(cfg)
-        self.mlp = MLP(cfg)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-    def forward(self, x, cos, sin, ctx_k, ctx_v, ctx_mask):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, ctx_mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        visible = torch.cat([ctx_mask, torch.ones(N, B, dtype=torch.bool, device=x.device)], 1)  # (N, T+B)
+        out = attend(q, torch.cat([ctx_k, k], 1), torch.cat([ctx_v, v], 1), visible[:, None, :])
+        return self.o_proj(out.reshape(N, B, self.h * self.d))
 
 
 class DFlashDraftModel(nn.Module):
@@ -93,7 +74,7 @@ class DFlashDraftModel(nn.Module):
         self.config, self.target_layer_ids = cfg, list(target_layer_ids)
         self.block_size, self.mask_token_id = block_size, mask_token_id
         H = cfg.hidden_size
-        self.layers = nn.ModuleList([DFlashLayer(cfg) for _ in range(cfg.num_hidden_layers)])
+        self.layers = nn.ModuleList([DecoderLayer(cfg, DFlashAttention(cfg)) for _ in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
         self.fc = nn.Linear(len(self.target_layer_ids) * H, H, bias=False)
         self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
@@ -124,25 +105,19 @@ class DFlashDraftModel(nn.Module):
 
 
 def load_dflash(path: str | Path, target: CausalLM) -> DFlashDraftModel:
-    hf, state = read_checkpoint(path)
-    cfg, tc = ModelConfig.from_hf(hf), target.config
-    extra = getattr(hf, "dflash_config", None) or {}
-    L = getattr(hf, "num_target_layers", None)
-    block = getattr(hf, "block_size", None)
-    mask = extra.get("mask_token_id", getattr(hf, "mask_token_id", None))
+    raw, state = read_checkpoint(path)
+    cfg, tc = ModelConfig.from_json(raw), target.config
+    extra = raw.get("dflash_config") or {}
+    L, block = raw.get("num_target_layers"), raw.get("block_size")
+    mask = extra.get("mask_token_id", raw.get("mask_token_id"))
     if L != tc.num_hidden_layers or not block or block < 2 or mask is None:
         raise SpectraceError(f"DFLASH checkpoint {path} does not fit the target: num_target_layers {L} (the target "
                              f"has {tc.num_hidden_layers}), block_size {block}, mask_token_id {mask}")
-    ids = extra.get("target_layer_ids", getattr(hf, "target_layer_ids", None)) or \
-        build_target_layer_ids(L, cfg.num_hidden_layers)
+    ids = extra.get("target_layer_ids", raw.get("target_layer_ids")) or build_target_layer_ids(L, cfg.num_hidden_layers)
     if cfg.hidden_size != tc.hidden_size or cfg.vocab_size != tc.vocab_size or not all(0 <= i < L - 1 for i in ids):
         raise SpectraceError(f"DFLASH checkpoint {path} does not fit the target: hidden size {cfg.hidden_size}, "
                              f"vocabulary {cfg.vocab_size}, target layers {ids}")
-    model = DFlashDraftModel(cfg, ids, block, mask)
-    check_keys(model, state, path, "DFLASH draft model")
-    model.load_state_dict(state)
-    p = target.lm_head.weight
-    return model.to(device=p.device, dtype=p.dtype).eval()
+    return finish_loading(DFlashDraftModel(cfg, ids, block, mask), state, target, path, "DFLASH draft model")
 
 
 class DFlashDrafter:
@@ -152,7 +127,6 @@ class DFlashDrafter:
         self.model, self.embed, self.lm_head, self.trace_topk = model, target.model.embed_tokens, target.lm_head, trace_topk
         self.capture_layers = model.capture_layers
         self.num_steps, self.topk, self.num_draft_tokens = model.block_size - 1, 1, model.block_size
-        self.temperature = 1.0
         self.ctx: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # req -> per layer (k, v) (1, T, kvh, d)
 
     @torch.no_grad()
@@ -175,25 +149,21 @@ class DFlashDrafter:
             self._extend(req, feats)
 
     @torch.no_grad()
-    def draft(self, reqs: list[int], root_tokens: list[int], target_seq_lens: list[int], sampled=None) -> DraftTree:
+    def draft(self, reqs: list[int], root_tokens: list[int], seq_lens: list[int], sampled=None) -> DraftTree:
         B, m = self.model.block_size, self.model
-        drafts, qs, pairs = [], [], []
-        for req, root, L in zip(reqs, root_tokens, target_seq_lens):
+        device = self.lm_head.weight.device
+        probs = []
+        for req, root, L in zip(reqs, root_tokens, seq_lens):
             ctx = self.ctx[req]
             assert ctx[0][0].shape[1] == L, "the context must cover every position before the root"
-            block = torch.tensor([root] + [m.mask_token_id] * (B - 1), device=self.lm_head.weight.device)
-            pos = torch.arange(L, L + B, device=block.device)
-            h = m(self.embed(block)[None], pos[None], ctx, torch.ones(1, L, dtype=torch.bool, device=block.device))
-            probs = torch.softmax(self.lm_head(h[0, 1:]).float(), -1)  # (B-1, V)
-            p, i = torch.topk(probs, self.trace_topk, dim=-1)
-            drafts.append(i[:, 0].tolist())
-            qs.append(p[:, 0])
-            pairs.append([[[int(a), round(float(b), 6)] for a, b in zip(ii, pp)] for ii, pp in zip(i, p)])
-        tree = chain_tree(drafts, root_tokens, target_seq_lens, device=block.device)
-        tree.q = torch.stack(qs).cpu()
-        tree.scores = torch.cumprod(tree.q, dim=1)
-        tree.draft_topk = pairs
-        return tree
+            block = torch.tensor([root] + [m.mask_token_id] * (B - 1), device=device)
+            pos = torch.arange(L, L + B, device=device)
+            h = m(self.embed(block)[None], pos[None], ctx, torch.ones(1, L, dtype=torch.bool, device=device))
+            probs.append(torch.softmax(self.lm_head(h[0, 1:]).float(), -1))  # (B-1, V)
+        probs = torch.stack(probs)  # (bs, B-1, V): the drafts are each row's argmax
+        q, drafts = probs.max(dim=-1)
+        return chain_tree(drafts.tolist(), root_tokens, seq_lens, q=q,
+                          draft_topk=topk_pairs(probs, self.trace_topk), device=device)
 
     def release(self, req: int) -> None:
         self.ctx.pop(req, None)

@@ -23,9 +23,11 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from spectrace.core.config import ModelConfig, SpectraceError
-from spectrace.core.drafters.eagle import EagleHead
-from spectrace.core.model import CausalLM, DecoderLayer, RMSNorm, RotaryEmbedding, check_keys, read_checkpoint
+from spectrace.core.config import ModelConfig
+from spectrace.errors import SpectraceError
+from spectrace.core.drafters.eagle import DraftHead
+from spectrace.core.model import (Attention, CausalLM, DecoderLayer, RMSNorm, RotaryEmbedding, finish_loading,
+                                   read_checkpoint)
 
 
 def default_capture_layers(num_target_layers: int) -> tuple[int, ...]:
@@ -33,16 +35,16 @@ def default_capture_layers(num_target_layers: int) -> tuple[int, ...]:
     return (2, L // 2, L - 3)
 
 
-class Eagle3Head(EagleHead):
+class Eagle3Head(DraftHead):
     def __init__(self, cfg: ModelConfig, draft_vocab_size: int, target_hidden_size: int,
                  capture_layers: tuple[int, ...]):
-        nn.Module.__init__(self)
+        super().__init__()
         self.config = cfg
         H = cfg.hidden_size
         self.capture_layers = tuple(capture_layers)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, H)
         self.fc = nn.Linear(len(capture_layers) * target_hidden_size, H, bias=False)
-        self.midlayer = DecoderLayer(cfg, 0)
+        self.midlayer = DecoderLayer(cfg, Attention(cfg, 0))
         attn = self.midlayer.self_attn  # q/k/v read [embedding; feature]: twice as wide
         for name in ("q_proj", "k_proj", "v_proj"):
             old = getattr(attn, name)
@@ -77,13 +79,13 @@ class Eagle3Head(EagleHead):
 
 def load_eagle3(path: str | Path, target: CausalLM) -> Eagle3Head:
     """Strict loading of SafeAILab's EAGLE-3 layout (`midlayer.` as stored there)."""
-    hf, state = read_checkpoint(path)
-    cfg = ModelConfig.from_hf(hf)
+    raw, state = read_checkpoint(path)
+    cfg = ModelConfig.from_json(raw)
     Ht, L = target.config.hidden_size, target.config.num_hidden_layers
-    ids = (getattr(hf, "eagle_config", None) or {}).get("eagle_aux_hidden_state_layer_ids")
+    ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     capture = tuple(i + 1 for i in ids) if ids else default_capture_layers(L)
-    draft_vocab = getattr(hf, "draft_vocab_size", None) or cfg.vocab_size
-    made_for = getattr(hf, "target_hidden_size", None) or cfg.hidden_size  # SafeAILab's rule for fc's width
+    draft_vocab = raw.get("draft_vocab_size") or cfg.vocab_size
+    made_for = raw.get("target_hidden_size") or cfg.hidden_size  # SafeAILab's rule for fc's width
     fc = state.get("fc.weight")
     want = (cfg.hidden_size, len(capture) * Ht)
     if made_for != Ht or fc is None or tuple(fc.shape) != want:
@@ -95,13 +97,10 @@ def load_eagle3(path: str | Path, target: CausalLM) -> Eagle3Head:
                              f"the target {target.config.vocab_size}")
     if any(not 0 <= i < L for i in capture):
         raise SpectraceError(f"EAGLE-3 checkpoint {path} taps layers {list(capture)}; the target has {L}")
-    head = Eagle3Head(cfg, draft_vocab, Ht, capture)
     own_embedding = cfg.hidden_size != Ht  # a head narrower than the target must bring its own
-    check_keys(head, state, path, "EAGLE-3 head", optional=[] if own_embedding else ["embed_tokens.weight"])
-    state.setdefault("embed_tokens.weight", target.model.embed_tokens.weight.detach().cpu())
-    head.load_state_dict(state)
+    head = finish_loading(Eagle3Head(cfg, draft_vocab, Ht, capture), state, target, path, "EAGLE-3 head",
+                          share_embedding=not own_embedding)
     hot = head.hot_token_id
     if hot.min() < 0 or hot.max() >= cfg.vocab_size or not head.t2d[hot].all():
         raise SpectraceError(f"EAGLE-3 checkpoint {path}: d2t maps draft ids outside the vocabulary or t2d")
-    p = target.lm_head.weight
-    return head.to(device=p.device, dtype=p.dtype).eval()
+    return head

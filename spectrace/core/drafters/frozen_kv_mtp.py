@@ -15,8 +15,8 @@ reads target KV only ... there is no assistant-side KV extension". Its data flow
 
 Seed (SGLang's "one-token DECODE of the bonus token with the last target hidden against frozen
 target KV"): the root token with the target's feature at the row that produced it. Tree levels
-then run the EAGLE loop (select_top_k_tokens, organize_draft_results, build_tree) on the
-assistant's own hidden states; siblings never see each other, so no scratch KV is needed.
+then run the EAGLE worker's draft loop on the assistant's own hidden states; siblings never see
+each other, so no scratch KV is needed.
 
 spectrace's target is a Llama, so the blocks are Llama blocks (Gemma 4's are Gemma blocks with
 sliding-window layers and an ordered-embedding head); the checkpoint keeps Gemma 4's assistant
@@ -30,12 +30,14 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from spectrace.core.config import ModelConfig, SpectraceError
+from spectrace.core.config import ModelConfig
+from spectrace.core.drafters.eagle_worker import build_draft_tree, draft_forward
 from spectrace.core.kv import KVCache
-from spectrace.core.model import MLP, CausalLM, RMSNorm, RotaryEmbedding, check_keys, read_checkpoint, rotate_half
-from spectrace.core.tree import DraftTree, beam_features, draft_tree
+from spectrace.core.model import (CausalLM, DecoderLayer, RMSNorm, RotaryEmbedding, apply_rope, attend, finish_loading,
+                                   read_checkpoint)
+from spectrace.core.tree import DraftTree
+from spectrace.errors import SpectraceError
 
 
 class FrozenKVAttention(nn.Module):
@@ -43,36 +45,20 @@ class FrozenKVAttention(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = (
-            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+        self.num_heads, self.head_dim = cfg.num_attention_heads, cfg.head_dim
         self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=cfg.o_bias)
 
     def forward(self, x, cos, sin, kv: KVCache, kv_layer: int, rows: list[tuple[int, int, int]]):
         """rows: (request, target KV length, n query rows) in row order; no mask: every query
         sees the whole committed prefix and nothing else."""
-        q = self.q_proj(x).view(x.shape[0], self.num_heads, self.head_dim)
-        q = q * cos + rotate_half(q) * sin
+        q = apply_rope(self.q_proj(x).view(x.shape[0], self.num_heads, self.head_dim), cos, sin)
         out, row = torch.empty_like(q), 0
-        group = self.num_heads // self.num_kv_heads
         for req, seq_len, n in rows:
             slots = kv.req_to_token[req, :seq_len]
-            keys = kv.pool.k[kv_layer, slots].repeat_interleave(group, dim=1)  # (S, h, d)
-            values = kv.pool.v[kv_layer, slots].repeat_interleave(group, dim=1)
-            scores = torch.einsum("qhd,khd->hqk", q[row:row + n], keys) * self.head_dim ** -0.5
-            probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-            out[row:row + n] = torch.einsum("hqk,khd->qhd", probs, values)
+            out[row:row + n] = attend(q[row:row + n], kv.pool.k[kv_layer, slots], kv.pool.v[kv_layer, slots])
             row += n
         return self.o_proj(out.view(x.shape[0], -1))
-
-
-class FrozenKVLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.self_attn = FrozenKVAttention(cfg)
-        self.mlp = MLP(cfg)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
 class FrozenKVMtpHead(nn.Module):
@@ -84,7 +70,7 @@ class FrozenKVMtpHead(nn.Module):
         H, Ht = cfg.hidden_size, backbone_hidden_size
         self.pre_projection = nn.Linear(2 * Ht, H, bias=False)
         self.model = nn.Module()
-        self.model.layers = nn.ModuleList(FrozenKVLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.model.layers = nn.ModuleList(DecoderLayer(cfg, FrozenKVAttention(cfg)) for _ in range(cfg.num_hidden_layers))
         self.model.norm = RMSNorm(H, cfg.rms_norm_eps)
         self.post_projection = nn.Linear(H, Ht, bias=False)
         self.lm_head = nn.Linear(H, cfg.vocab_size, bias=False)
@@ -101,16 +87,15 @@ class FrozenKVMtpHead(nn.Module):
         x = self.pre_projection(torch.cat([embeds, features], dim=-1))
         cos, sin = self.rotary_emb(positions, x.dtype)
         for layer in self.model.layers:
-            x = x + layer.self_attn(layer.input_layernorm(x), cos, sin, kv, self.kv_layer, rows)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = layer(x, cos, sin, kv, self.kv_layer, rows)
         x = self.model.norm(x)
         return self.post_projection(x), self.lm_head(x).float()
 
 
 def load_frozen_kv_mtp(path: str | Path, target: CausalLM) -> FrozenKVMtpHead:
-    hf, state = read_checkpoint(path)
-    cfg, tc = ModelConfig.from_hf(hf), target.config
-    Ht = getattr(hf, "backbone_hidden_size", None)
+    raw, state = read_checkpoint(path)
+    cfg, tc = ModelConfig.from_json(raw), target.config
+    Ht = raw.get("backbone_hidden_size")
     pre = state.get("pre_projection.weight")
     if Ht != tc.hidden_size or pre is None or tuple(pre.shape) != (cfg.hidden_size, 2 * tc.hidden_size):
         raise SpectraceError(f"FROZEN_KV_MTP checkpoint {path} does not fit the target: backbone_hidden_size "
@@ -121,28 +106,23 @@ def load_frozen_kv_mtp(path: str | Path, target: CausalLM) -> FrozenKVMtpHead:
                              f"{cfg.head_dim}, {cfg.num_key_value_heads} KV heads, vocabulary {cfg.vocab_size}; the "
                              f"target has {tc.head_dim}, {tc.num_key_value_heads}, {tc.vocab_size}")
     head = FrozenKVMtpHead(cfg, Ht, kv_layer=tc.num_hidden_layers - 1)
-    check_keys(head, state, path, "FROZEN_KV_MTP assistant")
-    head.load_state_dict(state)
-    p = target.lm_head.weight
-    return head.to(device=p.device, dtype=p.dtype).eval()
+    return finish_loading(head, state, target, path, "FROZEN_KV_MTP assistant")
 
 
 class FrozenKVMtpDrafter:
-    algo = "frozen_kv_mtp"
+    """The EAGLE worker's draft loop (drafters/eagle_worker.py: draft_forward) with no KV of its
+    own: every level's queries read the target's KV over the committed prefix."""
+
     kv = None  # no draft KV: the point of FROZEN_KV_MTP
     capture_layers: tuple[int, ...] = ()
 
-    def __init__(self, head: FrozenKVMtpHead, target: CausalLM, num_steps: int, topk: int = 1,
-                 num_draft_tokens: int | None = None, trace_topk: int = 5):
-        self.head, self.embed, self.trace_topk = head, target.model.embed_tokens, trace_topk
+    def __init__(self, head: FrozenKVMtpHead, target: CausalLM, target_kv: KVCache, num_steps: int, topk: int = 1,
+                 num_draft_tokens: int | None = None, temperature: float = 1.0, trace_topk: int = 5):
+        self.head, self.embed, self.target_kv, self.trace_topk = head, target.model.embed_tokens, target_kv, trace_topk
         self.num_steps, self.topk = num_steps, topk
         self.num_draft_tokens = num_draft_tokens or num_steps + 1
-        self.target_kv: KVCache | None = None
-        self.temperature = 1.0  # q = softmax(logits / T); the engine sets T when drafts are sampled
+        self.temperature = temperature  # q = softmax(logits / T): T of the run when drafts are sampled, else 1
         self.seed_feature: dict[int, torch.Tensor] = {}  # req -> (H_t,) target feature of the root's row
-
-    def bind_target_kv(self, kv: KVCache) -> None:
-        self.target_kv = kv
 
     def draft_extend_for_prefill(self, items) -> None:
         """items: (req, prompt + first token, target features of the prompt rows): the last row
@@ -155,27 +135,24 @@ class FrozenKVMtpDrafter:
         Nothing runs: there is no assistant KV to extend."""
         self.draft_extend_for_prefill(items)
 
-    def draft(self, reqs: list[int], root_tokens: list[int], target_seq_lens: list[int],
-              sampled=None) -> DraftTree:
-        K, device = self.topk, self.head.lm_head.weight.device
+    def _forward(self, input_ids, hidden_states, seq_lens, reqs):
+        """One assistant pass, every row at its request's root position (n rows per request)."""
+        n = len(input_ids) // len(reqs)
+        positions = torch.tensor([p for p in seq_lens for _ in range(n)], device=input_ids.device)
+        rows = [(r, L, n) for r, L in zip(reqs, seq_lens)]
+        h, logits = self.head(self.embed(input_ids), hidden_states, positions, self.target_kv, rows)
+        return torch.softmax(logits / self.temperature, dim=-1), h
 
-        def run(input_ids, features, n):  # n rows per request, all at the root's position
-            positions = torch.tensor([p for p in target_seq_lens for _ in range(n)], device=device)
-            rows = [(r, L, n) for r, L in zip(reqs, target_seq_lens)]
-            h, logits = self.head(self.embed(input_ids), features, positions, self.target_kv, rows)
-            return h, torch.softmax(logits / self.temperature, dim=-1)
+    @torch.no_grad()
+    def draft(self, reqs: list[int], root_tokens: list[int], seq_lens: list[int], sampled=None) -> DraftTree:
+        roots = torch.tensor(root_tokens, device=self.head.lm_head.weight.device)
+        probs, hidden = self._forward(roots, torch.stack([self.seed_feature[r] for r in reqs]), seq_lens, reqs)
 
-        roots = torch.tensor(root_tokens, device=device)
-        h_prev, first = run(roots, torch.stack([self.seed_feature[r] for r in reqs]), 1)  # the seed
+        def forward(i, input_ids, hidden_states, parents):  # no scratch KV: the paths need no ancestry
+            return self._forward(input_ids, hidden_states, seq_lens, reqs)
 
-        def forward_beams(i, input_ids, parent_beam):
-            nonlocal h_prev
-            h_prev, probs = run(input_ids, beam_features(h_prev, i, parent_beam, K), K)
-            return probs
-
-        return draft_tree(first, forward_beams, roots, target_seq_lens, K, self.num_steps,
-                          self.num_draft_tokens, self.trace_topk,
-                          sampled)
+        levels = draft_forward(forward, probs, hidden, self.num_steps, self.topk, sampled)
+        return build_draft_tree(levels, roots, seq_lens, self.num_draft_tokens, self.topk, self.trace_topk, sampled)
 
     def release(self, req: int) -> None:
         self.seed_feature.pop(req, None)

@@ -18,14 +18,16 @@ Checkpoints use the public layout (FasterDecoding/Medusa): config.json with `med
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
-from spectrace.core.config import SpectraceError
-from spectrace.core.model import CausalLM, check_keys
-from spectrace.core.tree import DraftTree, TreeMaskMode, reconstruct_indices_from_tree_mask
+from spectrace.core.model import CausalLM, finish_loading
+from spectrace.core.sampling import topk_pairs
+from spectrace.core.tree import DraftTree, reconstruct_indices_from_tree_mask
+from spectrace.errors import SpectraceError
 
 # Medusa's mc_sim_7b_63 (medusa/model/medusa_choices.py), in its order: likeliest paths first
 MC_SIM_7B_63 = [[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0], [0, 2], [3], [0, 3], [4], [0, 4], [2, 0],
@@ -80,16 +82,15 @@ def load_medusa(path: str | Path, target: CausalLM) -> MedusaHeads:
     state = load_file(weights)
     if not any(k.startswith("medusa_head.") for k in state):  # Medusa also saves the ModuleList alone
         state = {f"medusa_head.{k}": v for k, v in state.items()}
-    heads = MedusaHeads(H, V, K, L)
-    check_keys(heads, state, path, f"Medusa checkpoint of {K} heads x {L} layers")
-    heads.load_state_dict(state)
-    p = target.lm_head.weight
-    return heads.to(device=p.device, dtype=p.dtype).eval()
+    return finish_loading(MedusaHeads(H, V, K, L), state, target, path, f"Medusa checkpoint of {K} heads x {L} layers")
 
 
 def check_choices(choices, num_heads: int) -> list[list[int]]:
     """Medusa choices as a sorted tree: every path's parent present, depth <= the heads."""
-    paths = [list(map(int, c)) for c in choices]
+    try:
+        paths = [list(map(int, c)) for c in choices]
+    except (TypeError, ValueError):
+        paths = None
     if not paths or any(not p or min(p) < 0 for p in paths):
         raise SpectraceError("Medusa choices must be non-empty paths of ranks >= 0, e.g. [[0], [0, 0], [1]]")
     seen = {tuple(p) for p in paths}
@@ -110,28 +111,41 @@ def load_choices(path: str) -> list[list[int]]:
         raise SpectraceError(f"--medusa-choices {path}: {e}") from None
 
 
+@dataclass(frozen=True)
+class MedusaTree:
+    """The static tree of Medusa choices (Medusa's `generate_medusa_buffers`): node i+1 is
+    choices[i], sorted by depth, then ranks; its parent is its path without the last rank."""
+
+    choices: list[list[int]]
+    parent: list[int]  # parent node of nodes 1..n-1 (0 = the root)
+    mask: torch.Tensor  # (n, n) bool: row j = the root, j's ancestors and j
+
+    @classmethod
+    def from_choices(cls, choices, num_heads: int) -> "MedusaTree":
+        choices = check_choices(choices, num_heads)
+        index = {tuple(c): i + 1 for i, c in enumerate(choices)}
+        n = len(choices) + 1
+        mask = torch.eye(n, dtype=torch.bool)
+        mask[:, 0] = True
+        for i, c in enumerate(choices):
+            for d in range(1, len(c)):
+                mask[i + 1, index[tuple(c[:d])]] = True
+        return cls(choices, [index.get(tuple(c[:-1]), 0) for c in choices], mask)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(num_steps, topk, num_draft_tokens): its depth, its widest rank and its size."""
+        return max(map(len, self.choices)), max(max(c) for c in self.choices) + 1, len(self.choices) + 1
+
+
 class MedusaDrafter:
     kv = None  # the heads read the target's hidden state; nothing of their own to cache
     capture_layers = ()
 
-    def __init__(self, heads: MedusaHeads, choices: list[list[int]], trace_topk: int = 5):
-        self.heads, self.trace_topk = heads, trace_topk
-        self.choices = check_choices(choices, heads.num_heads)
-        self.num_steps = max(len(c) for c in self.choices)
-        self.num_draft_tokens = len(self.choices) + 1
-        self.topk = max(max(c) for c in self.choices) + 1
-        self.temperature = 1.0
+    def __init__(self, heads: MedusaHeads, tree: MedusaTree, trace_topk: int = 5):
+        self.heads, self.tree, self.trace_topk = heads, tree, trace_topk
+        self.num_steps, self.topk, self.num_draft_tokens = tree.shape
         self.last_hidden: dict[int, torch.Tensor] = {}  # req -> (H,) h_t of the root's parent row
-        # the static tree: node i+1 is choices[i]; its parent is its path without the last rank
-        index = {tuple(c): i + 1 for i, c in enumerate(self.choices)}
-        self.parent = [index.get(tuple(c[:-1]), 0) for c in self.choices]
-        n = self.num_draft_tokens
-        mask = torch.eye(n, dtype=torch.bool)
-        mask[:, 0] = True
-        for i, c in enumerate(self.choices):
-            for d in range(1, len(c)):
-                mask[i + 1, index[tuple(c[:d])]] = True
-        self.mask = mask
 
     def draft_extend_for_prefill(self, items) -> None:
         for req, _, feats in items:
@@ -142,26 +156,26 @@ class MedusaDrafter:
             self.last_hidden[req] = feats[-1]
 
     @torch.no_grad()
-    def draft(self, reqs: list[int], root_tokens: list[int], target_seq_lens: list[int], sampled=None) -> DraftTree:
+    def draft(self, reqs: list[int], root_tokens: list[int], seq_lens: list[int], sampled=None) -> DraftTree:
         bs, n, wide = len(reqs), self.num_draft_tokens, max(self.topk, self.trace_topk)
         probs = torch.softmax(self.heads(torch.stack([self.last_hidden[r] for r in reqs])).float(), -1)  # (K, bs, V)
         top_p, top_i = torch.topk(probs, wide, dim=-1)
-        depth = [len(c) - 1 for c in self.choices]
-        rank = [c[-1] for c in self.choices]
+        depth = [len(c) - 1 for c in self.tree.choices]
+        rank = [c[-1] for c in self.tree.choices]
         tokens = top_i[depth, :, rank].T  # (bs, n-1): node i+1 takes head depth[i]'s rank[i]-th token
         q = top_p[depth, :, rank].T
         scores = q.clone()
-        for i, p in enumerate(self.parent):  # parents come first in the sorted choices
+        for i, p in enumerate(self.tree.parent):  # parents come first in the sorted choices
             if p:
                 scores[:, i] *= scores[:, p - 1]
-        masks = self.mask.to(probs.device).expand(bs, n, n)
-        positions, ri, rnt, rns = reconstruct_indices_from_tree_mask(masks.reshape(-1), target_seq_lens, n)
-        pairs = [[[[int(a), round(float(b), 6)] for a, b in zip(top_i[d, b], top_p[d, b])] for d in depth]
-                 for b in range(bs)]
+        masks = self.tree.mask.to(probs.device).expand(bs, n, n)
+        positions, ri, rnt, rns = reconstruct_indices_from_tree_mask(masks.reshape(-1), seq_lens, n)
+        pairs = topk_pairs(probs, wide)  # (K, bs) lists: each head's top tokens
         return DraftTree(
             draft_tokens=torch.cat([torch.tensor(root_tokens, device=probs.device).view(bs, 1), tokens], 1),
             tree_mask=masks, positions=positions.view(bs, n), retrive_index=ri, retrive_next_token=rnt,
-            retrive_next_sibling=rns, q=q, scores=scores, draft_topk=pairs)
+            retrive_next_sibling=rns, q=q, scores=scores,
+            draft_topk=[[pairs[d][b] for d in depth] for b in range(bs)])
 
     def release(self, req: int) -> None:
         self.last_hidden.pop(req, None)

@@ -2,7 +2,7 @@
 
     x = eh_proj([enorm(embed(x_{t+1})); hnorm(h_t)])   a full decoder block   shared_head.norm
 and the target's lm_head (shared, not stored). SGLang resolves NEXTN to its EAGLE worker, so
-this head drafts trees exactly as EAGLE does (drafters/eagle.py: EagleDrafter); only the head
+this head drafts trees exactly as EAGLE does (drafters/eagle_worker.py: EagleDrafter); only the head
 differs. With one MTP module, deeper tree levels reuse it on its own normed output, as SGLang's
 NextN draft loop does. Checkpoint keys: `embed_tokens`, `enorm`, `hnorm`, `eh_proj`,
 `shared_head.norm` and `layers.0.*` (DeepSeek's `model.layers.{L}.` prefix removed).
@@ -14,21 +14,22 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from spectrace.core.config import ModelConfig, SpectraceError
-from spectrace.core.drafters.eagle import EagleHead
-from spectrace.core.model import CausalLM, DecoderLayer, RMSNorm, RotaryEmbedding, check_keys, read_checkpoint
+from spectrace.core.config import ModelConfig
+from spectrace.errors import SpectraceError
+from spectrace.core.drafters.eagle import DraftHead
+from spectrace.core.model import Attention, CausalLM, DecoderLayer, RMSNorm, RotaryEmbedding, finish_loading, read_checkpoint
 
 
-class MtpHead(EagleHead):
+class MtpHead(DraftHead):
     def __init__(self, cfg: ModelConfig):
-        nn.Module.__init__(self)
+        super().__init__()
         self.config = cfg
         H = cfg.hidden_size
         self.embed_tokens = nn.Embedding(cfg.vocab_size, H)
         self.enorm = RMSNorm(H, cfg.rms_norm_eps)
         self.hnorm = RMSNorm(H, cfg.rms_norm_eps)
         self.eh_proj = nn.Linear(2 * H, H, bias=False)
-        self.layers = nn.ModuleList([DecoderLayer(cfg, 0)])
+        self.layers = nn.ModuleList([DecoderLayer(cfg, Attention(cfg, 0))])
         self.shared_head = nn.Module()
         self.shared_head.norm = RMSNorm(H, cfg.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
@@ -42,16 +43,11 @@ class MtpHead(EagleHead):
 
 
 def load_mtp(path: str | Path, target: CausalLM) -> MtpHead:
-    hf, state = read_checkpoint(path)
-    cfg = ModelConfig.from_hf(hf)
+    raw, state = read_checkpoint(path)
+    cfg = ModelConfig.from_json(raw)
     H = target.config.hidden_size
     eh = state.get("eh_proj.weight")
     if eh is None or tuple(eh.shape) != (H, 2 * H) or cfg.vocab_size != target.config.vocab_size:
         raise SpectraceError(f"MTP checkpoint {path} does not fit the target (hidden size {H}, "
                              f"vocabulary {target.config.vocab_size})")
-    head = MtpHead(cfg)
-    check_keys(head, state, path, "MTP module", optional=["embed_tokens.weight"])
-    state.setdefault("embed_tokens.weight", target.model.embed_tokens.weight.detach().cpu())
-    head.load_state_dict(state)
-    p = target.lm_head.weight
-    return head.to(device=p.device, dtype=p.dtype).eval()
+    return finish_loading(MtpHead(cfg), state, target, path, "MTP module", share_embedding=True)

@@ -4,6 +4,8 @@ Before drafting, `topk * (num_steps - 1)` slots are mapped after each request's 
 KV; the path kept as beam k at level i writes its KV to column k * (num_steps - 1) + i and
 attends to the committed prefix plus the columns of its own ancestors. After drafting, the
 scratch is released: only DRAFT_EXTEND commits draft KV.
+
+    columns   [ beam 0: step 0 .. S-2 | beam 1: step 0 .. S-2 | ... | beam K-1 ]
 """
 from __future__ import annotations
 
@@ -21,23 +23,24 @@ class TreeScratch:
         self.width = topk * (num_steps - 1)
         self.base = base_positions
         self.slots = [kv.prepare(r, t, self.width) for r, t in zip(reqs, self.T)]
-        self.paths: list[list[list[int]]] = []  # per request and beam: its ancestors' columns and its own
+        # per request and row of SGLang's parent_list (row 0: the root; then K rows per level):
+        # the scratch columns of that path's nodes
+        self.columns: list[list[list[int]]] = [[[]] for _ in reqs]
 
-    def batch(self, i: int, input_ids: torch.Tensor, parent_beam) -> ForwardBatch:
-        """The forward of level i: input_ids (bs*K,); parent_beam (bs, K) or None at level 0."""
+    def batch(self, i: int, input_ids: torch.Tensor, parents: torch.Tensor) -> ForwardBatch:
+        """The forward of level i over its K kept paths: input_ids (bs*K,); parents (bs, K) each
+        path's flat candidate index, whose `// topk` is the row of the path it extends (as
+        build_tree finds a node's parent)."""
         K, device = self.K, self.kv.req_to_token.device
         cols = [k * (self.S - 1) + i for k in range(K)]
-        if i == 0:
-            self.paths = [[[c] for c in cols] for _ in self.reqs]
-        else:
-            self.paths = [[self.paths[b][int(parent_beam[b, k])] + [cols[k]] for k in range(K)]
-                          for b in range(len(self.reqs))]
         masks, locs = [], []
         for b, r in enumerate(self.reqs):
+            paths = [self.columns[b][int(parents[b, k]) // K] + [cols[k]] for k in range(K)]
+            self.columns[b] += paths
             m = torch.zeros(K, self.T[b] + self.width, dtype=torch.bool, device=device)
             m[:, :self.T[b]] = True
-            for k in range(K):
-                m[k, [self.T[b] + c for c in self.paths[b][k]]] = True
+            for k, path in enumerate(paths):
+                m[k, [self.T[b] + c for c in path]] = True
             masks.append(m)
             locs.append(self.slots[b][cols])
             self.kv.record_write(r, [self.base[b] + i] * K, self.slots[b][cols], input_ids[b * K:(b + 1) * K].tolist())

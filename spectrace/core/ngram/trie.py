@@ -25,7 +25,7 @@ import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
-from spectrace.core.config import SpectraceError
+from spectrace.errors import SpectraceError
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class TrieConfig:
     branch_length: int = 18  # max_trie_depth
     capacity: int = 10_000_000  # trie nodes; the least recently used leaves go first
 
-    def check(self) -> None:
+    def __post_init__(self):
         """ngram.cpp's Param checks, as one clear line."""
         if not (self.branch_length > 1 and 0 < self.min_match_window_size <= self.max_match_window_size
                 < self.branch_length and 0 < self.min_bfs_breadth <= self.max_bfs_breadth
@@ -72,7 +72,6 @@ class Proposal:
 
 class NgramTrie:
     def __init__(self, config: TrieConfig = TrieConfig()):
-        config.check()
         self.config = config
         self.root = TrieNode(-1)
         self.size = 0  # nodes below the root

@@ -17,7 +17,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Static
 
-from spectrace.core.config import SpectraceError
+from spectrace.errors import SpectraceError
 from spectrace.core.trace import TraceError, TraceFile
 from spectrace.viz import graph
 from spectrace.viz.steptree import ViewNode, step_tree

@@ -1,0 +1,45 @@
+"""The algorithms spectrace runs, in one table: the `--algo` names, what SGLang resolves each to,
+the embedded drafter each runs with by default, and the facts about its drafts that decide which
+options apply. Torch-free: the CLI lists the choices from here without loading torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Algo:
+    name: str  # --algo
+    resolved: str  # SGLang's SpeculativeAlgorithm once resolved: NEXTN and MTP run the EAGLE worker
+    about: str  # one line of --help
+    checkpoint: str | None  # the drafter's checkpoint format (spectrace.run picks its loader); None: no model
+    embedded: str | None  # the embedded drafter, a directory under spectrace/zoo/models
+    drafts: str = "sampled"  # sampled: from a draft model's q; fixed: copied or argmax (no q to
+    #                          sample); static: a tree fixed before the run (Medusa's top-k per head)
+    eagle_worker: bool = False  # SGLang's EAGLE worker: rejection sampling and adaptive steps apply
+    llama_tree: bool = True  # SGLang's automatic shape on a Llama target is the (5, 4, 8) tree
+
+
+ALGOS: dict[str, Algo] = {a.name: a for a in (
+    Algo("none", "NONE", "plain autoregressive decoding", None, None, llama_tree=False),
+    Algo("standalone", "STANDALONE", "a draft LM", "lm", "tiny-draft", llama_tree=False),
+    Algo("eagle", "EAGLE", "EAGLE-1 head drafting EAGLE-2 trees", "eagle", "tiny-eagle", eagle_worker=True),
+    Algo("eagle3", "EAGLE3", "EAGLE-3 head", "eagle3", "tiny-eagle3", eagle_worker=True),
+    Algo("nextn", "EAGLE", "MTP module, run as EAGLE", "mtp", "tiny-mtp", eagle_worker=True),
+    Algo("mtp", "EAGLE", "MTP module, run as EAGLE", "mtp", "tiny-mtp", eagle_worker=True),
+    Algo("frozen_kv_mtp", "FROZEN_KV_MTP", "MTP assistant reading the target's KV", "frozen_kv_mtp",
+         "tiny-frozen-kv-mtp"),
+    Algo("ngram", "NGRAM", "vLLM's prompt lookup or SGLang's trie, no model", None, None, drafts="fixed",
+         llama_tree=False),
+    Algo("medusa", "MEDUSA", "Medusa heads, static tree", "medusa", "tiny-medusa", drafts="static"),
+    Algo("dflash", "DFLASH", "a block drafted in one non-causal pass", "dflash", "tiny-dflash", drafts="fixed"),
+)}
+
+LLAMA_TREE = (5, 4, 8)  # (num_steps, topk, num_draft_tokens)
+CHAIN = (3, 1, 4)
+
+
+def auto_shape(algo: str, target_architecture: str) -> tuple[int, int, int]:
+    """SGLang's `_auto_choose_speculative_params` when no shape is given: the (5, 4, 8) tree on a
+    Llama target (but for STANDALONE), else a chain of 3 steps."""
+    return LLAMA_TREE if ALGOS[algo].llama_tree and target_architecture == "LlamaForCausalLM" else CHAIN

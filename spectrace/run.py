@@ -1,0 +1,383 @@
+"""One run from user options to trace (the application layer, above core, zoo and viz):
+resolve and check the options, load the models, build the engine, generate, write the summary.
+
+    cfg = RunConfig(algo="eagle", topk=4)      # the CLI's options, as data
+    result = run(cfg)                          # the trace is at result.trace_path
+
+Every option is checked once: the run's own here (`RunConfig.check`), the engine's when its
+SpecConfig is made, the drafters' by their own config (NgramConfig, Medusa choices). All of it
+happens before any weights load, so a bad option costs no model loading.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from spectrace.algos import ALGOS, auto_shape
+from spectrace.core.acceptance import RULES
+from spectrace.core.adaptive import AdaptiveConfig
+from spectrace.core.config import read_config_json
+from spectrace.core.drafters.dflash import DFlashDrafter, load_dflash
+from spectrace.core.drafters.eagle3 import load_eagle3
+from spectrace.core.drafters.eagle import load_eagle
+from spectrace.core.drafters.eagle_worker import EagleDrafter
+from spectrace.core.drafters.frozen_kv_mtp import FrozenKVMtpDrafter, load_frozen_kv_mtp
+from spectrace.core.drafters.medusa import DEFAULT_CHOICES, MC_SIM_7B_63, MedusaDrafter, MedusaHeads, MedusaTree, \
+    load_choices, load_medusa
+from spectrace.core.drafters.mtp import load_mtp
+from spectrace.core.drafters.ngram import NgramConfig
+from spectrace.core.drafters.standalone import StandaloneDrafter
+from spectrace.core.engine import Engine, Request, SpecConfig
+from spectrace.core.model import CausalLM, load_model, weights_digest
+from spectrace.core.ngram.trie import TrieConfig
+from spectrace.core.trace import SCHEMA, TraceError, TraceWriter
+from spectrace.errors import SpectraceError
+from spectrace.zoo import MODELS_DIR, TARGET_DIR
+from spectrace.zoo.prompts import HELD_OUT_PROMPTS
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SMALL_MODEL = 50_000_000  # parameters; below this a CPU run uses one thread (see choose_threads)
+
+
+@dataclass
+class RunConfig:
+    algo: str = "standalone"
+    num_steps: int | None = None  # None: SGLang's automatic choice (see resolve_shape)
+    topk: int | None = None
+    num_draft_tokens: int | None = None
+    prompts: list[str] = field(default_factory=list)
+    batch: int | None = None
+    max_new_tokens: int = 64
+    target_model: str = str(TARGET_DIR)
+    draft_model: str | None = None  # default: the embedded drafter of the algorithm
+    trace: str | None = None  # default: runs/<time>-<algo>.jsonl
+    acceptance: str | None = None  # None: greedy at temperature 0, target_only otherwise (SGLang)
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    threshold_single: float = 1.0
+    threshold_acc: float = 1.0
+    prompt_lookup_min: int | None = None  # n-gram; both None: 5 and 5, one None: the other's value (vLLM)
+    prompt_lookup_max: int | None = None
+    ngram_match: str = "first"
+    ngram_style: str = "vllm"
+    ngram_trie: TrieConfig = field(default_factory=TrieConfig)
+    adaptive: bool = False
+    medusa_choices: str | None = None  # a JSON file of Medusa choices; default: the first 24 of mc_sim_7b_63
+    commit_style: str = "sglang"
+    device: str = "cpu"
+    dtype: str | None = None  # default: float32 on CPU, bfloat16 on GPU
+
+    def check(self) -> None:
+        """What only the run knows: where it runs and how many requests."""
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise SpectraceError("--device cuda asked for, but torch sees no GPU")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise SpectraceError(f"unknown --dtype {self.dtype!r} (choose from {', '.join(DTYPES)})")
+        if self.batch is not None and self.batch < 1:
+            raise SpectraceError("--batch must be at least 1")
+        if self.batch is not None and self.batch < len(self.prompts):
+            raise SpectraceError(f"--batch {self.batch} is smaller than the {len(self.prompts)} prompts given")
+
+    @property
+    def draft_path(self) -> str | None:
+        """The drafter's directory: --draft-model, else the algorithm's embedded drafter."""
+        embedded = ALGOS[self.algo].embedded if self.algo in ALGOS else None  # SpecConfig names a bad algo
+        return self.draft_model or (str(MODELS_DIR / embedded) if embedded else None)
+
+
+@dataclass
+class RunResult:
+    requests: list[Request]
+    texts: list[str]
+    metrics: dict
+    trace_path: Path
+    spec: SpecConfig
+
+
+# ---- options ---------------------------------------------------------------------------------
+
+def resolve_prompts(prompts: list[str], batch: int | None) -> list[str]:
+    """`--batch N` tops the given prompts up with built-in held-out prompts of other lengths."""
+    if batch is None:
+        return list(prompts) or HELD_OUT_PROMPTS[:1]
+    return list(prompts) + [HELD_OUT_PROMPTS[i % len(HELD_OUT_PROMPTS)] for i in range(batch - len(prompts))]
+
+
+def medusa_tree(cfg: RunConfig) -> MedusaTree:
+    """--medusa-choices (default: the first 24 paths of mc_sim_7b_63), checked against the heads."""
+    choices = load_choices(cfg.medusa_choices) if cfg.medusa_choices else MC_SIM_7B_63[:DEFAULT_CHOICES]
+    return MedusaTree.from_choices(choices, read_config_json(cfg.draft_path).get("medusa_num_heads") or 0)
+
+
+def ngram_config(cfg: RunConfig) -> NgramConfig:
+    """vLLM's SpeculativeConfig for prompt lookup: both None -> 5 and 5; one None -> it copies the other."""
+    lo, hi = cfg.prompt_lookup_min, cfg.prompt_lookup_max
+    lo, hi = (lo if lo is not None else hi), (hi if hi is not None else lo)
+    return NgramConfig(cfg.ngram_style, lo if lo is not None else 5, hi if hi is not None else 5, cfg.ngram_match,
+                       cfg.ngram_trie)
+
+
+def resolve_shape(cfg: RunConfig, target_architecture: str, tree: MedusaTree | None) -> tuple[int, int, int | None]:
+    """(num_steps, topk, num_draft_tokens) of the run. Values given are kept, the rest follow
+    SGLang's `_auto_choose_speculative_params` (algos.auto_shape); drafters with a shape of their
+    own (a DFLASH block, a Medusa tree, SGLang's n-gram tree, vLLM's n-gram k) set it."""
+    given = (cfg.num_steps, cfg.topk, cfg.num_draft_tokens)
+    if cfg.algo == "dflash":  # SGLang: num_draft_tokens = the block (a given value must match it), topk 1;
+        B = read_config_json(cfg.draft_path).get("block_size") or 0  # here num_steps = B - 1 bounds the walk
+        if cfg.topk not in (None, 1) or cfg.num_draft_tokens not in (None, B) or cfg.num_steps not in (None, B - 1):
+            raise SpectraceError(f"DFLASH drafts one block of {B} tokens (its block_size): --num-draft-tokens must be "
+                                 f"{B}, --num-steps {B - 1} and --topk 1, or left out")
+        return B - 1, 1, B
+    if cfg.algo == "medusa":  # the static tree's depth, widest rank and size
+        if given != (None, None, None):
+            raise SpectraceError("Medusa's tree is given by --medusa-choices: --num-steps, --topk and "
+                                 "--num-draft-tokens do not apply")
+        return tree.shape
+    if cfg.algo == "ngram" and cfg.ngram_style == "sglang":
+        # SGLang: topk = max_bfs_breadth, n = 12, num_steps = n // topk (unused by its n-gram verify,
+        # whose accept width is n); here num_steps bounds the walk, so n - 1
+        n = cfg.num_draft_tokens or 12
+        return n - 1, cfg.ngram_trie.max_bfs_breadth, n
+    if cfg.algo == "ngram":  # a chain of k = num_steps copied tokens
+        default = (5, 1, 6)
+    elif cfg.adaptive:  # SGLang: topk 1, the middle tier
+        steps = AdaptiveConfig().candidate_steps[len(AdaptiveConfig().candidate_steps) // 2]
+        default = (steps, 1, steps + 1)
+    else:
+        default = auto_shape(cfg.algo, target_architecture)
+    if given == (None, None, None):
+        return default
+    return (cfg.num_steps if cfg.num_steps is not None else default[0],
+            cfg.topk if cfg.topk is not None else default[1], cfg.num_draft_tokens)
+
+
+def resolve(cfg: RunConfig) -> tuple[SpecConfig, dict]:
+    """The engine's config and the drafter's options (build_engine's ngram, medusa_tree), each
+    checked once, from the options and the models' config.json files (no weights)."""
+    arch = (read_config_json(cfg.target_model).get("architectures") or [""])[0]
+    tree = medusa_tree(cfg) if cfg.algo == "medusa" else None
+    num_steps, topk, n = resolve_shape(cfg, arch, tree)
+    spec = SpecConfig(algo=cfg.algo, num_steps=num_steps, topk=topk, num_draft_tokens=n,
+                      max_new_tokens=cfg.max_new_tokens, commit_style=cfg.commit_style, acceptance=cfg.acceptance,
+                      temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed,
+                      threshold_single=cfg.threshold_single, threshold_acc=cfg.threshold_acc, adaptive=cfg.adaptive)
+    ngram = ngram_config(cfg) if cfg.algo == "ngram" else None
+    if ngram is not None and ngram.style == "vllm" and spec.topk != 1:
+        raise SpectraceError("vLLM's n-gram proposer drafts a chain: it needs --topk 1")
+    return spec, {"medusa_tree": tree, "ngram": ngram}
+
+
+# ---- models ----------------------------------------------------------------------------------
+
+@dataclass
+class Tokenizer:
+    """The target's tokenizer as a run uses it. A plain `tokenizer.json` is read with the
+    `tokenizers` library, which transformers' fast tokenizers wrap; tokenizers with Python-side
+    behaviour of their own (a `tokenizer_class` other than the generic one) go through
+    transformers' AutoTokenizer, from local files only."""
+
+    encode: Callable[[str], list[int]]
+    decode: Callable[[list[int]], str]
+    vocab: dict[str, int]
+    eos_token_id: int | None
+
+
+GENERIC_TOKENIZERS = (None, "PreTrainedTokenizerFast", "TokenizersBackend")
+
+
+def load_tokenizer(path: str) -> Tokenizer:
+    conf_file = Path(path) / "tokenizer_config.json"
+    try:
+        conf = json.loads(conf_file.read_text(encoding="utf-8")) if conf_file.is_file() else {}
+        if (Path(path) / "tokenizer.json").is_file() and conf.get("tokenizer_class") in GENERIC_TOKENIZERS:
+            from tokenizers import Tokenizer as Fast
+
+            fast = Fast.from_file(str(Path(path) / "tokenizer.json"))
+            eos = conf.get("eos_token")
+            eos = eos.get("content") if isinstance(eos, dict) else eos
+            return Tokenizer(lambda text: fast.encode(text, add_special_tokens=False).ids,
+                             lambda ids: fast.decode(ids, skip_special_tokens=False), fast.get_vocab(),
+                             fast.token_to_id(eos) if eos else None)
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        return Tokenizer(lambda text: tok.encode(text, add_special_tokens=False), tok.decode, tok.get_vocab(),
+                         tok.eos_token_id)
+    except Exception as e:  # noqa: BLE001 -- the tokenizers library raises plain Exception on a bad file
+        raise SpectraceError(f"no usable tokenizer in {path}: {str(e).splitlines()[0] if str(e) else e!r}") from None
+
+
+def check_model_dir(path: str, flag: str) -> None:
+    if not Path(path).is_dir():
+        raise SpectraceError(f"{flag} {path}: no such directory")
+    if not (Path(path) / "config.json").is_file():
+        raise SpectraceError(f"{flag} {path}: not a Hugging Face model directory (no config.json)")
+
+
+def load_draft_lm(path: str, target: CausalLM, tok: Tokenizer, dtype, device) -> CausalLM:
+    """A standalone draft LM, which must share the target's vocabulary token for token."""
+    draft = load_model(path, dtype, device)
+    tv, dv = target.config.vocab_size, draft.config.vocab_size
+    if tv != dv:
+        raise SpectraceError(f"draft vocabulary ({dv} tokens) differs from the target's ({tv})")
+    if (Path(path) / "tokenizer.json").is_file() and load_tokenizer(path).vocab != tok.vocab:
+        raise SpectraceError("draft tokenizer differs from the target's: same size, other tokens")
+    return draft
+
+
+# a loader per checkpoint format (algos.Algo.checkpoint): (path, target) -> the drafter's model
+HEAD_LOADERS = {"eagle": load_eagle, "eagle3": load_eagle3, "mtp": load_mtp, "frozen_kv_mtp": load_frozen_kv_mtp,
+                "medusa": load_medusa, "dflash": load_dflash}
+
+
+def load_drafter_model(algo: str, path: str, target: CausalLM, tok: Tokenizer, dtype, device):
+    """The draft LM (standalone) or the draft head that reads target features (the others)."""
+    fmt = ALGOS[algo].checkpoint
+    if fmt == "lm":
+        return load_draft_lm(path, target, tok, dtype, device)
+    return HEAD_LOADERS[fmt](path, target).to(dtype)
+
+
+def model_identity(path: str, model) -> dict:
+    ident = {"path": str(path), "weights_sha256": weights_digest(Path(path)), "class": type(model).__name__,
+             "params": sum(p.numel() for p in model.parameters()), "dtype": str(next(model.parameters()).dtype)}
+    if isinstance(model, MedusaHeads):  # no transformer layers: heads over the target's hidden state
+        return {**ident, "model_type": "medusa", "heads": model.num_heads, "layers_per_head": model.num_layers}
+    c = model.config
+    return {**ident, "model_type": c.model_type, "layers": len(model.layers), "hidden_size": c.hidden_size,
+            "vocab_size": c.vocab_size}
+
+
+def choose_threads(target: CausalLM, device: str) -> int:
+    """Intra-op threads for a CPU run. On models this small a matrix product takes microseconds,
+    and torch's threads spend longer waking each other than computing; with another process on
+    the cores they thrash (a step of the embedded models took up to 1 s instead of 12 ms). So a
+    small model runs on one thread; a larger one keeps torch's choice, as does a run whose
+    environment sets OMP_NUM_THREADS."""
+    if device == "cpu" and "OMP_NUM_THREADS" not in os.environ and \
+            sum(p.numel() for p in target.parameters()) < SMALL_MODEL:
+        torch.set_num_threads(1)
+    return torch.get_num_threads()
+
+
+# ---- the engine ------------------------------------------------------------------------------
+
+def _lookahead(spec: SpecConfig) -> int:
+    """Positions past the committed ones a step may reach: the root and num_steps levels."""
+    return spec.max_steps + 1 if spec.algo != "none" else 1
+
+
+def _scratch_columns(spec: SpecConfig) -> int:
+    """`req_to_token` columns past the committed ones a step may map: the verify tree's nodes
+    (target) or the draft's [topk][step] scratch (draft)."""
+    steps = spec.max_steps
+    return max(spec.num_draft_tokens, steps + 1, spec.topk * (steps - 1) + 1) + 1
+
+
+def _context(target: CausalLM, draft) -> int:
+    return min(m.config.max_position_embeddings for m in (target, draft) if hasattr(m, "config"))  # Medusa has none
+
+
+def build_engine(target: CausalLM, draft, spec: SpecConfig, prompt_ids: list[list[int]], eos_token_ids,
+                 trace: TraceWriter | None = None, ngram: NgramConfig | None = None,
+                 medusa_tree: MedusaTree | None = None, on_step=None) -> Engine:
+    """An engine whose KV pools hold every request at full length at once, with the drafter
+    of `spec.algo` around `draft` (the loaded draft model; None for none and ngram). ngram and
+    medusa_tree: those drafters' options, checked (NgramConfig.check, MedusaTree.from_choices)."""
+    columns = _context(target, draft) + _scratch_columns(spec)
+    num_slots = sum(len(p) + spec.max_new_tokens + _scratch_columns(spec) for p in prompt_ids)
+    kv = target.new_kv_cache("target", spec.commit_style, num_slots, len(prompt_ids), columns)
+    fmt = ALGOS[spec.algo].checkpoint
+    shape = dict(num_steps=spec.num_steps, topk=spec.topk, num_draft_tokens=spec.num_draft_tokens,
+                 temperature=spec.temperature if RULES[spec.acceptance].samples_drafts else 1.0,
+                 trace_topk=spec.trace_topk)
+    drafter = None
+    if spec.algo == "ngram":
+        drafter = (ngram or NgramConfig()).drafter(spec.num_steps, spec.num_draft_tokens,
+                                                   target.config.max_position_embeddings, target.lm_head.weight.device)
+    elif fmt == "medusa":
+        tree = medusa_tree or MedusaTree.from_choices(MC_SIM_7B_63[:DEFAULT_CHOICES], draft.num_heads)
+        drafter = MedusaDrafter(draft, tree, spec.trace_topk)
+    elif fmt == "dflash":
+        drafter = DFlashDrafter(draft, target, spec.trace_topk)
+    elif fmt == "frozen_kv_mtp":  # no draft KV: it reads the target's
+        drafter = FrozenKVMtpDrafter(draft, target, kv, **shape)
+    elif fmt is not None:
+        draft_kv = draft.new_kv_cache("draft", spec.commit_style, num_slots, len(prompt_ids), columns)
+        drafter = StandaloneDrafter(draft, draft_kv, **shape) if fmt == "lm" else EagleDrafter(draft, target, draft_kv, **shape)
+    return Engine(target, kv, spec, eos_token_ids, drafter, trace, on_step)
+
+
+# ---- the run ---------------------------------------------------------------------------------
+
+def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = None) -> RunResult:
+    """on_step(record) sees every step record as it is made; progress(message) hears what the
+    run is doing (loading, generating) before it is done."""
+    cfg.check()
+    check_model_dir(cfg.target_model, "--target-model")
+    if cfg.draft_path is not None:
+        check_model_dir(cfg.draft_path, "--draft-model")
+    spec, options = resolve(cfg)
+    prompts = resolve_prompts(cfg.prompts, cfg.batch)
+    trace_path = Path(cfg.trace or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.algo}.jsonl")
+    tok = load_tokenizer(cfg.target_model)
+    try:  # open the trace first: a path that cannot be written fails before any model work
+        writer = TraceWriter(trace_path, lambda i: tok.decode([i]))
+    except TraceError as e:
+        raise SpectraceError(str(e)) from None
+    header_written = False
+    try:
+        (progress or (lambda m: None))("loading the models")
+        dtype = DTYPES[cfg.dtype] if cfg.dtype else (torch.float32 if cfg.device == "cpu" else torch.bfloat16)
+        target = load_model(cfg.target_model, dtype, cfg.device)
+        draft = load_drafter_model(cfg.algo, cfg.draft_path, target, tok, dtype, cfg.device) if cfg.draft_path else None
+        ids = [tok.encode(p) for p in prompts]
+        check_prompts(ids, spec, _context(target, draft))
+        eos = target.config.eos_token_ids or ((tok.eos_token_id,) if tok.eos_token_id is not None else ())
+        engine = build_engine(target, draft, spec, ids, eos, writer, on_step=on_step, **options)
+        threads = choose_threads(target, cfg.device)
+        writer.write(header(cfg, spec, prompts, target, draft, engine, threads), [t for p in ids for t in p])
+        header_written = True
+        (progress or (lambda m: None))(f"generating {cfg.max_new_tokens} tokens for {len(ids)} request(s)")
+        reqs, metrics = engine.generate(ids)
+        texts = [tok.decode(r.output_ids) for r in reqs]
+        writer.write({"kind": "summary", "metrics": metrics, "requests": [
+            {"request": r.req_pool_idx, "prompt_ids": r.prompt_ids, "output_ids": r.output_ids,
+             "prompt_text": prompts[r.req_pool_idx], "output_text": texts[r.req_pool_idx],
+             "finish_reason": r.finish_reason} for r in reqs]}, [t for r in reqs for t in r.output_ids])
+    finally:
+        writer.close()
+        if not header_written:  # refused before the run began: leave no empty trace behind
+            trace_path.unlink(missing_ok=True)
+    return RunResult(reqs, texts, metrics, trace_path, spec)
+
+
+def check_prompts(ids: list[list[int]], spec: SpecConfig, context: int) -> None:
+    for i, p in enumerate(ids):
+        if not p:
+            raise SpectraceError(f"prompt {i} is empty")
+        need = len(p) + spec.max_new_tokens + _lookahead(spec)
+        if need > context:
+            raise SpectraceError(f"prompt {i} is {len(p)} tokens: with --max-new-tokens {spec.max_new_tokens} it "
+                                 f"needs {need} positions, more than the model's context of {context}")
+
+
+def header(cfg: RunConfig, spec: SpecConfig, prompts: list[str], target, draft, engine: Engine, threads: int) -> dict:
+    """The trace's first record: the resolved options and the models' identities."""
+    models = {"target": model_identity(cfg.target_model, target)}
+    if draft is not None:
+        models["draft"] = model_identity(cfg.draft_path, draft)
+    return {"kind": "header", "schema": SCHEMA,
+            "config": {**asdict(cfg), "prompts": prompts, "draft_model": cfg.draft_path or "",
+                       "num_steps": spec.num_steps, "topk": spec.topk, "num_draft_tokens": spec.num_draft_tokens,
+                       "acceptance": spec.acceptance, "resolved_algorithm": ALGOS[cfg.algo].resolved},
+            "models": models, "eos_token_ids": sorted(engine.eos), "device": cfg.device, "threads": threads,
+            "torch": torch.__version__}
