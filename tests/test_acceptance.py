@@ -72,12 +72,16 @@ def markov(seed: int):
     return p0, P, q0, Q
 
 
-def walk(rule: str, candidates, next_token, next_sibling, root_p, P, draft_probs, gen, params):
+def walk(rule: str, candidates, next_token, next_sibling, target_probs, draft_probs, gen, params):
     """The rule's own walk over a depth-2 tree, its random numbers drawn as the engine draws them."""
-    target_probs = torch.stack([root_p] + [P[t] for t in candidates[1:]])
     r = RULES[rule]
     return r.walk(candidates, next_token, next_sibling, target_probs.argmax(-1).tolist(), target_probs, draft_probs,
                   r.draw(len(candidates), V, gen), 2, params).accept_tokens
+
+
+def target_probs_of(candidates, root_p, P):
+    """p after each node: the root's given, then the chain's P after each node's token."""
+    return torch.stack([root_p] + [P[t] for t in candidates[1:]])
 
 
 class Top2Trees:
@@ -91,9 +95,11 @@ class Top2Trees:
         if root not in self.trees:
             a = torch.topk(self.q0 if root is None else self.Q[root], 2).indices.tolist()
             kids = [torch.topk(self.Q[x], 2).indices.tolist() for x in a]
-            self.trees[root] = [-1, a[0], a[1], kids[0][0], kids[0][1], kids[1][0], kids[1][1]]
-        return walk(rule, self.trees[root], [1, 3, 5, -1, -1, -1, -1], [-1, 2, -1, 4, -1, 6, -1], root_p, P, None,
-                    gen, params)
+            candidates = [-1, a[0], a[1], kids[0][0], kids[0][1], kids[1][0], kids[1][1]]
+            self.trees[root] = candidates, target_probs_of(candidates, root_p, P)
+        candidates, target_probs = self.trees[root]
+        return walk(rule, candidates, [1, 3, 5, -1, -1, -1, -1], [-1, 2, -1, 4, -1, 6, -1], target_probs, None, gen,
+                    params)
 
 
 class SampledTrees:
@@ -119,7 +125,8 @@ class SampledTrees:
         if not self.pool.get(root):
             self.pool[root] = self.draw(root, 4096)
         candidates, next_token, next_sibling, draft_probs = self.pool[root].pop()
-        return walk(rule, candidates, next_token, next_sibling, root_p, P, draft_probs, gen, params)
+        return walk(rule, candidates, next_token, next_sibling, target_probs_of(candidates, root_p, P), draft_probs,
+                    gen, params)
 
 
 class Chains:
@@ -133,7 +140,8 @@ class Chains:
         d1 = int(root_q.argmax()) if self.one_hot else sample(root_q, gen)
         d2 = int(self.Q[d1].argmax()) if self.one_hot else sample(self.Q[d1], gen)
         draft_probs = None if self.one_hot else torch.stack([root_q, self.Q[d1]])
-        return walk(rule, [-1, d1, d2], [1, 2, -1], [-1, -1, -1], root_p, P, draft_probs, gen, params)
+        return walk(rule, [-1, d1, d2], [1, 2, -1], [-1, -1, -1], target_probs_of([-1, d1, d2], root_p, P),
+                    draft_probs, gen, params)
 
 
 def drafts_for(rule, q0, Q, gen, one_hot):
@@ -151,14 +159,14 @@ def continuations(rule, seed, n=None, one_hot=False, **thresholds):
     params = RuleParams(**thresholds)
     gen = torch.Generator().manual_seed(seed + 1)
     drafts = drafts_for(rule, q0, Q, gen, one_hot)
-    first, pairs = torch.zeros(V), torch.zeros(V, V)
+    pairs = [0] * (V * V)
     for _ in range(n):
         out = drafts.step(rule, None, p0, P, gen, params)
         if len(out) < 2:
             out = out + drafts.step(rule, out[0], P[out[0]], P, gen, params)[:1]
-        first[out[0]] += 1
-        pairs[out[0], out[1]] += 1
-    return (p0, exact), first, pairs
+        pairs[out[0] * V + out[1]] += 1
+    pairs = torch.tensor(pairs, dtype=torch.float64).view(V, V)
+    return (p0, exact), pairs.sum(1), pairs
 
 
 LOSSLESS = [("target_only", False), ("tree_rejection", False), ("rejection", False), ("vllm", False), ("vllm", True)]
@@ -279,7 +287,7 @@ def test_engine_two_token_continuations_follow_the_target(target, drafters, toke
     from spectrace.core.engine import SpecConfig
     from spectrace.run import build_engine
 
-    prompt = tokenizer.encode("def parse(self, text):\n    for line in text.split")
+    prompt = tokenizer.encode("    for line in text.split")
     exact = exact_two_token_law(prompt, 6)
     B = samples_for(exact, ENGINE_BIAS)
     spec = SpecConfig(algo=algo, num_steps=3, topk=topk, num_draft_tokens=6 if topk > 1 else None, max_new_tokens=2,

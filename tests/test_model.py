@@ -3,12 +3,15 @@ import json
 
 import pytest
 import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from spectrace.core.batch import ForwardBatch
-from spectrace.errors import SpectraceError
+from spectrace.core.config import ModelConfig, read_config_json
 from spectrace.core.model import load_model
+from spectrace.errors import SpectraceError
 from spectrace.zoo import TARGET_DIR
 
 
@@ -107,3 +110,68 @@ def test_loader_refuses_unsupported_architecture(qwen2_dir, tmp_path):
     (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(SpectraceError, match="RoPE type"):
         load_model(d)
+
+
+# ---- config.json, read as transformers reads it --------------------------------------------
+
+def _as_transformers_reads_it(raw: dict) -> dict:
+    """The fields of ModelConfig from transformers' own config class: the reference reading."""
+    from transformers import AutoConfig
+
+    hf = AutoConfig.for_model(**raw)
+    heads = hf.num_attention_heads
+    rope = getattr(hf, "rope_parameters", None) or {}
+    if hf.model_type == "llama":
+        qkv_bias = o_bias = bool(hf.attention_bias)
+    else:
+        qkv_bias, o_bias = {"mistral": (False, False), "qwen2": (True, False)}[hf.model_type]
+    eos = hf.eos_token_id
+    return dict(model_type=hf.model_type, vocab_size=hf.vocab_size, hidden_size=hf.hidden_size,
+                num_hidden_layers=hf.num_hidden_layers, num_attention_heads=heads,
+                num_key_value_heads=hf.num_key_value_heads or heads,
+                head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // heads,
+                intermediate_size=hf.intermediate_size, rms_norm_eps=hf.rms_norm_eps,
+                rope_theta=float(rope.get("rope_theta", 10000.0)), max_position_embeddings=hf.max_position_embeddings,
+                qkv_bias=qkv_bias, o_bias=o_bias, mlp_bias=bool(getattr(hf, "mlp_bias", False)),
+                tie_word_embeddings=bool(hf.tie_word_embeddings),
+                eos_token_ids=tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,)))
+
+
+FIELDS = {"vocab_size": st.integers(10, 300), "hidden_size": st.sampled_from([64, 96]),
+          "num_hidden_layers": st.integers(1, 4), "num_attention_heads": st.sampled_from([4, 8]),
+          "num_key_value_heads": st.sampled_from([None, 2, 4]), "head_dim": st.sampled_from([None, 16]),
+          "intermediate_size": st.integers(32, 128), "rms_norm_eps": st.sampled_from([1e-5, 1e-6]),
+          "max_position_embeddings": st.integers(64, 4096), "attention_bias": st.booleans(),
+          "tie_word_embeddings": st.booleans(), "eos_token_id": st.sampled_from([None, 0, [0, 2]]),
+          "rope_theta": st.sampled_from([5000.0, 1e6]), "sliding_window": st.sampled_from([None]),
+          "use_sliding_window": st.sampled_from([False])}
+
+
+@settings(max_examples=60, deadline=None)
+@given(model_type=st.sampled_from(["llama", "mistral", "qwen2"]), data=st.data())
+def test_config_json_is_read_as_transformers_reads_it(model_type, data):
+    """Any subset of the fields, the rest left to the defaults: the same reading as transformers'
+    LlamaConfig, MistralConfig and Qwen2Config (ModelConfig reads config.json without them)."""
+    raw = {"model_type": model_type}
+    for name, values in FIELDS.items():
+        if data.draw(st.booleans(), label=f"has {name}"):
+            raw[name] = data.draw(values, label=name)
+    if model_type == "mistral" and "sliding_window" not in raw:  # Mistral's default window is refused
+        with pytest.raises(SpectraceError, match="sliding-window"):
+            ModelConfig.from_json(raw)
+        return
+    from huggingface_hub.errors import StrictDataclassError
+
+    try:
+        reference = _as_transformers_reads_it(raw)
+    except StrictDataclassError:  # a file transformers refuses (Mistral's KV heads null): not a reference
+        assume(False)
+    assert ModelConfig.from_json(raw).__dict__ == reference
+
+
+def test_embedded_configs_are_read_as_transformers_reads_them(qwen2_dir):
+    from spectrace.zoo import MODELS_DIR
+
+    for path in [qwen2_dir] + [d for d in MODELS_DIR.iterdir() if d.name != "tiny-medusa"]:
+        raw = read_config_json(path)
+        assert ModelConfig.from_json(raw).__dict__ == _as_transformers_reads_it(raw), path

@@ -201,7 +201,7 @@ def _arithmetic(rule: str, d: dict, trace: TraceFile, argmax: int) -> str:
 
 
 def decision_text(trace: TraceFile, rec: dict, n: ViewNode, argmax: int) -> Text:
-    """The acceptance arithmetic for one node, written out as the seeds write it."""
+    """The acceptance arithmetic for one node, written out as the rule computes it."""
     rule = rec["accept"]["rule"]
     color = FATE_COLORS[n.fate][1]
     t = Text()
