@@ -14,8 +14,6 @@ from spectrace.run import build_engine
 from spectrace.zoo import DRAFT_DIR, EAGLE3_DIR, EAGLE_DIR, FROZEN_KV_MTP_DIR, MTP_DIR, TARGET_DIR
 from spectrace.zoo.prompts import HELD_OUT_PROMPTS
 
-# one thread: the tiny models run fastest so, and a busy neighbour does not make them thrash
-torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

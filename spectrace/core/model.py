@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -257,6 +258,23 @@ def finish_loading(model: nn.Module, state: dict, target: CausalLM, path, what: 
     return model.to(device=p.device, dtype=p.dtype).eval()
 
 
+@contextmanager
+def skip_weight_init():
+    """Build modules without filling their weights, which the checkpoint replaces anyway: the
+    nn.init fills become no-ops while inside (transformers' `no_init_weights` does the same).
+    Cheaper than building on the meta device, whose Python-level ops import torch._dynamo
+    (about two seconds of a first run)."""
+    names = ("uniform_", "normal_", "kaiming_uniform_", "zeros_", "ones_")
+    saved = {name: getattr(nn.init, name) for name in names}
+    for name in names:
+        setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for name, fill in saved.items():
+            setattr(nn.init, name, fill)
+
+
 def load_model(path: str | Path, dtype=torch.float32, device="cpu") -> CausalLM:
     """Config from config.json, weights from the directory's files; the key set must match
     exactly (tied heads and RoPE buffers of old checkpoints aside)."""
@@ -264,11 +282,10 @@ def load_model(path: str | Path, dtype=torch.float32, device="cpu") -> CausalLM:
     cfg = ModelConfig.from_json(raw)
     if cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    with torch.device("meta"):
+    with skip_weight_init():
         model = CausalLM(cfg)
     check_keys(model, state, path, cfg.model_type, optional=["lm_head.weight"] if cfg.tie_word_embeddings else ())
     model.load_state_dict(state, strict=False, assign=True)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    model.model.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)  # built off the meta device
     return model.to(device=device, dtype=dtype).eval()
