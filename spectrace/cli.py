@@ -37,8 +37,8 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                    help="branching of the draft tree; 1 is a chain")
     p.add_argument("--num-draft-tokens", "--speculative-num-draft-tokens", dest="num_draft_tokens", type=int)
     p.add_argument("--acceptance", default=None, type=str.lower,
-                   help="greedy, target_only, rejection, vllm, tree_rejection, typical; default greedy at temperature 0, "
-                        "else target_only (SGLang's choice)")
+                   help="greedy, target_only, rejection, vllm, tree_rejection, typical; default greedy at "
+                        "temperature 0, else target_only (SGLang's choice)")
     p.add_argument("--speculative-use-rejection-sampling", dest="use_rejection", action="store_true",
                    help="SGLang's spelling of --acceptance rejection")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
@@ -257,7 +257,6 @@ def cmd_bench(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from spectrace.errors import SpectraceError
     from spectrace.core.trace import TraceError
 
     args = build_parser().parse_args(argv)

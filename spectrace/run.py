@@ -312,7 +312,8 @@ def build_engine(target: CausalLM, draft, spec: SpecConfig, prompt_ids: list[lis
         drafter = FrozenKVMtpDrafter(draft, target, kv, **shape)
     elif fmt is not None:
         draft_kv = draft.new_kv_cache("draft", spec.commit_style, num_slots, len(prompt_ids), columns)
-        drafter = StandaloneDrafter(draft, draft_kv, **shape) if fmt == "lm" else EagleDrafter(draft, target, draft_kv, **shape)
+        drafter = (StandaloneDrafter(draft, draft_kv, **shape) if fmt == "lm" else
+                   EagleDrafter(draft, target, draft_kv, **shape))
     return Engine(target, kv, spec, eos_token_ids, drafter, trace, on_step)
 
 

@@ -1,10 +1,8 @@
 """The `spectrace` command: same text with and without speculation, one-line errors, exit code 2."""
-import json
 import subprocess
 import sys
 
 import pytest
-import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from spectrace.cli import main

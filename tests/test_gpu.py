@@ -54,7 +54,8 @@ def test_gpu_fp32_trees_equal_autoregressive(tokenizer, algo):
     from spectrace.run import RunConfig, load_drafter_model
 
     target = load_model(TARGET_DIR, torch.float32, "cuda")
-    draft = load_drafter_model(algo, RunConfig(algo=algo).draft_path, target, load_tokenizer(TARGET_DIR), torch.float32, "cuda")
+    draft = load_drafter_model(algo, RunConfig(algo=algo).draft_path, target, load_tokenizer(TARGET_DIR),
+                               torch.float32, "cuda")
     ids = [tokenizer.encode(p) for p in HELD_OUT_PROMPTS]
     out = {}
     for a in ("none", algo):
@@ -93,7 +94,8 @@ def test_gpu_sampled_trees_repeat_and_keep_the_invariants(tokenizer):
     from spectrace.run import RunConfig, load_drafter_model
 
     target = load_model(TARGET_DIR, torch.float32, "cuda")
-    draft = load_drafter_model("eagle", RunConfig(algo="eagle").draft_path, target, load_tokenizer(TARGET_DIR), torch.float32, "cuda")
+    draft = load_drafter_model("eagle", RunConfig(algo="eagle").draft_path, target, load_tokenizer(TARGET_DIR),
+                               torch.float32, "cuda")
     ids = [tokenizer.encode(p) for p in HELD_OUT_PROMPTS]
     spec = SpecConfig(algo="eagle", num_steps=5, topk=4, num_draft_tokens=8, max_new_tokens=32,
                       acceptance="tree_rejection", temperature=1.0, seed=3)

@@ -22,7 +22,8 @@ def heads(target):
 def test_the_static_tree_follows_the_choices(heads):
     """Node i+1 is choices[i] (sorted by length, then ranks); its token is head depth-1's rank-th
     best, whatever its parent; the mask holds the root and the path's prefixes."""
-    d = MedusaDrafter(heads, MedusaTree.from_choices([[1], [0], [0, 0], [0, 1], [1, 0], [0, 0, 2]], heads.num_heads))
+    choices = [[1], [0], [0, 0], [0, 1], [1, 0], [0, 0, 2]]
+    d = MedusaDrafter(heads, MedusaTree.from_choices(choices, heads.num_heads))
     assert d.tree.choices == [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 2]]
     assert d.tree.parent == [0, 0, 1, 1, 2, 3]
     torch.manual_seed(0)

@@ -83,8 +83,9 @@ class RejectionSampler(torch.nn.Module):
             if temp == GREEDY_TEMPERATURE:
                 probs, u, inv_q = target_logits[rows].float(), None, None  # argmax of logits = argmax of p
             else:
-                params = SamplingParams(temp, int(sampling_metadata.top_k[r]) if sampling_metadata.top_k is not None else 0,
-                                        float(sampling_metadata.top_p[r]) if sampling_metadata.top_p is not None else 1.0)
+                top_k, top_p = sampling_metadata.top_k, sampling_metadata.top_p
+                params = SamplingParams(temp, int(top_k[r]) if top_k is not None else 0,
+                                        float(top_p[r]) if top_p is not None else 1.0)
                 probs = probs_from_logits(target_logits[rows], params)
                 # unseeded requests draw from the global generator; requests without drafts draw nothing
                 u, inv_q = _uniforms_and_inv_q(n, target_logits.shape[-1], gens.get(r)) if n else (None, None)

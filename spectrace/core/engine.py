@@ -104,7 +104,8 @@ class SpecConfig:
     def _check_adaptive(self) -> None:
         """SGLang: the EAGLE worker, topk 1, and a starting num_steps among the tiers."""
         if not ALGOS[self.algo].eagle_worker:
-            raise SpectraceError(f"--speculative-adaptive runs with EAGLE / EAGLE3 (and NEXTN, MTP), not --algo {self.algo}")
+            raise SpectraceError("--speculative-adaptive runs with EAGLE / EAGLE3 (and NEXTN, MTP), "
+                                 f"not --algo {self.algo}")
         if self.topk != 1:
             raise SpectraceError("--speculative-adaptive switches chain lengths: it needs --topk 1")
         tiers = AdaptiveConfig().candidate_steps
@@ -275,7 +276,8 @@ class Engine:
                 row.result = self.plain_result(row, logits[row.first_row])
                 continue
             n, b = len(row.candidates), row.b
-            next_token, next_sibling = tree.retrive_next_token[b, :n].tolist(), tree.retrive_next_sibling[b, :n].tolist()
+            next_token = tree.retrive_next_token[b, :n].tolist()
+            next_sibling = tree.retrive_next_sibling[b, :n].tolist()
             draft_probs = tree.draft_probs[b].cpu() if tree.draft_probs is not None else None
             randoms = self.rule.draw(n, row.target_probs.shape[-1], row.req.gen)
             row.result = self.rule.walk(row.candidates, next_token, next_sibling, row.target_predict, row.target_probs,
@@ -295,8 +297,9 @@ class Engine:
         """EXTEND (DRAFT_EXTEND): the drafter reads each live request's accept_tokens with the
         target features of the accepted path's rows (root .. last correct draft)."""
         if rows:
-            self.drafter.draft_extend([(row.req.req_pool_idx, row.result.accept_tokens,
-                                        features[[row.first_row + j for j in row.result.accept_nodes]]) for row in rows])
+            self.drafter.draft_extend([
+                (row.req.req_pool_idx, row.result.accept_tokens,
+                 features[[row.first_row + j for j in row.result.accept_nodes]]) for row in rows])
 
     def record(self, rows: list[StepRow], tree: DraftTree | None, timing: dict) -> None:
         """RECORD: adaptive steps fold the batch in; each request's step record goes to the
@@ -378,8 +381,9 @@ class Engine:
     def plain_result(self, row: StepRow, logits: torch.Tensor) -> AcceptResult:
         """A step without drafts: the root's next token is the bonus."""
         token = self.next_token(logits, row.req.gen)
-        where = None if self.spec.sampling.greedy else bonus_from("target", 0, row.target_probs[0], self.spec.trace_topk)
-        return AcceptResult([], token, [0], [], where)
+        if self.spec.sampling.greedy:
+            return AcceptResult([], token, [0], [])
+        return AcceptResult([], token, [0], [], bonus_from("target", 0, row.target_probs[0], self.spec.trace_topk))
 
     def append(self, r: Request, tokens: list[int]) -> list[int]:
         """Commit tokens to the output until EOS or max_new_tokens; returns what entered."""

@@ -146,7 +146,8 @@ def check(rule: str, algo: str, topk: int, temperature: float, threshold_single:
         raise SpectraceError(f"--acceptance {rule} needs drafts sampled from q; Medusa's static tree takes each "
                              f"head's top-k (use target_only or typical)")
     if r.needs_q and a.drafts == "fixed":
-        what = "n-gram drafts are copied" if algo == "ngram" else "DFLASH drafts are the argmax of a block, as in SGLang"
+        what = ("n-gram drafts are copied" if algo == "ngram" else
+                "DFLASH drafts are the argmax of a block, as in SGLang")
         raise SpectraceError(f"--acceptance {rule} needs drafts sampled from a draft model's q; {what} "
                              f"(use target_only, or vllm, which takes them as one-hot)")
     if rule == "rejection" and not a.eagle_worker:

@@ -51,8 +51,8 @@ def vllm_walk(drafts: list[int], target_probs: torch.Tensor, draft_probs: torch.
         for pos, d in enumerate(drafts):
             out[pos] = argmax[pos]
             ok = d == argmax[pos]
-            decisions.append(decision(pos + 1, d, ok, "draft == argmax(p)" if ok else "draft != argmax(p): emit argmax(p)",
-                                      target_argmax=argmax[pos]))
+            decisions.append(decision(pos + 1, d, ok, "draft == argmax(p)" if ok else
+                                      "draft != argmax(p): emit argmax(p)", target_argmax=argmax[pos]))
             if not ok:
                 return out, decisions
         out[n] = bonus

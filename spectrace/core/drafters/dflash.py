@@ -124,7 +124,8 @@ class DFlashDrafter:
     kv = None  # the context K/V is kept per request below, not in a paged pool
 
     def __init__(self, model: DFlashDraftModel, target: CausalLM, trace_topk: int = 5):
-        self.model, self.embed, self.lm_head, self.trace_topk = model, target.model.embed_tokens, target.lm_head, trace_topk
+        self.model, self.trace_topk = model, trace_topk
+        self.embed, self.lm_head = target.model.embed_tokens, target.lm_head
         self.capture_layers = model.capture_layers
         self.num_steps, self.topk, self.num_draft_tokens = model.block_size - 1, 1, model.block_size
         self.ctx: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # req -> per layer (k, v) (1, T, kvh, d)

@@ -82,6 +82,7 @@ def load_eagle(path: str | Path, target: CausalLM) -> EagleHead:
         raise SpectraceError(f"EAGLE checkpoint {path} does not fit the target: fc.weight is {shape}, "
                              f"expected ({H}, {2 * H}) for hidden size {H}")
     if cfg.vocab_size != target.config.vocab_size:
-        raise SpectraceError(f"EAGLE checkpoint {path} has vocabulary {cfg.vocab_size}, the target {target.config.vocab_size}")
+        raise SpectraceError(f"EAGLE checkpoint {path} has vocabulary {cfg.vocab_size}, "
+                             f"the target {target.config.vocab_size}")
     head = EagleHead(cfg, fc_bias="fc.bias" in state)
     return finish_loading(head, state, target, path, "EAGLE-1 head", share_embedding=True)

@@ -70,7 +70,8 @@ class FrozenKVMtpHead(nn.Module):
         H, Ht = cfg.hidden_size, backbone_hidden_size
         self.pre_projection = nn.Linear(2 * Ht, H, bias=False)
         self.model = nn.Module()
-        self.model.layers = nn.ModuleList(DecoderLayer(cfg, FrozenKVAttention(cfg)) for _ in range(cfg.num_hidden_layers))
+        self.model.layers = nn.ModuleList(DecoderLayer(cfg, FrozenKVAttention(cfg))
+                                          for _ in range(cfg.num_hidden_layers))
         self.model.norm = RMSNorm(H, cfg.rms_norm_eps)
         self.post_projection = nn.Linear(H, Ht, bias=False)
         self.lm_head = nn.Linear(H, cfg.vocab_size, bias=False)
@@ -101,7 +102,7 @@ def load_frozen_kv_mtp(path: str | Path, target: CausalLM) -> FrozenKVMtpHead:
         raise SpectraceError(f"FROZEN_KV_MTP checkpoint {path} does not fit the target: backbone_hidden_size "
                              f"{Ht}, pre_projection {None if pre is None else tuple(pre.shape)}; the target's "
                              f"hidden size is {tc.hidden_size}")
-    if (cfg.head_dim, cfg.num_key_value_heads) != (tc.head_dim, tc.num_key_value_heads) or cfg.vocab_size != tc.vocab_size:
+    if (cfg.head_dim, cfg.num_key_value_heads, cfg.vocab_size) != (tc.head_dim, tc.num_key_value_heads, tc.vocab_size):
         raise SpectraceError(f"FROZEN_KV_MTP checkpoint {path} cannot read the target's KV: head_dim "
                              f"{cfg.head_dim}, {cfg.num_key_value_heads} KV heads, vocabulary {cfg.vocab_size}; the "
                              f"target has {tc.head_dim}, {tc.num_key_value_heads}, {tc.vocab_size}")

@@ -55,7 +55,8 @@ class MedusaHeads(nn.Module):
         super().__init__()
         self.num_heads, self.num_layers = num_heads, num_layers
         self.medusa_head = nn.ModuleList([
-            nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers)], nn.Linear(hidden_size, vocab_size, bias=False))
+            nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers)],
+                          nn.Linear(hidden_size, vocab_size, bias=False))
             for _ in range(num_heads)])
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:

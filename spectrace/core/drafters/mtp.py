@@ -17,7 +17,8 @@ import torch.nn as nn
 from spectrace.core.config import ModelConfig
 from spectrace.errors import SpectraceError
 from spectrace.core.drafters.eagle import DraftHead
-from spectrace.core.model import Attention, CausalLM, DecoderLayer, RMSNorm, RotaryEmbedding, finish_loading, read_checkpoint
+from spectrace.core.model import (Attention, CausalLM, DecoderLayer, RMSNorm, RotaryEmbedding, finish_loading,
+                                   read_checkpoint)
 
 
 class MtpHead(DraftHead):
