@@ -22,7 +22,8 @@ import pytest
 import torch
 
 from spectrace.core.acceptance import RULES, RuleParams
-from spectrace.core.drafters.eagle_worker import SampledDrafts, build_draft_tree, draft_forward
+from spectrace.core.drafters import SampledDrafts
+from spectrace.core.drafters.eagle_worker import build_draft_tree, draft_forward
 from spectrace.core.sampling import sample
 
 V = 4

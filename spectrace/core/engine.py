@@ -29,8 +29,7 @@ from spectrace.core.acceptance import AcceptResult, RuleParams, bonus_from
 from spectrace.core.acceptance.tree_rejection import SiblingStats
 from spectrace.core.adaptive import AdaptiveConfig, AdaptiveSpeculativeParams
 from spectrace.core.batch import ForwardBatch
-from spectrace.core.drafters import Drafter
-from spectrace.core.drafters.eagle_worker import SampledDrafts
+from spectrace.core.drafters import Drafter, SampledDrafts
 from spectrace.core.kv import KVCache
 from spectrace.core.metrics import SpecMetrics
 from spectrace.core.model import CausalLM

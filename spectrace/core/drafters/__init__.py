@@ -6,6 +6,7 @@ the phases: DRAFT is `draft`, DRAFT_EXTEND is `forward_draft_extend` (after pref
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -17,6 +18,15 @@ from spectrace.core.tree import DraftTree
 ExtendItem = tuple[int, list[int], torch.Tensor]
 
 
+@dataclass
+class SampledDrafts:
+    """What DRAFT asks for under the lossless sampling rules: drafts sampled from q (each
+    request's generator) instead of the draft's top K, and q kept (DraftTree.draft_probs)."""
+
+    generators: list  # one torch.Generator per request
+    sibling_worth: torch.Tensor | None = None  # (bs, K): what a node's j-th draw is worth; needed when K > 1
+
+
 class Drafter(Protocol):
     kv: KVCache | None  # the drafter's own paged KV (the engine files its events), or None
     capture_layers: tuple[int, ...]  # target layers whose inputs the features are; () = last hidden state
@@ -24,7 +34,8 @@ class Drafter(Protocol):
     def draft_extend_for_prefill(self, items: list[ExtendItem]) -> None:
         """After prefill: tokens = prompt + the first generated token; features of the prompt rows."""
 
-    def draft(self, reqs: list[int], root_tokens: list[int], seq_lens: list[int], sampled=None) -> DraftTree:
+    def draft(self, reqs: list[int], root_tokens: list[int], seq_lens: list[int],
+              sampled: SampledDrafts | None = None) -> DraftTree:
         """DRAFT for every request: a tree rooted at its last committed token, whose nodes sit after
         the target's committed KV (seq_lens, root excluded). sampled: `SampledDrafts` when the
         rule needs drafts sampled from q (drafters that cannot sample are refused before the run)."""

@@ -14,11 +14,11 @@ FROZEN_KV_MTP assistant.
 Sampled drafts. For the lossless sampling rules the K children of a path are K draws without
 replacement from its q, the first K arrivals of an exponential race (a chain draws one, as
 SGLang's `sample_draft_proposal` does for rejection sampling), and the tree keeps the q each
-node was drawn from. Which nodes the tree keeps
-must not depend on what they drew, so a sampled child's path score uses, in place of its own q,
-`sibling_worth[j]`: what the j-th draw of a node is worth, measured on the request's earlier
-steps (acceptance/tree_rejection.py). The shape is then fixed before the draws, as in SpecInfer's
-and Sequoia's static trees; ties go to the earlier candidate.
+node was drawn from. Which nodes the tree keeps must not depend on what they drew, so a sampled
+child's path score uses, in place of its own q, `sibling_worth[j]`: what the j-th draw of a node
+is worth, estimated from the request's earlier steps (acceptance/tree_rejection.py). The shape
+is then fixed before the draws, as in SpecInfer's and Sequoia's static trees; ties go to the
+earlier candidate.
 """
 from __future__ import annotations
 
@@ -28,19 +28,12 @@ from dataclasses import dataclass, field
 import torch
 
 from spectrace.core.batch import ForwardBatch
+from spectrace.core.drafters import SampledDrafts
 from spectrace.core.drafters.scratch import TreeScratch
 from spectrace.core.kv import KVCache
 from spectrace.core.model import CausalLM
 from spectrace.core.sampling import exponential_race, topk_pairs
 from spectrace.core.tree import DraftTree, TreeMaskMode, build_tree, organize_draft_results, select_top_k_tokens
-
-
-@dataclass
-class SampledDrafts:
-    """Drafts sampled from q, for the lossless sampling rules, instead of the draft's top K."""
-
-    generators: list  # one torch.Generator per request
-    sibling_worth: torch.Tensor | None = None  # (bs, K): what a node's j-th draw is worth; needed when K > 1
 
 
 def propose_children(probs: torch.Tensor, topk: int, sampled: SampledDrafts | None):
