@@ -149,8 +149,8 @@ def resolve_shape(cfg: RunConfig, target_architecture: str, tree: MedusaTree | N
     if cfg.algo == "ngram":  # a chain of k = num_steps copied tokens
         default = (5, 1, 6)
     elif cfg.adaptive:  # SGLang: topk 1, the middle tier
-        steps = AdaptiveConfig().candidate_steps[len(AdaptiveConfig().candidate_steps) // 2]
-        default = (steps, 1, steps + 1)
+        tiers = AdaptiveConfig().candidate_steps
+        default = (tiers[len(tiers) // 2], 1, tiers[len(tiers) // 2] + 1)
     else:
         default = auto_shape(cfg.algo, target_architecture)
     if given == (None, None, None):

@@ -67,3 +67,18 @@ def test_head_training_smoke_writes_loadable_heads(tmp_path, monkeypatch, target
                                  "--draft-vocab", "64"]) == 0
         head = HEAD_LOADERS[kind](out, target)
         assert (out / "README.md").is_file() and sum(p.numel() for p in head.parameters()) > 0
+
+
+def test_the_run_reads_the_tokenizer_as_transformers_does(tokenizer):
+    """spectrace.run reads tokenizer.json with the `tokenizers` library: the same ids and text
+    as transformers' AutoTokenizer, on the held-out prompts and on every single token."""
+    from spectrace.run import load_tokenizer
+    from spectrace.zoo import TARGET_DIR
+    from spectrace.zoo.prompts import HELD_OUT_PROMPTS, REPEATING_PROMPTS
+
+    tok = load_tokenizer(str(TARGET_DIR))
+    for text in HELD_OUT_PROMPTS + REPEATING_PROMPTS + ["x", "  \n\t\u00e9\u4e2d <|endoftext|>"]:
+        assert tok.encode(text) == tokenizer.encode(text, add_special_tokens=False)
+        assert tok.decode(tok.encode(text)) == tokenizer.decode(tokenizer.encode(text, add_special_tokens=False))
+    assert all(tok.decode([i]) == tokenizer.decode([i]) for i in range(len(tok.vocab)))
+    assert tok.vocab == tokenizer.get_vocab() and tok.eos_token_id == tokenizer.eos_token_id
