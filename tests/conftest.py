@@ -1,8 +1,13 @@
 """Fixtures shared by the tests: the embedded models, small random checkpoints, and `generate`,
 which runs the engine and checks the invariants every run must keep."""
+import os
+
 import pytest
 import torch
 from hypothesis import strategies as st
+
+if not torch.cuda.is_available():  # Triton kernels run interpreted on CPU tensors; set before they are defined
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from spectrace.core.drafters.eagle import load_eagle
 from spectrace.core.drafters.eagle3 import load_eagle3

@@ -2,12 +2,15 @@
 transformers' bf16. Runs where torch sees a GPU (the project's H200 machine); CI has none."""
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
 from spectrace.core.batch import ForwardBatch
 from spectrace.core.engine import SpecConfig
-from spectrace.core.model import load_model
 from spectrace.core.drafters.ngram import NgramConfig
+from spectrace.core.model import load_model
+from spectrace.core.tree import tree_capacity
 from spectrace.run import build_engine, load_tokenizer
 from spectrace.zoo import DRAFT_DIR, TARGET_DIR
 from spectrace.zoo.prompts import HELD_OUT_PROMPTS
@@ -102,3 +105,141 @@ def test_gpu_sampled_trees_repeat_and_keep_the_invariants(tokenizer):
     runs = [build_engine(target, draft, spec, ids, (0,)).generate(ids) for _ in range(2)]
     assert [r.output_ids for r in runs[0][0]] == [r.output_ids for r in runs[1][0]]
     print(f"tree_rejection T 1: accept length {runs[0][1]['accept_length']:.3f} on the GPU")
+
+
+# ---- the Triton twins, compiled, at real sizes ---------------------------------------------
+
+def _to(device, *tensors):
+    return [t.to(device) for t in tensors]
+
+
+@settings(max_examples=60, deadline=None)
+@given(bs=st.integers(1, 8), K=st.integers(1, 8), S=st.integers(1, 8), data=st.data())
+def test_gpu_build_tree_twin_equals_the_explicit_build(bs, K, S, data):
+    """bs <= 8, topk <= 8, depth <= 8, n <= 64, every mask layout."""
+    from test_tree import run_draft_loop
+
+    from spectrace.compat import sglang as explicit
+    from spectrace.core.tree import TreeMaskMode
+    from spectrace.kernels import sglang as kernels
+
+    n = data.draw(st.integers(2, min(tree_capacity(K, S) + 1, 64)))
+    seq_lens = torch.tensor(data.draw(st.lists(st.integers(0, 300), min_size=bs, max_size=bs)))
+    parent_list, sel, draft_tokens = run_draft_loop(bs, K, S, n, data.draw(st.integers(0, 2**31)))
+    for mode in [m for m in TreeMaskMode if m != TreeMaskMode.QLEN_ONLY_BITPACKING or n <= 32]:
+        args = (torch.arange(bs), parent_list, sel, draft_tokens, seq_lens)
+        want = explicit.build_tree_kernel_efficient(*args, int(seq_lens.sum()), K, S, n, mode)
+        got = kernels.build_tree_kernel_efficient(*_to("cuda", *args), int(seq_lens.sum()), K, S, n, mode)
+        assert all(torch.equal(w, g.cpu()) for w, g in zip(want, got)), mode
+
+
+@pytest.mark.parametrize("vocab", [4096, 128_256])
+def test_gpu_walk_twins_equal_the_explicit_walks(vocab):
+    """bs 64, trees of 8 nodes (topk 4, depth 5), the embedded-size and a Llama-3-size vocabulary:
+    greedy exactly; target_only and chain rejection with the same coins, exactly but for a bonus
+    drawn at a CDF boundary (tests/test_kernels.py: assert_same_walk)."""
+    from test_kernels import assert_same_walk
+    from test_compat import outputs
+    from test_tree import run_draft_loop
+
+    from spectrace.compat import sglang as explicit
+    from spectrace.kernels import sglang as kernels
+
+    bs, K, S, n = 64, 4, 5, 8
+    g = torch.Generator().manual_seed(vocab)
+    parent_list, sel, draft_tokens = run_draft_loop(bs, K, S, n, 3)
+    _, _, ri, nt, ns, _ = explicit.build_tree_kernel_efficient(torch.zeros(bs, dtype=torch.int64), parent_list, sel,
+                                                               draft_tokens, torch.zeros(bs, dtype=torch.int64), 0,
+                                                               K, S, n)
+    logits = torch.randn(bs, n, vocab, generator=g) * 3
+    target_probs = torch.softmax(logits, -1)
+    candidates = torch.topk(logits, 2, dim=-1).indices[..., 1].roll(1, 1)  # children often the target's second choice
+    candidates = torch.where(torch.rand(bs, n, generator=g) < 0.5, logits.argmax(-1).roll(1, 1), candidates)
+    coins, coins_final = torch.rand(bs, n, generator=g), torch.rand(bs, generator=g)
+    cuda = lambda *t: _to("cuda", *t)  # noqa: E731
+    for fn in ("verify_tree_greedy", "tree_speculative_sampling_target_only"):
+        results = []
+        for module, move in ((explicit, lambda *t: list(t)), (kernels, cuda)):
+            out = move(*outputs(bs, S + 1, bs * n))
+            draft_probs = move(torch.zeros_like(target_probs))[0]
+            args = move(candidates, ri, nt, ns)
+            if fn == "verify_tree_greedy":
+                module.verify_tree_greedy(*out, *args, move(logits.argmax(-1))[0])
+            else:
+                module.tree_speculative_sampling_target_only(*out, *args, *move(coins, coins_final, target_probs),
+                                                             draft_probs)
+            results.append(([t.cpu() for t in out], draft_probs.cpu()))
+        (out1, d1), (out2, d2) = results
+        assert torch.equal(d1, d2), fn
+        full = out1[2] == S
+        assert_same_walk(out1, out2, lambda b, node: target_probs[b, node] if full[b] else
+                         (target_probs[b, node] - d1[b, node]).clamp(min=0), coins_final)
+    draft_probs = torch.softmax(torch.randn(bs, n - 1, vocab, generator=g) * 3, -1)
+    drafts = torch.multinomial(draft_probs.view(-1, vocab), 1, generator=g).view(bs, -1)
+    chain = torch.cat([candidates[:, :1], drafts], 1)
+    chain_index = torch.arange(bs * n).view(bs, n)
+    results = []
+    for module, move in ((explicit, lambda *t: list(t)), (kernels, cuda)):
+        out = move(*outputs(bs, n, bs * n))
+        module.chain_speculative_sampling(*out, *move(chain, chain_index, coins, coins_final, target_probs,
+                                                      draft_probs))
+        results.append([t.cpu() for t in out])
+    accepted_all = results[0][2] == n - 1
+    assert_same_walk(*results, lambda b, row: target_probs[b, row] if accepted_all[b] else
+                     (target_probs[b, row] - draft_probs[b, row]).clamp(min=0), coins_final)
+
+
+@pytest.mark.parametrize("rule", ["target_only", "rejection"])
+def test_gpu_walk_twins_keep_the_target_distribution(rule):
+    """The synthetic Markov model of tests/test_acceptance.py, every run one request of a batched
+    twin call: the two-token law is the target's (chi-square, the N that catches a 2% bias)."""
+    from test_acceptance import V, chi_square, markov, samples_for
+    from test_compat import outputs
+
+    from spectrace.kernels import sglang as kernels
+
+    p0, P, q0, Q = markov(3)
+    exact = p0[:, None] * P
+    N = samples_for(exact)
+    g = torch.Generator().manual_seed(4)
+
+    def step(root_p, root_q, roots):
+        """One batched step of len(roots) requests; returns each request's emitted tokens."""
+        bs = len(roots)
+        if rule == "target_only":  # the draft's top 2, twice: nodes 0; 1, 2; 3, 4 under 1; 5, 6 under 2
+            a = torch.topk(root_q, 2, dim=-1).indices
+            kids = torch.topk(Q[a], 2, dim=-1).indices.view(bs, 4)
+            candidates = torch.cat([roots.view(bs, 1), a, kids], 1)
+            tp = torch.cat([root_p.view(bs, 1, V), P[candidates[:, 1:]]], 1)
+            nt = torch.tensor([1, 3, 5, -1, -1, -1, -1]).expand(bs, 7)
+            ns = torch.tensor([-1, 2, -1, 4, -1, 6, -1]).expand(bs, 7)
+            out = [t.cuda() for t in outputs(bs, 3, bs * 7)]
+            kernels.tree_speculative_sampling_target_only(
+                *out, *_to("cuda", candidates, torch.arange(bs * 7).view(bs, 7), nt.contiguous(), ns.contiguous(),
+                           torch.rand(bs, 7, generator=g), torch.rand(bs, generator=g), tp.contiguous(),
+                           torch.zeros_like(tp)))
+        else:  # a chain of two drafts sampled from q
+            d1 = torch.multinomial(root_q, 1, generator=g).view(bs)
+            d2 = torch.multinomial(Q[d1], 1, generator=g).view(bs)
+            candidates = torch.stack([roots, d1, d2], 1)
+            tp = torch.stack([root_p, P[d1], P[d2]], 1)
+            out = [t.cuda() for t in outputs(bs, 3, bs * 3)]
+            kernels.chain_speculative_sampling(*out, *_to("cuda", candidates, torch.arange(bs * 3).view(bs, 3),
+                                                          torch.rand(bs, 3, generator=g), torch.rand(bs, generator=g),
+                                                          tp.contiguous(), torch.stack([root_q, Q[d1]], 1)))
+        predicts, accept_index, accept_num = (t.cpu() for t in out)
+        return [[int(predicts[r]) for r in accept_index[b, :accept_num[b] + 1]] for b in range(bs)]
+
+    outs = step(p0.expand(N, V), q0.expand(N, V), torch.zeros(N, dtype=torch.int64))
+    short = [i for i, o in enumerate(outs) if len(o) < 2]
+    firsts = torch.tensor([outs[i][0] for i in short], dtype=torch.int64)
+    if short:
+        for i, more in zip(short, step(P[firsts], Q[firsts], firsts)):
+            outs[i] = outs[i] + more[:1]
+    counts = torch.zeros(V, V)
+    for o in outs:
+        counts[o[0], o[1]] += 1
+    stat, crit = chi_square(counts, exact)
+    print(f"{rule} through the twin: chi2 {stat:.1f} (critical {crit:.1f}), N {N}")
+    assert stat < crit
+

@@ -17,11 +17,12 @@ import torch
 from spectrace.core import tree
 from spectrace.core.acceptance import AcceptResult, Randoms, RuleParams
 from spectrace.core.acceptance.greedy import greedy_walk
+from spectrace.core.acceptance.rejection import rejection_walk
 from spectrace.core.acceptance.target_only import target_only_walk
 from spectrace.core.tree import TreeMaskMode, organize_draft_results
 
 __all__ = ["TreeMaskMode", "organize_draft_results", "build_tree_kernel_efficient", "verify_tree_greedy",
-           "tree_speculative_sampling_target_only", "reconstruct_indices_from_tree_mask"]
+           "tree_speculative_sampling_target_only", "chain_speculative_sampling", "reconstruct_indices_from_tree_mask"]
 
 
 def build_tree_kernel_efficient(verified_id, parent_list, top_scores_index, draft_tokens, seq_lens,
@@ -71,6 +72,19 @@ def tree_speculative_sampling_target_only(predicts, accept_index, accept_token_n
         res = target_only_walk(candidates[b].tolist(), retrive_next_token[b].tolist(), retrive_next_sibling[b].tolist(),
                                None, target_probs[b], draft_probs[b], randoms, accept_index.shape[1] - 1, params)
         _write_back(res, rows, b, predicts, accept_index, accept_token_num)
+
+
+def chain_speculative_sampling(predicts, accept_index, accept_token_num, candidates, retrive_index, uniform_samples,
+                               uniform_samples_for_final_sampling, target_probs, draft_probs) -> None:
+    """SGLang's chain rejection sampling (`chain_speculative_sampling_triton`, whose kernel is
+    `speculative_sampling_classic_kernel`), in place. Chains of n nodes: accept_index (bs, n),
+    target_probs (bs, n, V), draft_probs (bs, n-1, V), uniform_samples (bs, n) (coin j-1 for
+    draft j), the final coins (bs,)."""
+    for b in range(candidates.shape[0]):
+        randoms = Randoms(coins=uniform_samples[b], coin_final=uniform_samples_for_final_sampling[b])
+        res = rejection_walk(candidates[b].tolist(), None, None, None, target_probs[b], draft_probs[b], randoms,
+                             candidates.shape[1] - 1, RuleParams())
+        _write_back(res, retrive_index[b].tolist(), b, predicts, accept_index, accept_token_num)
 
 
 def reconstruct_indices_from_tree_mask(tree_mask, seq_lens, positions, retrive_index, retrive_next_token,

@@ -1,0 +1,294 @@
+"""Triton twins of `spectrace.compat.sglang`: SGLang's tree build and walks, one program per
+request, with the same names, argument order and in-place outputs (sgl-kernel's signatures).
+
+Each kernel mirrors an explicit function line for line, with its variable names:
+
+    build_tree_kernel_efficient            core/tree.py: build_tree (all three mask layouts)
+    verify_tree_greedy                     core/acceptance/greedy.py: greedy_walk
+    tree_speculative_sampling_target_only  core/acceptance/target_only.py: target_only_walk
+    chain_speculative_sampling             core/acceptance/rejection.py: rejection_walk
+
+No `.item()` and no host-side cumsum: a request's offset into the FULL_MASK layout is summed
+inside its program. A node's parent is found with one vector compare over its request's
+selected_index row instead of the explicit loop over it.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from spectrace.core.tree import TreeMaskMode
+from spectrace.kernels import check
+from spectrace.kernels.sampling import block_v, sample_from_prob
+
+__all__ = ["TreeMaskMode", "build_tree_kernel_efficient", "verify_tree_greedy",
+           "tree_speculative_sampling_target_only", "chain_speculative_sampling"]
+
+
+# ---- build_tree_kernel_efficient -------------------------------------------------------------
+
+@triton.jit
+def _parent_position(selected_index_row, parents_row, sel, i, topk, n: tl.constexpr, BLOCK: tl.constexpr):
+    """tree.py: _parent_position. sel (BLOCK,) is the request's selected_index row, -1 past n-1."""
+    parent_tb_idx = tl.load(selected_index_row + i) // topk  # the row of parent_list it was expanded from
+    token_idx = tl.load(parents_row + parent_tb_idx, mask=parent_tb_idx > 0, other=-1)  # the parent's flat index
+    lanes = tl.arange(0, BLOCK)
+    found = tl.min(tl.where(sel == token_idx, lanes, n - 1), axis=0)  # the first selected_index equal to it
+    return tl.where(parent_tb_idx == 0, 0, found + 1)  # n: not among the nodes
+
+
+@triton.jit
+def _build_tree_kernel(parent_list, selected_index, seq_lens, tree_mask, positions, retrive_index,
+                       retrive_next_token, retrive_next_sibling, topk, parents_width,
+                       n: tl.constexpr, MODE: tl.constexpr, BLOCK: tl.constexpr, BS_BLOCK: tl.constexpr):
+    b = tl.program_id(0)  # one program per request (tree.py: `for b in range(bs)`)
+    lanes = tl.arange(0, BLOCK)
+    selected_index_row, parents_row = selected_index + b * (n - 1), parent_list + b * parents_width
+    sel = tl.load(selected_index_row + lanes, mask=lanes < n - 1, other=-1)
+    seq_len = tl.load(seq_lens + b)
+    # linked lists: children pushed to the front, scanning nodes downward
+    for k in range(1, n):
+        i = n - k
+        tl.store(retrive_index + b * n + i, b * n + i)
+        parent_position = _parent_position(selected_index_row, parents_row, sel, i - 1, topk, n, BLOCK)
+        if parent_position < n:  # else SGLang drops the node ("invalid eagle tree")
+            head = tl.load(retrive_next_token + b * n + parent_position)
+            if head != -1:
+                tl.store(retrive_next_sibling + b * n + i, head)
+            tl.store(retrive_next_token + b * n + parent_position, i)
+    tl.store(retrive_index + b * n, b * n)
+    # each row sees the root and, below, its own ancestors and itself; position = prefix + depth
+    bs_lanes = tl.arange(0, BS_BLOCK)
+    prefix_before = tl.sum(tl.load(seq_lens + bs_lanes, mask=bs_lanes < b, other=0), axis=0)  # sum(seq_lens[:b])
+    for tid in range(n):
+        row = lanes == 0
+        depth = 0
+        cur_position = tid - 1
+        walking = tid > 0
+        for _ in range(n - 1):
+            if walking:
+                depth += 1
+                row = row | (lanes == cur_position + 1)
+                parent_position = _parent_position(selected_index_row, parents_row, sel, cur_position, topk, n, BLOCK)
+                walking = (parent_position > 0) & (parent_position < n)  # the root, or a dropped node
+                cur_position = parent_position - 1
+        tl.store(positions + b * n + tid, seq_len + depth)
+        if MODE == 0:  # FULL_MASK: prefix columns stay True (the wrapper's fill)
+            start = prefix_before * n + b * n * n + tid * (seq_len + n) + seq_len
+            tl.store(tree_mask + start + lanes, row, mask=lanes < n)
+        elif MODE == 1:  # QLEN_ONLY
+            tl.store(tree_mask + b * n * n + tid * n + lanes, row, mask=lanes < n)
+        else:  # QLEN_ONLY_BITPACKING: bit j = node j
+            tl.store(tree_mask + b * n + tid, tl.sum(tl.where(row & (lanes < n), 1 << lanes, 0), axis=0))
+
+
+def build_tree_kernel_efficient(verified_id, parent_list, top_scores_index, draft_tokens, seq_lens,
+                                seq_lens_sum, topk, spec_steps, num_verify_tokens,
+                                tree_mask_mode=TreeMaskMode.FULL_MASK):
+    """-> (tree_mask, positions, retrive_index, retrive_next_token, retrive_next_sibling,
+    draft_tokens), the root (verified_id) prepended to each request's draft tokens.
+    seq_lens_sum: sum(seq_lens), the FULL_MASK buffer's size (SGLang's wrapper takes it too)."""
+    bs, n, device = top_scores_index.shape[0], num_verify_tokens, top_scores_index.device
+    mode = TreeMaskMode(tree_mask_mode)
+    check("top_scores_index", top_scores_index, torch.int64, (bs, n - 1))
+    check("parent_list", parent_list, torch.int64, device=device)
+    check("seq_lens", seq_lens, torch.int64, (bs,), device)
+    if mode == TreeMaskMode.FULL_MASK:
+        tree_mask = torch.ones(seq_lens_sum * n + n * n * bs, dtype=torch.bool, device=device)
+    elif mode == TreeMaskMode.QLEN_ONLY:
+        tree_mask = torch.ones(n * n * bs, dtype=torch.bool, device=device)
+    else:
+        if n > 32:
+            raise ValueError(f"QLEN_ONLY_BITPACKING holds at most 32 tree nodes, not {n}")
+        tree_mask = torch.zeros(n * bs, dtype=[torch.uint8, torch.int16, torch.int32][(n > 8) + (n > 16)],
+                                device=device)
+    positions = torch.empty(bs * n, dtype=torch.int64, device=device)
+    retrive_index, retrive_next_token, retrive_next_sibling = torch.full((3, bs, n), -1, dtype=torch.int64,
+                                                                         device=device)
+    if bs:
+        _build_tree_kernel[(bs,)](parent_list, top_scores_index, seq_lens, tree_mask, positions, retrive_index,
+                                  retrive_next_token, retrive_next_sibling, topk, parent_list.shape[1], n=n,
+                                  MODE=int(mode), BLOCK=triton.next_power_of_2(n),
+                                  BS_BLOCK=triton.next_power_of_2(bs))
+    draft_tokens = torch.cat((verified_id.unsqueeze(1), draft_tokens), dim=1).flatten()
+    return tree_mask, positions, retrive_index, retrive_next_token, retrive_next_sibling, draft_tokens
+
+
+# ---- the walks ---------------------------------------------------------------------------------
+
+@triton.jit
+def _verify_tree_greedy_kernel(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                               retrive_next_token, retrive_next_sibling, target_predict,
+                               n: tl.constexpr, num_spec_step: tl.constexpr):
+    b = tl.program_id(0)  # greedy.py: greedy_walk, one request
+    last = tl.load(retrive_index + b * n)  # flat row of path[-1], the last accepted node
+    parent = 0  # its node
+    tl.store(accept_index + b * num_spec_step, last)
+    num_accepted = 0
+    walking = 1
+    for _ in range(num_spec_step - 1):  # `for _ in range(max_depth)`
+        if walking:
+            target = tl.load(target_predict + last)  # the target's argmax after the parent
+            cur = tl.load(retrive_next_token + b * n + parent)
+            found = 0
+            for _ in range(n - 1):  # its children in sibling order
+                if (found == 0) & (cur != -1):
+                    if tl.load(candidates + b * n + cur) == target:  # draft == argmax(p)
+                        tl.store(predicts + last, target)
+                        last = tl.load(retrive_index + b * n + cur)
+                        num_accepted += 1
+                        tl.store(accept_index + b * num_spec_step + num_accepted, last)
+                        parent = cur
+                        found = 1
+                    else:
+                        cur = tl.load(retrive_next_sibling + b * n + cur)
+            walking = found
+    tl.store(accept_token_num + b, num_accepted)
+    tl.store(predicts + last, tl.load(target_predict + last))  # the bonus
+
+
+def _check_walk(candidates, retrive_index, retrive_next_token, retrive_next_sibling, predicts, accept_index,
+                accept_token_num):
+    bs, n = candidates.shape
+    device = candidates.device
+    for name, t in (("candidates", candidates), ("retrive_index", retrive_index),
+                    ("retrive_next_token", retrive_next_token), ("retrive_next_sibling", retrive_next_sibling)):
+        check(name, t, torch.int64, (bs, n), device)
+    check("predicts", predicts, (torch.int32, torch.int64), (bs * n,), device)
+    check("accept_index", accept_index, (torch.int32, torch.int64), device=device)
+    check("accept_token_num", accept_token_num, (torch.int32, torch.int64), (bs,), device)
+    return bs, n
+
+
+def verify_tree_greedy(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                       retrive_next_token, retrive_next_sibling, target_predict) -> None:
+    """In place, as compat.sglang.verify_tree_greedy. target_predict (bs, n) or (bs*n,)."""
+    bs, n = _check_walk(candidates, retrive_index, retrive_next_token, retrive_next_sibling, predicts,
+                        accept_index, accept_token_num)
+    check("target_predict", target_predict.view(-1), torch.int64, (bs * n,), candidates.device)
+    if bs:
+        _verify_tree_greedy_kernel[(bs,)](predicts, accept_index, accept_token_num, candidates, retrive_index,
+                                          retrive_next_token, retrive_next_sibling, target_predict,
+                                          n=n, num_spec_step=accept_index.shape[1])
+
+
+@triton.jit
+def _target_only_kernel(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+                        retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs,
+                        draft_probs, threshold_single, threshold_acc, vocab_size,
+                        n: tl.constexpr, num_spec_step: tl.constexpr, BLOCK_V: tl.constexpr):
+    b = tl.program_id(0)  # target_only.py: target_only_walk, one request
+    last = tl.load(retrive_index + b * n)
+    tl.store(accept_index + b * num_spec_step, last)
+    row = 0  # the node whose p the level reads
+    prob_acc = 0.0
+    coin = tl.load(uniform_samples + b * n)
+    num_accepted = 0
+    walking = 1
+    for _ in range(num_spec_step - 1):
+        if walking:
+            cur = tl.load(retrive_next_token + b * n + row)
+            p_row = target_probs + (b * n + row).to(tl.int64) * vocab_size
+            found = 0
+            for _ in range(n - 1):
+                if (found == 0) & (cur != -1):
+                    tok = tl.load(candidates + b * n + cur)
+                    p = tl.load(p_row + tok)
+                    prob_acc += p
+                    if (coin <= prob_acc / threshold_acc) | (p >= threshold_single):
+                        tl.store(predicts + last, tok)
+                        last = tl.load(retrive_index + b * n + cur)
+                        num_accepted += 1
+                        tl.store(accept_index + b * num_spec_step + num_accepted, last)
+                        row = cur
+                        prob_acc = 0.0
+                        coin = tl.load(uniform_samples + b * n + cur)
+                        found = 1
+                    else:  # its mass leaves the residual
+                        tl.store(draft_probs + (b * n + row).to(tl.int64) * vocab_size + tok, p)
+                        cur = tl.load(retrive_next_sibling + b * n + cur)
+            walking = found
+    tl.store(accept_token_num + b, num_accepted)
+    full_depth = num_accepted == num_spec_step - 1  # then the bonus comes from p itself
+    offset = (b * n + row).to(tl.int64) * vocab_size
+    token = sample_from_prob(target_probs + offset, draft_probs + offset, 1 - full_depth.to(tl.int32),
+                             tl.load(uniform_samples_for_final_sampling + b), vocab_size, BLOCK_V)
+    tl.store(predicts + last, token)
+
+
+def tree_speculative_sampling_target_only(predicts, accept_index, accept_token_num, candidates, retrive_index,
+                                          retrive_next_token, retrive_next_sibling, uniform_samples,
+                                          uniform_samples_for_final_sampling, target_probs, draft_probs,
+                                          threshold_single=1.0, threshold_acc=1.0, deterministic=True) -> None:
+    """In place, as compat.sglang's (draft_probs written as the kernel writes it). target_probs,
+    draft_probs (bs, n, V) float32; uniform_samples (bs, n) and the final coins (bs,) float32."""
+    bs, n = _check_walk(candidates, retrive_index, retrive_next_token, retrive_next_sibling, predicts,
+                        accept_index, accept_token_num)
+    device = candidates.device
+    check("target_probs", target_probs, torch.float32, (bs, n, None), device)
+    check("draft_probs", draft_probs, torch.float32, tuple(target_probs.shape), device)
+    check("uniform_samples", uniform_samples, torch.float32, (bs, n), device)
+    check("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling, torch.float32, (bs,), device)
+    if bs:
+        vocab_size = target_probs.shape[-1]
+        _target_only_kernel[(bs,)](predicts, accept_index, accept_token_num, candidates, retrive_index,
+                                   retrive_next_token, retrive_next_sibling, uniform_samples,
+                                   uniform_samples_for_final_sampling, target_probs, draft_probs,
+                                   float(threshold_single), max(float(threshold_acc), 1e-9), vocab_size,
+                                   n=n, num_spec_step=accept_index.shape[1], BLOCK_V=block_v(vocab_size))
+
+
+@triton.jit
+def _chain_kernel(predicts, accept_index, accept_token_num, candidates, retrive_index, uniform_samples,
+                  uniform_samples_for_final_sampling, target_probs, draft_probs, vocab_size,
+                  n: tl.constexpr, BLOCK_V: tl.constexpr):
+    b = tl.program_id(0)  # rejection.py: rejection_walk, one request's chain
+    last = tl.load(retrive_index + b * n)
+    tl.store(accept_index + b * n, last)
+    row = 0
+    num_accepted = 0
+    walking = 1
+    for step in range(1, n):
+        if walking:
+            tok = tl.load(candidates + b * n + step)
+            p = tl.load(target_probs + (b * n + row).to(tl.int64) * vocab_size + tok)
+            q = tl.load(draft_probs + (b * (n - 1) + row).to(tl.int64) * vocab_size + tok)
+            if tl.load(uniform_samples + b * n + step - 1) * q < p:  # coin * q < p
+                tl.store(predicts + last, tok)
+                last = tl.load(retrive_index + b * n + step)
+                num_accepted += 1
+                tl.store(accept_index + b * n + num_accepted, last)
+                row = step
+            else:
+                walking = 0
+    tl.store(accept_token_num + b, num_accepted)
+    all_accepted = num_accepted == n - 1  # then the bonus comes from p after the last draft
+    # all accepted: row n-1 of draft_probs does not exist, and subtract 0 masks every read of it
+    token = sample_from_prob(target_probs + (b * n + row).to(tl.int64) * vocab_size,
+                             draft_probs + (b * (n - 1) + row).to(tl.int64) * vocab_size,
+                             1 - all_accepted.to(tl.int32), tl.load(uniform_samples_for_final_sampling + b),
+                             vocab_size, BLOCK_V)
+    tl.store(predicts + last, token)
+
+
+def chain_speculative_sampling(predicts, accept_index, accept_token_num, candidates, retrive_index, uniform_samples,
+                               uniform_samples_for_final_sampling, target_probs, draft_probs) -> None:
+    """In place, as compat.sglang.chain_speculative_sampling. Chains of n nodes: target_probs
+    (bs, n, V), draft_probs (bs, n-1, V) (row n-1 is never read), uniform_samples (bs, n)."""
+    bs, n = candidates.shape
+    device = candidates.device
+    check("candidates", candidates, torch.int64, (bs, n), device)
+    check("retrive_index", retrive_index, torch.int64, (bs, n), device)
+    check("predicts", predicts, (torch.int32, torch.int64), (bs * n,), device)
+    check("accept_index", accept_index, (torch.int32, torch.int64), (bs, n), device)
+    check("accept_token_num", accept_token_num, (torch.int32, torch.int64), (bs,), device)
+    check("target_probs", target_probs, torch.float32, (bs, n, None), device)
+    check("draft_probs", draft_probs, torch.float32, (bs, n - 1, target_probs.shape[-1]), device)
+    check("uniform_samples", uniform_samples, torch.float32, (bs, n), device)
+    check("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling, torch.float32, (bs,), device)
+    if bs:
+        vocab_size = target_probs.shape[-1]
+        _chain_kernel[(bs,)](predicts, accept_index, accept_token_num, candidates, retrive_index, uniform_samples,
+                             uniform_samples_for_final_sampling, target_probs, draft_probs, vocab_size,
+                             n=n, BLOCK_V=block_v(vocab_size))

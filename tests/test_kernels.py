@@ -1,0 +1,172 @@
+"""The Triton twins equal the explicit path: integer outputs bit for bit (torch.equal) on the
+peers' vectors and on hypothesis-generated trees; sampling twins the same tokens from the same
+coins; and the lossless rules keep the target's law through the twins. On CPU the kernels run
+under Triton's interpreter (conftest sets TRITON_INTERPRET=1), so shapes stay small here;
+tests/test_gpu.py runs the same comparisons compiled, at real sizes."""
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_compat import outputs, sglang_target_logits, sglang_tree
+from test_tree import run_draft_loop
+
+from spectrace.compat import sglang as explicit
+from spectrace.core.tree import TreeMaskMode, tree_capacity
+from spectrace.errors import SpectraceError
+
+triton = pytest.importorskip("triton")
+kernels = pytest.importorskip("spectrace.kernels.sglang")
+
+
+@st.composite
+def trees(draw, max_n=12):
+    """SGLang draft trees as the draft loop makes them: bs <= 3, topk <= 4, depth <= 4, n <= 12."""
+    bs, K, S = draw(st.integers(1, 3)), draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    n = draw(st.integers(2, min(tree_capacity(K, S) + 1, max_n)))
+    seq_lens = torch.tensor(draw(st.lists(st.integers(0, 9), min_size=bs, max_size=bs)))
+    parent_list, top_scores_index, draft_tokens = run_draft_loop(bs, K, S, n, draw(st.integers(0, 2**31)))
+    return bs, K, S, n, seq_lens, parent_list, top_scores_index, draft_tokens
+
+
+def built(module, tree, mode=TreeMaskMode.QLEN_ONLY):
+    bs, K, S, n, seq_lens, parent_list, top_scores_index, draft_tokens = tree
+    return module.build_tree_kernel_efficient(torch.arange(bs) + 100, parent_list, top_scores_index, draft_tokens,
+                                              seq_lens, int(seq_lens.sum()), K, S, n, mode)
+
+
+@settings(max_examples=25, deadline=None)
+@given(tree=trees(), mode=st.sampled_from(list(TreeMaskMode)))
+def test_build_tree_twin_equals_the_explicit_build(tree, mode):
+    want, got = built(explicit, tree, mode), built(kernels, tree, mode)
+    for name, w, g in zip(("tree_mask", "positions", "retrive_index", "retrive_next_token", "retrive_next_sibling",
+                           "draft_tokens"), want, got):
+        assert w.dtype == g.dtype and torch.equal(w, g), name
+
+
+def test_build_tree_twin_on_a_deep_wide_tree():
+    """topk 8, depth 8, 64 nodes: the largest tree the issue asks for (FULL_MASK and QLEN_ONLY)."""
+    bs, K, S, n = 1, 8, 8, 64
+    parent_list, top_scores_index, draft_tokens = run_draft_loop(bs, K, S, n, 7)
+    tree = (bs, K, S, n, torch.tensor([5]), parent_list, top_scores_index, draft_tokens)
+    for mode in (TreeMaskMode.FULL_MASK, TreeMaskMode.QLEN_ONLY):
+        assert all(torch.equal(w, g) for w, g in zip(built(explicit, tree, mode), built(kernels, tree, mode)))
+
+
+def test_greedy_twin_on_the_sgl_kernel_vectors():
+    predicts, accept_index, accept_token_num = outputs()
+    kernels.verify_tree_greedy(predicts, accept_index, accept_token_num, *sglang_tree(),
+                               sglang_target_logits().argmax(-1))
+    assert predicts.tolist() == [3, -1, -1, 4, 5, 18, 11, -1, -1, -1, 12, 18]
+    assert accept_index.tolist() == [[0, 3, 4, 5], [6, 10, 11, -1]] and accept_token_num.tolist() == [3, 2]
+
+
+def walk_inputs(tree, seed: int, vocab: int = 12):
+    """The built tree's candidates and lists, and target argmaxes that often agree with a child."""
+    bs, K, S, n = tree[:4]
+    _, _, retrive_index, next_token, next_sibling, tokens = built(explicit, tree)
+    g = torch.Generator().manual_seed(seed)
+    candidates = torch.randint(0, vocab, (bs, n), generator=g)
+    candidates[:, 0] = tokens.view(bs, n)[:, 0]
+    return candidates, retrive_index, next_token, next_sibling, g
+
+
+@settings(max_examples=25, deadline=None)
+@given(tree=trees(), seed=st.integers(0, 2**31))
+def test_greedy_twin_equals_the_explicit_walk(tree, seed):
+    bs, K, S, n = tree[:4]
+    candidates, retrive_index, next_token, next_sibling, g = walk_inputs(tree, seed)
+    # targets that often agree with some child, so paths get long
+    target = torch.where(torch.rand(bs, n, generator=g) < 0.7, candidates.roll(-1, 1),
+                         torch.randint(0, 12, (bs, n), generator=g))
+    want, got = [], []
+    for module, into in ((explicit, want), (kernels, got)):
+        predicts, accept_index, accept_token_num = outputs(bs, S + 1, bs * n)
+        module.verify_tree_greedy(predicts, accept_index, accept_token_num, candidates, retrive_index, next_token,
+                                  next_sibling, target)
+        into += [predicts, accept_index, accept_token_num]
+    assert all(torch.equal(w, g) for w, g in zip(want, got))
+
+
+def boundary_draw(weights: torch.Tensor, coin: float, token: int) -> bool:
+    """Whether `token` is a draw flashinfer's rule could make from weights with coin * total
+    within float32 rounding of one of its CDF boundaries: where tiled float32 sums and the explicit
+    float64 sum may pick neighbouring tokens."""
+    cdf = torch.cumsum(weights.double(), 0)
+    edge, total = coin * float(cdf[-1]), float(cdf[-1])
+    lo = float(cdf[token - 1]) if token else 0.0
+    return abs(edge - lo) < 1e-5 * total or abs(edge - float(cdf[token])) < 1e-5 * total
+
+
+def assert_same_walk(explicit_out, twin_out, bonus_weights, coins_final):
+    """accept_index and accept_token_num equal; predicts equal but for a bonus (the slot after the
+    last accepted row) drawn at a CDF boundary. bonus_weights(b, node) -> the weights it came from."""
+    (p1, a1, k1), (p2, a2, k2) = explicit_out, twin_out
+    assert torch.equal(a1, a2) and torch.equal(k1, k2)
+    n = p1.shape[0] // a1.shape[0]
+    for b in range(a1.shape[0]):
+        last = int(a1[b, k1[b]])
+        others = [r for r in range(b * n, (b + 1) * n) if r != last]
+        assert torch.equal(p1[others], p2[others])
+        if p1[last] != p2[last]:
+            assert boundary_draw(bonus_weights(b, last - b * n), float(coins_final[b]), int(p1[last]))
+
+
+@settings(max_examples=20, deadline=None)
+@given(tree=trees(), seed=st.integers(0, 2**31), thresholds=st.sampled_from([(1.0, 1.0), (0.9, 0.5), (0.0, 0.0)]))
+def test_target_only_twin_equals_the_explicit_walk(tree, seed, thresholds):
+    """Same coins, same walk: accept_index and accept_token_num exactly, the kernel-written
+    draft_probs exactly, and predicts exactly but for a bonus drawn at a CDF boundary."""
+    bs, K, S, n = tree[:4]
+    candidates, retrive_index, next_token, next_sibling, g = walk_inputs(tree, seed, vocab=16)
+    target_probs = torch.softmax(torch.randn(bs, n, 16, generator=g) * 2, -1)
+    coins, coins_final = torch.rand(bs, n, generator=g), torch.rand(bs, generator=g)
+    results = []
+    for module in (explicit, kernels):
+        predicts, accept_index, accept_token_num = outputs(bs, S + 1, bs * n)
+        draft_probs = torch.zeros_like(target_probs)
+        module.tree_speculative_sampling_target_only(predicts, accept_index, accept_token_num, candidates,
+                                                     retrive_index, next_token, next_sibling, coins, coins_final,
+                                                     target_probs, draft_probs, *thresholds)
+        results.append(((predicts, accept_index, accept_token_num), draft_probs))
+    (out1, d1), (out2, d2) = results
+    assert torch.equal(d1, d2)  # the rejected siblings' mass, written as the kernel writes it
+    full_depth = out1[2] == S
+    assert_same_walk(out1, out2, lambda b, node: target_probs[b, node] if full_depth[b] else
+                     (target_probs[b, node] - d1[b, node]).clamp(min=0), coins_final)
+
+
+@settings(max_examples=20, deadline=None)
+@given(bs=st.integers(1, 8), n=st.integers(2, 7), seed=st.integers(0, 2**31), nan=st.booleans())
+def test_chain_twin_equals_the_explicit_walk(bs, n, seed, nan):
+    """Chains sampled from q: the same decisions and tokens; a NaN in q counts as 0 in the residual."""
+    g = torch.Generator().manual_seed(seed)
+    V = 10
+    draft_probs = torch.softmax(torch.randn(bs, n - 1, V, generator=g), -1)
+    candidates = torch.cat([torch.zeros(bs, 1, dtype=torch.int64),
+                            torch.multinomial(draft_probs.view(-1, V), 1, generator=g).view(bs, n - 1)], 1)
+    target_probs = torch.softmax(torch.randn(bs, n, V, generator=g), -1)
+    if nan:
+        draft_probs[0, 0, 3] = float("nan")
+    retrive_index = torch.arange(bs * n).view(bs, n)
+    coins, coins_final = torch.rand(bs, n, generator=g), torch.rand(bs, generator=g)
+    results = []
+    for module in (explicit, kernels):
+        out = outputs(bs, n, bs * n)
+        module.chain_speculative_sampling(*out, candidates, retrive_index, coins, coins_final, target_probs,
+                                          draft_probs)
+        results.append(out)
+    all_accepted = results[0][2] == n - 1
+    assert_same_walk(*results, lambda b, row: target_probs[b, row] if all_accepted[b] else
+                     (target_probs[b, row] - torch.nan_to_num(draft_probs[b, row])).clamp(min=0), coins_final)
+
+
+def test_twins_refuse_bad_tensors_in_one_line():
+    candidates, retrive_index, next_token, next_sibling = sglang_tree()
+    predicts, accept_index, accept_token_num = outputs()
+    with pytest.raises(SpectraceError, match="candidates must be torch.int64"):
+        kernels.verify_tree_greedy(predicts, accept_index, accept_token_num, candidates.int(), retrive_index,
+                                   next_token, next_sibling, sglang_target_logits().argmax(-1))
+    with pytest.raises(SpectraceError, match=r"target_probs must have shape \(2, 6, \*\)"):
+        kernels.tree_speculative_sampling_target_only(predicts, accept_index, accept_token_num, candidates,
+                                                      retrive_index, next_token, next_sibling, torch.rand(2, 6),
+                                                      torch.rand(2), torch.rand(2, 5, 20), torch.zeros(2, 5, 20))
