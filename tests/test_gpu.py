@@ -243,3 +243,30 @@ def test_gpu_walk_twins_keep_the_target_distribution(rule):
     print(f"{rule} through the twin: chi2 {stat:.1f} (critical {crit:.1f}), N {N}")
     assert stat < crit
 
+
+
+@pytest.mark.parametrize("vocab", [4096, 128_256])
+def test_gpu_vllm_sampler_twin_equals_the_explicit_sampler(vocab):
+    """64 requests of 0 to 7 drafts, half greedy, seeded, with and without draft_probs."""
+    from spectrace.compat.vllm import GREEDY_TEMPERATURE, RejectionSampler, SamplingMetadata, SpecDecodeMetadata
+    from spectrace.kernels import vllm as twin
+
+    g = torch.Generator().manual_seed(1)
+    B = 64
+    num = torch.randint(0, 8, (B,), generator=g).tolist()
+    N = sum(num)
+    draft_logits = torch.randn(N, vocab, generator=g) * 2
+    logits = draft_logits + torch.randn(N, vocab, generator=g) * 0.3
+    sampled = torch.multinomial(torch.softmax(draft_logits, -1), 1, generator=g).view(-1).tolist()
+    drafts = [sampled[sum(num[:r]):sum(num[:r + 1])] for r in range(B)]
+    temperature = torch.where(torch.rand(B, generator=g) < 0.5, float(GREEDY_TEMPERATURE), 1.0)
+    bonus = torch.randint(0, vocab, (B, 1), generator=g)
+    for draft_probs in (torch.softmax(draft_logits, -1), None):
+        outs = []
+        for sampler, device in ((RejectionSampler(), "cpu"), (twin.RejectionSampler(), "cuda")):
+            sm = SamplingMetadata(temperature, all_greedy=False, all_random=False,
+                                  generators={r: torch.Generator().manual_seed(r) for r in range(B)})
+            dp = None if draft_probs is None else draft_probs.to(device)
+            outs.append(sampler(SpecDecodeMetadata.make_dummy(drafts, device), dp, logits.to(device),
+                                bonus.to(device), sm).cpu())
+        assert torch.equal(*outs)

@@ -170,3 +170,82 @@ def test_twins_refuse_bad_tensors_in_one_line():
         kernels.tree_speculative_sampling_target_only(predicts, accept_index, accept_token_num, candidates,
                                                       retrive_index, next_token, next_sibling, torch.rand(2, 6),
                                                       torch.rand(2), torch.rand(2, 5, 20), torch.zeros(2, 5, 20))
+
+
+# ---- vLLM's rejection sampler --------------------------------------------------------------
+
+vllm_kernels = pytest.importorskip("spectrace.kernels.vllm")
+
+
+def test_vllm_twin_on_vllm_greedy_table():
+    from test_compat import vllm_logits
+
+    from spectrace.compat.vllm import SamplingMetadata, SpecDecodeMetadata
+
+    for spec_tokens, output_tokens, expected in [
+            ([[1, 2, 3]], [[1, 5, 3, 4]], [[1, 5, -1, -1]]), ([[1, 2], [3]], [[1, 2, 5], [3, 4]], [[1, 2, 5], [3, 4, -1]]),
+            ([[]], [[5]], [[5]]), ([[1, 2, 3], [4, 5, 6]], [[1, 2, 7, 6], [4, 8, 6, 9]], [[1, 2, 7, -1], [4, 8, -1, -1]])]:
+        out = vllm_kernels.RejectionSampler()(SpecDecodeMetadata.make_dummy(spec_tokens, "cpu"), None,
+                                              vllm_logits(output_tokens), torch.tensor([[t[-1]] for t in output_tokens]),
+                                              SamplingMetadata(None, all_greedy=True, all_random=False))
+        assert torch.equal(out, torch.tensor(expected, dtype=torch.int32))
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), with_probs=st.booleans(), vocab=st.sampled_from([7, 100]))
+def test_vllm_twin_equals_the_explicit_sampler(data, with_probs, vocab):
+    """Mixed greedy and random requests, 0 to 5 drafts each, seeded generators, top-k and top-p:
+    the same output rows, token for token."""
+    from spectrace.compat.vllm import GREEDY_TEMPERATURE, RejectionSampler, SamplingMetadata, SpecDecodeMetadata
+
+    seed = data.draw(st.integers(0, 2**31))
+    g = torch.Generator().manual_seed(seed)
+    num = data.draw(st.lists(st.integers(0, 6), min_size=1, max_size=8))
+    B, N = len(num), sum(num)
+    # a draft close to the target, its drafts sampled from it: p / q lands near the coins
+    draft_logits = torch.randn(N, vocab, generator=g) * 2
+    logits = draft_logits + torch.randn(N, vocab, generator=g) * 0.3
+    sampled = torch.multinomial(torch.softmax(draft_logits, -1), 1, generator=g).view(-1).tolist() if N else []
+    drafts = [sampled[sum(num[:r]):sum(num[:r + 1])] for r in range(B)]
+    draft_probs = torch.softmax(draft_logits, -1) if with_probs else None
+    temperature = torch.tensor([float(GREEDY_TEMPERATURE) if data.draw(st.booleans()) else data.draw(
+        st.sampled_from([0.5, 1.0, 1.5])) for _ in num])
+    top_k = torch.tensor([data.draw(st.sampled_from([0, 3])) for _ in num])
+    top_p = torch.tensor([data.draw(st.sampled_from([1.0, 0.8])) for _ in num])
+    bonus = torch.randint(0, vocab, (B, 1), generator=g)
+    outs = []
+    for sampler in (RejectionSampler(), vllm_kernels.RejectionSampler()):
+        sm = SamplingMetadata(temperature, all_greedy=False, all_random=False, top_k=top_k, top_p=top_p,
+                              generators={r: torch.Generator().manual_seed(seed + r) for r in range(B)})
+        outs.append(sampler(SpecDecodeMetadata.make_dummy(drafts, "cpu"), draft_probs, logits, bonus, sm))
+    assert torch.equal(*outs)
+
+
+@pytest.mark.parametrize("vocab", [100, 10_000])  # one tile, and two (BLOCK_V 8192)
+def test_recovered_tokens_twin_equals_the_explicit_argmax(vocab):
+    from spectrace.core.acceptance.vllm import recovered_tokens
+
+    g = torch.Generator().manual_seed(vocab)
+    num = [2, 0, 3]
+    cu = torch.tensor(num).cumsum(0).to(torch.int32)
+    drafts = torch.randint(0, vocab, (sum(num),), generator=g)
+    target_probs = torch.softmax(torch.randn(sum(num), vocab, generator=g), -1)
+    draft_probs = torch.softmax(torch.randn(sum(num), vocab, generator=g), -1)
+    inv_q = 1 / torch.empty(len(num), vocab).exponential_(generator=g)
+    for dp in (draft_probs, None):
+        got = vllm_kernels.sample_recovered_tokens(max(num), num, cu, drafts, dp, target_probs, inv_q).tolist()
+        want, start = [], 0
+        for r, n in enumerate(num):
+            want += recovered_tokens(target_probs[start:start + n], None if dp is None else dp[start:start + n],
+                                     drafts[start:start + n].tolist(), inv_q[r])
+            start += n
+        assert got == want
+
+
+def test_expand_twin_equals_the_explicit_expand():
+    from spectrace.core.acceptance.vllm import expand_batch_to_tokens
+
+    x, cu = torch.tensor([0.5, -1.0, 2.0, -1.0]), torch.tensor([2, 2, 5, 6], dtype=torch.int32)
+    want = expand_batch_to_tokens(x, cu, 6, -1.0, 1.0)
+    assert torch.equal(vllm_kernels.expand_batch_to_tokens(x, cu, 6, -1.0, 1.0), want)
+    assert want.tolist() == [0.5, 0.5, 2.0, 2.0, 2.0, 1.0]

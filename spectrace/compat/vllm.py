@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from spectrace.core.acceptance.vllm import PLACEHOLDER_TOKEN_ID, vllm_walk
+from spectrace.core.acceptance.vllm import PLACEHOLDER_TOKEN_ID, sampler_randoms, vllm_walk
 from spectrace.core.ngram.lookup import find_subarray_kmp, kmp_lps_array, propose_first_match
 from spectrace.core.sampling import SamplingParams, probs_from_logits
 
@@ -88,17 +88,11 @@ class RejectionSampler(torch.nn.Module):
                                         float(top_p[r]) if top_p is not None else 1.0)
                 probs = probs_from_logits(target_logits[rows], params)
                 # unseeded requests draw from the global generator; requests without drafts draw nothing
-                u, inv_q = _uniforms_and_inv_q(n, target_logits.shape[-1], gens.get(r)) if n else (None, None)
+                u, inv_q = sampler_randoms(n, target_logits.shape[-1], gens.get(r)) if n else (None, None)
             dp = None if draft_probs is None else draft_probs[rows].float()
             row, _ = vllm_walk(drafts, probs, dp, int(bonus_token_ids[r, 0]), u, inv_q, temp == GREEDY_TEMPERATURE)
             out[r, :len(row)] = torch.tensor(row, dtype=torch.int32)
         return out
-
-
-def _uniforms_and_inv_q(n: int, vocab: int, gen: torch.Generator | None):
-    """`generate_uniform_probs` and the recovered tokens' q for one request, in vLLM's order."""
-    u = torch.rand(n, dtype=torch.float64, generator=gen)
-    return u, 1 / torch.empty(vocab, dtype=torch.float32).exponential_(generator=gen)
 
 
 class NgramProposer:

@@ -74,7 +74,7 @@ class Randoms:
     coin_final: torch.Tensor | None = None  # () float32: uniform_samples_for_final_sampling
     bonus_noise: torch.Tensor | None = None  # (V,) float32 Exp(1): vLLM's Sampler, bonus = argmax(p / noise)
     uniforms: torch.Tensor | None = None  # (n-1,) float64: vLLM's uniform_probs
-    recovered_noise: torch.Tensor | None = None  # (V,) float32 Exp(1): vLLM's q of the recovered tokens
+    inv_q: torch.Tensor | None = None  # (V,) float32 1 / Exp(1): vLLM's noise of the recovered tokens
 
 
 def sglang_coins(n: int, vocab: int, gen: torch.Generator | None) -> Randoms:

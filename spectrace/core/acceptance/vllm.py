@@ -73,13 +73,30 @@ def vllm_walk(drafts: list[int], target_probs: torch.Tensor, draft_probs: torch.
     return out, decisions
 
 
+def sampler_randoms(num_drafts: int, vocab: int, gen: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the rejection sampler draws for one request, in vLLM's order on its generator: one
+    float64 uniform per draft (`generate_uniform_probs`), then the recovered tokens' V Exp(1)
+    noise, returned as inv_q = 1 / noise."""
+    uniforms = torch.rand(num_drafts, dtype=torch.float64, generator=gen)
+    return uniforms, 1.0 / torch.empty(vocab, dtype=torch.float32).exponential_(generator=gen)
+
+
 def draw(n: int, vocab: int, gen: torch.Generator | None) -> Randoms:
-    """vLLM's order on a seeded request's generator: the Sampler's noise for the bonus, then one
-    float64 uniform per draft, then the recovered tokens' noise (n nodes: n - 1 drafts)."""
+    """The engine's rule on n nodes (n - 1 drafts): the Sampler's noise for the bonus first, as
+    vLLM samples the bonus before rejection, then the sampler's randoms."""
     bonus_noise = torch.empty(vocab, dtype=torch.float32).exponential_(generator=gen)
-    uniforms = torch.rand(n - 1, dtype=torch.float64, generator=gen)
-    recovered_noise = torch.empty(vocab, dtype=torch.float32).exponential_(generator=gen)
-    return Randoms(bonus_noise=bonus_noise, uniforms=uniforms, recovered_noise=recovered_noise)
+    uniforms, inv_q = sampler_randoms(n - 1, vocab, gen)
+    return Randoms(bonus_noise=bonus_noise, uniforms=uniforms, inv_q=inv_q)
+
+
+def expand_batch_to_tokens(x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tokens: int, replace_from=0,
+                           replace_to=0) -> torch.Tensor:
+    """vLLM's `expand_batch_to_tokens`: each request's value over its tokens (N,), replace_from
+    becoming replace_to (greedy requests' temperature becomes 1). cu_num_tokens is inclusive."""
+    counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())
+    out = torch.repeat_interleave(torch.where(x == replace_from, torch.full_like(x, replace_to), x), counts)
+    assert out.numel() == num_tokens
+    return out
 
 
 def vllm_accept(candidates, retrive_next_token, retrive_next_sibling, target_predict, target_probs, draft_probs,
@@ -92,7 +109,7 @@ def vllm_accept(candidates, retrive_next_token, retrive_next_sibling, target_pre
     n = len(drafts)
     bonus = int(torch.argmax(target_probs[n] / randoms.bonus_noise))
     out, decisions = vllm_walk(drafts, target_probs[:n], draft_probs, bonus, randoms.uniforms,
-                               1.0 / randoms.recovered_noise, greedy=False)
+                               randoms.inv_q, greedy=False)
     emitted = [t for t in out if t != PLACEHOLDER_TOKEN_ID]
     correct = emitted[:-1]
     row = len(correct)
