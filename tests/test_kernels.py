@@ -183,10 +183,13 @@ def test_vllm_twin_on_vllm_greedy_table():
     from spectrace.compat.vllm import SamplingMetadata, SpecDecodeMetadata
 
     for spec_tokens, output_tokens, expected in [
-            ([[1, 2, 3]], [[1, 5, 3, 4]], [[1, 5, -1, -1]]), ([[1, 2], [3]], [[1, 2, 5], [3, 4]], [[1, 2, 5], [3, 4, -1]]),
-            ([[]], [[5]], [[5]]), ([[1, 2, 3], [4, 5, 6]], [[1, 2, 7, 6], [4, 8, 6, 9]], [[1, 2, 7, -1], [4, 8, -1, -1]])]:
+            ([[1, 2, 3]], [[1, 5, 3, 4]], [[1, 5, -1, -1]]),
+            ([[1, 2], [3]], [[1, 2, 5], [3, 4]], [[1, 2, 5], [3, 4, -1]]),
+            ([[]], [[5]], [[5]]),
+            ([[1, 2, 3], [4, 5, 6]], [[1, 2, 7, 6], [4, 8, 6, 9]], [[1, 2, 7, -1], [4, 8, -1, -1]])]:
+        bonus = torch.tensor([[t[-1]] for t in output_tokens])
         out = vllm_kernels.RejectionSampler()(SpecDecodeMetadata.make_dummy(spec_tokens, "cpu"), None,
-                                              vllm_logits(output_tokens), torch.tensor([[t[-1]] for t in output_tokens]),
+                                              vllm_logits(output_tokens), bonus,
                                               SamplingMetadata(None, all_greedy=True, all_random=False))
         assert torch.equal(out, torch.tensor(expected, dtype=torch.int32))
 
