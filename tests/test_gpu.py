@@ -270,3 +270,46 @@ def test_gpu_vllm_sampler_twin_equals_the_explicit_sampler(vocab):
             outs.append(sampler(SpecDecodeMetadata.make_dummy(drafts, device), dp, logits.to(device),
                                 bonus.to(device), sm).cpu())
         assert torch.equal(*outs)
+
+
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(32, 8, 128), (12, 4, 80), (12, 4, 13)])
+def test_gpu_extend_attention_twin_equals_the_explicit_attention(heads, kv_heads, head_dim):
+    """19 requests, prefixes up to 3000 tokens: a verify (8-node trees) and a causal prefill chunk,
+    fp32 (IEEE dots) against the explicit attention; bf16 against fp32 within SGLang's rtol 1e-2."""
+    from test_attention_kernels import attention_case, run
+
+    from spectrace.compat import sglang as explicit
+    from spectrace.kernels import attention
+
+    g = torch.Generator().manual_seed(heads + head_dim)
+    prefix_lens = torch.randint(0, 3000, (19,), generator=g).tolist()
+    for extend_lens, tree in (([8] * 19, True), (torch.randint(1, 300, (19,), generator=g).tolist(), False)):
+        case, _ = attention_case(0, prefix_lens, extend_lens, heads, kv_heads, head_dim, tree=tree, device="cuda")
+        ours, ref = run(attention, case), run(explicit, case)
+        print(f"h {heads}/{kv_heads} d {head_dim} tree {tree}: fp32 max |diff| {(ours - ref).abs().max():.1e}")
+        torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+        half = {k: v.bfloat16() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in case.items()}
+        ours16, ref16 = run(attention, half).float(), run(explicit, half).float()
+        print(f"  bf16 max |diff| to fp32: twin {(ours16 - ref).abs().max():.1e}, "
+              f"explicit {(ref16 - ref).abs().max():.1e}")
+        torch.testing.assert_close(ours16, ref, atol=1e-2, rtol=1e-2)
+
+
+def test_gpu_tree_attention_branches_equal_causal_chains_in_bf16():
+    """vLLM's tree-attention test at its sizes: prefix 1024, 16 requests' worth of heads, bf16,
+    atol 7.81e-3: every node equals the causal chain of its ancestors."""
+    from test_attention_kernels import attention_case, run
+
+    from spectrace.kernels import attention
+
+    prefix, n = 1024, 16
+    case, masks = attention_case(1, [prefix], [n], 32, 8, 128, dtype=torch.bfloat16, device="cuda")
+    tree_out = run(attention, case)
+    for j in range(n):
+        chain = masks[0][j, prefix:].nonzero().flatten()
+        chain_case = {**case, "q_extend": case["q_extend"][chain], "k_extend": case["k_extend"][chain],
+                      "v_extend": case["v_extend"][chain], "o_extend": case["o_extend"][chain],
+                      "qo_indptr": torch.tensor([0, len(chain)], device="cuda"), "custom_mask": None,
+                      "mask_indptr": None, "max_len_extend": len(chain)}
+        torch.testing.assert_close(tree_out[j], run(attention, chain_case)[-1], atol=7.81e-3, rtol=0)
+

@@ -1,7 +1,8 @@
 """SGLang's speculative-decoding tree functions with its names, argument order and in-place
 outputs, on CPU tensors (sgl-kernel `eagle_utils.cu`, `speculative_sampling.cuh`, `ngram_utils.cu`
-and their Python wrappers in `sglang.srt.speculative.eagle_utils`). Thin adapters over
-`spectrace.core`: the batched forms loop the per-request walks of `spectrace.core.acceptance`.
+and their Python wrappers in `sglang.srt.speculative.eagle_utils`; the Triton attention of
+`sglang.srt.layers.attention.triton_ops`). Thin adapters over `spectrace.core`: the batched forms
+loop the per-request walks of `spectrace.core.acceptance` and `core.model.attend`.
 
 Outputs follow the kernels: rows are flat, request b's node j is row retrive_index[b, j]
 (= b * n + j); `predicts[row]` is the token that follows an accepted row (the bonus after the
@@ -19,10 +20,12 @@ from spectrace.core.acceptance import AcceptResult, Randoms, RuleParams
 from spectrace.core.acceptance.greedy import greedy_walk
 from spectrace.core.acceptance.rejection import rejection_walk
 from spectrace.core.acceptance.target_only import target_only_walk
+from spectrace.core.model import attend
 from spectrace.core.tree import TreeMaskMode, organize_draft_results
 
 __all__ = ["TreeMaskMode", "organize_draft_results", "build_tree_kernel_efficient", "verify_tree_greedy",
-           "tree_speculative_sampling_target_only", "chain_speculative_sampling", "reconstruct_indices_from_tree_mask"]
+           "tree_speculative_sampling_target_only", "chain_speculative_sampling", "reconstruct_indices_from_tree_mask",
+           "extend_attention_fwd", "decode_attention_fwd"]
 
 
 def build_tree_kernel_efficient(verified_id, parent_list, top_scores_index, draft_tokens, seq_lens,
@@ -95,3 +98,33 @@ def reconstruct_indices_from_tree_mask(tree_mask, seq_lens, positions, retrive_i
     retrive_index.copy_(ri)
     retrive_next_token.copy_(rnt)
     retrive_next_sibling.copy_(rns)
+
+
+def extend_attention_fwd(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
+                         kv_indices, custom_mask, mask_indptr, max_len_extend, sm_scale=None, logit_cap=0.0,
+                         skip_prefix_custom_mask=True) -> None:
+    """Writes o_extend in place: request b's new tokens (rows qo_indptr[b]:qo_indptr[b+1]) attend over
+    its prefix, the pool slots kv_indices[kv_indptr[b]:kv_indptr[b+1]], then the new tokens themselves
+    (k_extend, v_extend), causally or under its FULL_MASK rows custom_mask[mask_indptr[b]:] of width
+    prefix + extend. With skip_prefix_custom_mask the prefix columns are taken as visible unread."""
+    for b in range(qo_indptr.shape[0] - 1):
+        q0, q1 = qo_indptr[b:b + 2].tolist()
+        k0, k1 = kv_indptr[b:b + 2].tolist()
+        n, prefix = q1 - q0, k1 - k0
+        if custom_mask is None:  # causal: new token j sits at position prefix + j
+            mask = torch.ones(n, prefix + n, dtype=torch.bool, device=q_extend.device).tril(prefix)
+        else:
+            m0 = int(mask_indptr[b])
+            mask = custom_mask[m0:m0 + n * (prefix + n)].view(n, prefix + n).bool()
+            if skip_prefix_custom_mask:
+                mask[:, :prefix] = True
+        slots = kv_indices[k0:k1]
+        o_extend[q0:q1] = attend(q_extend[q0:q1], torch.cat((k_buffer[slots], k_extend[q0:q1])),
+                                 torch.cat((v_buffer[slots], v_extend[q0:q1])), mask, sm_scale, logit_cap)
+
+
+def decode_attention_fwd(q, k_buffer, v_buffer, o, kv_indptr, kv_indices, sm_scale=None, logit_cap=0.0) -> None:
+    """One new token per request (row b of q, o), its own K/V already in the pool among kv_indices."""
+    for b in range(q.shape[0]):
+        slots = kv_indices[int(kv_indptr[b]):int(kv_indptr[b + 1])]
+        o[b:b + 1] = attend(q[b:b + 1], k_buffer[slots], v_buffer[slots], None, sm_scale, logit_cap)

@@ -60,16 +60,20 @@ class RotaryEmbedding(nn.Module):
         return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
 
 
-def attend(q, keys, values, mask=None):
+def attend(q, keys, values, mask=None, scale=None, logit_cap=0.0):
     """Scaled dot-product attention with grouped KV heads, the math every attention here shares.
 
     q (..., n, h, d); keys, values (..., S, kvh, d), each KV head serving h / kvh query heads;
-    mask (..., n, S) bool, True where a query sees a key (None: every key). Scores and softmax in
-    float32, as transformers computes them. Returns (..., n, h, d)."""
+    mask (..., n, S) bool, True where a query sees a key (None: every key). Scores are scaled by
+    `scale` (default d^-1/2) and, with logit_cap > 0, soft-capped to cap * tanh(score / cap);
+    softmax in float32, as transformers computes it. Returns (..., n, h, d)."""
     group = q.shape[-2] // keys.shape[-2]
     keys = keys.repeat_interleave(group, dim=-2)  # (..., S, h, d)
     values = values.repeat_interleave(group, dim=-2)
-    scores = torch.einsum("...qhd,...khd->...hqk", q, keys) * q.shape[-1] ** -0.5  # (..., h, n, S)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    scores = torch.einsum("...qhd,...khd->...hqk", q, keys) * scale  # (..., h, n, S)
+    if logit_cap > 0:
+        scores = logit_cap * torch.tanh(scores / logit_cap)
     if mask is not None:
         scores = scores.masked_fill(~mask.unsqueeze(-3), float("-inf"))
     probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)

@@ -5,6 +5,10 @@ same (in-place) signature, and takes all randomness as input tensors:
 
     sglang.py    build_tree_kernel_efficient, verify_tree_greedy, tree_speculative_sampling_target_only,
                  chain_speculative_sampling          (twins of spectrace.compat.sglang)
+    vllm.py      RejectionSampler: greedy, random, expand and recovered-token kernels
+                 (twin of spectrace.compat.vllm)
+    attention.py extend_attention_fwd, decode_attention_fwd over the paged KV with tree masks,
+                 create_kv_indices, pack_custom_mask (twins of core/model.py: attend, per request)
     sampling.py  sample_from_prob over vocabulary tiles, as the kernels above draw their bonus
 
 They run on CUDA tensors compiled, and on CPU tensors under Triton's interpreter: set

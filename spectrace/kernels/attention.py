@@ -1,0 +1,231 @@
+"""Triton twin of the verify attention: SGLang's `extend_attention_fwd` over the paged KV, with a
+tree mask, and the one-query decode form of the same kernel.
+
+Explicit counterpart: `core/model.py: Attention.forward` -> `attend`, which gathers each request's
+keys through `req_to_token` and applies its (extend_len, seq_len) mask. SGLang splits the same
+keys in two: the prefix, already in the pool, read through `kv_indices[kv_indptr[b]:kv_indptr[b+1]]`
+(stage 1), and the new tokens' keys, passed contiguously as `k_extend` (stage 2). The custom mask
+is each request's FULL_MASK rows, row-major (extend_len, prefix_len + extend_len), concatenated;
+`mask_indptr[b]` is where request b's rows start (`pack_custom_mask` builds both).
+
+One program per (request, KV head, block of new tokens). The query heads that share a KV head are
+packed into the block's rows (row r = token r // GROUP, head r % GROUP), as vLLM's unified
+attention does, so each K/V tile is loaded once per KV head rather than once per query head.
+Softmax is the online (flash) form in float32; with float32 inputs the dot products are IEEE
+(no TF32), so the result matches `attend` to rounding.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from spectrace.kernels import check
+
+__all__ = ["extend_attention_fwd", "decode_attention_fwd", "create_kv_indices", "pack_custom_mask"]
+
+
+@triton.jit
+def _attend_tile(q, k_tile, v_tile, visible, m_i, l_i, acc, sm_scale, logit_cap, IEEE: tl.constexpr):
+    """One K/V tile into the running (max, sum, output) of each row: attend's softmax, online."""
+    if IEEE:
+        qk = tl.dot(q, tl.trans(k_tile), input_precision="ieee")
+    else:
+        qk = tl.dot(q, tl.trans(k_tile))
+    qk = qk * sm_scale  # (BLOCK_M, BLOCK_N) float32
+    if logit_cap > 0:  # Grok-style soft cap: cap * tanh(qk / cap)
+        qk = logit_cap * (2.0 / (1.0 + tl.exp(-2.0 * qk / logit_cap)) - 1.0)
+    qk = tl.where(visible, qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet stays 0
+    p = tl.exp(qk - m_safe[:, None])
+    alpha = tl.exp(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if IEEE:
+        pv = tl.dot(p.to(v_tile.dtype), v_tile, input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v_tile.dtype), v_tile)
+    acc = acc * alpha[:, None] + pv
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _fwd_kernel(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
+                custom_mask, mask_indptr, sm_scale, logit_cap,
+                stride_qt, stride_qh, stride_kt, stride_kh, stride_bt, stride_bh, stride_ot, stride_oh,
+                D: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_D: tl.constexpr, HAS_EXTEND: tl.constexpr, USE_CUSTOM_MASK: tl.constexpr,
+                SKIP_PREFIX_CUSTOM_MASK: tl.constexpr, IEEE: tl.constexpr):
+    b, kvh, block = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    qo_start = tl.load(qo_indptr + b)
+    extend_len = tl.load(qo_indptr + b + 1) - qo_start
+    kv_start = tl.load(kv_indptr + b)
+    prefix_len = tl.load(kv_indptr + b + 1) - kv_start
+    seq_len = prefix_len + extend_len  # the mask row's width: attend's (extend_len, seq_len)
+
+    rows = tl.arange(0, BLOCK_M)
+    tokens_per_block: tl.constexpr = BLOCK_M // GROUP
+    m = block * tokens_per_block + rows // GROUP  # which new token of the request a row is
+    head = kvh * GROUP + rows % GROUP  # which query head
+    row_ok = (rows < tokens_per_block * GROUP) & (m < extend_len)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < D
+    q = tl.load(q_extend + (qo_start + m)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    if USE_CUSTOM_MASK:
+        mask_row = custom_mask + tl.load(mask_indptr + b) + m * seq_len  # this row of the FULL_MASK
+
+    # stage 1, the prefix: keys from the pool through kv_indices (attend's kv.req_to_token[req, :seq_len])
+    cols = tl.arange(0, BLOCK_N)
+    for start in range(0, prefix_len, BLOCK_N):
+        n = start + cols
+        n_ok = n < prefix_len
+        slot = tl.load(kv_indices + kv_start + n, mask=n_ok, other=0)
+        kv_offs = slot[:, None] * stride_bt + kvh * stride_bh + d[None, :]
+        k_tile = tl.load(k_buffer + kv_offs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        v_tile = tl.load(v_buffer + kv_offs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        visible = row_ok[:, None] & n_ok[None, :]
+        if USE_CUSTOM_MASK and not SKIP_PREFIX_CUSTOM_MASK:
+            visible = visible & (tl.load(mask_row[:, None] + n[None, :], mask=visible, other=0) != 0)
+        m_i, l_i, acc = _attend_tile(q, k_tile, v_tile, visible, m_i, l_i, acc, sm_scale, logit_cap, IEEE)
+
+    # stage 2, the new tokens: keys from k_extend, under the custom mask or causal
+    if HAS_EXTEND:
+        if USE_CUSTOM_MASK:
+            extend_end = extend_len
+        else:  # causal: no row of this block sees past its last token
+            extend_end = tl.minimum(extend_len, (block + 1) * tokens_per_block)
+        for start in range(0, extend_end, BLOCK_N):
+            n = start + cols
+            n_ok = n < extend_end
+            kv_offs = (qo_start + n)[:, None] * stride_kt + kvh * stride_kh + d[None, :]
+            k_tile = tl.load(k_extend + kv_offs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+            v_tile = tl.load(v_extend + kv_offs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+            visible = row_ok[:, None] & n_ok[None, :]
+            if USE_CUSTOM_MASK:
+                visible = visible & (tl.load(mask_row[:, None] + prefix_len + n[None, :], mask=visible, other=0) != 0)
+            else:
+                visible = visible & (n[None, :] <= m[:, None])
+            m_i, l_i, acc = _attend_tile(q, k_tile, v_tile, visible, m_i, l_i, acc, sm_scale, logit_cap, IEEE)
+
+    out = acc / tl.where(row_ok, l_i, 1.0)[:, None]  # a row that sees no key: 0 / 0, NaN, as in attend
+    tl.store(o_extend + (qo_start + m)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+             out.to(o_extend.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+def _block_sizes(tokens: int, group: int) -> tuple[int, int]:
+    """BLOCK_M rows hold whole groups of query heads, enough for the request's new tokens (at
+    least 16, tl.dot's smallest tile; at most 64); BLOCK_N keys per tile."""
+    block_m = min(max(16, triton.next_power_of_2(group * max(tokens, 1))), max(64, triton.next_power_of_2(group)))
+    return block_m, 64
+
+
+def _launch(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask,
+            mask_indptr, max_len_extend, sm_scale, logit_cap, skip_prefix_custom_mask, has_extend):
+    bs = qo_indptr.shape[0] - 1
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k_buffer.shape[1]
+    if num_heads % num_kv_heads:
+        raise ValueError(f"{num_heads} query heads do not group over {num_kv_heads} KV heads")
+    group = num_heads // num_kv_heads
+    block_m, block_n = _block_sizes(max_len_extend, group)
+    grid = (bs, num_kv_heads, triton.cdiv(max(max_len_extend, 1), block_m // group))
+    use_mask = custom_mask is not None
+    _fwd_kernel[grid](
+        q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
+        custom_mask if use_mask else qo_indptr, mask_indptr if use_mask else qo_indptr,
+        head_dim ** -0.5 if sm_scale is None else sm_scale, logit_cap,
+        q.stride(0), q.stride(1), k_extend.stride(0), k_extend.stride(1), k_buffer.stride(0), k_buffer.stride(1),
+        o.stride(0), o.stride(1),
+        D=head_dim, GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        HAS_EXTEND=has_extend, USE_CUSTOM_MASK=use_mask, SKIP_PREFIX_CUSTOM_MASK=skip_prefix_custom_mask,
+        IEEE=q.dtype == torch.float32)
+
+
+def _check_attention(q, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices) -> None:
+    device = q.device
+    check("q", q, (torch.float32, torch.float16, torch.bfloat16), (None, None, None))
+    check("o", o, q.dtype, tuple(q.shape), device)
+    check("k_buffer", k_buffer, q.dtype, (None, None, q.shape[2]), device)
+    check("v_buffer", v_buffer, q.dtype, tuple(k_buffer.shape), device)
+    check("qo_indptr", qo_indptr, (torch.int32, torch.int64), (None,), device)
+    check("kv_indptr", kv_indptr, (torch.int32, torch.int64), tuple(qo_indptr.shape), device)
+    check("kv_indices", kv_indices, (torch.int32, torch.int64), (None,), device)
+
+
+def extend_attention_fwd(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
+                         kv_indices, custom_mask, mask_indptr, max_len_extend, sm_scale=None, logit_cap=0.0,
+                         skip_prefix_custom_mask=True) -> None:
+    """SGLang's verify/extend attention, writing o_extend in place.
+
+    q_extend, o_extend (N, num_heads, head_dim); k_extend, v_extend (N, num_kv_heads, head_dim);
+    k_buffer, v_buffer (num_slots, num_kv_heads, head_dim), one layer of the pool; request b's new
+    tokens are rows qo_indptr[b]:qo_indptr[b+1] and its prefix slots kv_indices[kv_indptr[b]:kv_indptr[b+1]].
+    custom_mask: None for causal, else the packed FULL_MASK rows (bool or uint8) starting at mask_indptr[b].
+    skip_prefix_custom_mask: trust the prefix columns to be all visible (verify's case) and not read them."""
+    _check_attention(q_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices)
+    check("k_extend", k_extend, q_extend.dtype, (q_extend.shape[0], k_buffer.shape[1], q_extend.shape[2]),
+          q_extend.device)
+    check("v_extend", v_extend, q_extend.dtype, tuple(k_extend.shape), q_extend.device)
+    if custom_mask is not None:
+        check("custom_mask", custom_mask, (torch.bool, torch.uint8), (None,), q_extend.device)
+        check("mask_indptr", mask_indptr, (torch.int32, torch.int64), tuple(qo_indptr.shape), q_extend.device)
+        custom_mask = custom_mask.view(torch.uint8)
+    _launch(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
+            custom_mask, mask_indptr, max_len_extend, sm_scale, logit_cap, skip_prefix_custom_mask, True)
+
+
+def decode_attention_fwd(q, k_buffer, v_buffer, o, kv_indptr, kv_indices, sm_scale=None, logit_cap=0.0) -> None:
+    """One new token per request, its own K/V already in the pool: every key comes through
+    kv_indices (stage 1 of the same kernel, one query row per request). q, o (bs, num_heads, head_dim)."""
+    qo_indptr = torch.arange(q.shape[0] + 1, dtype=kv_indptr.dtype, device=q.device)
+    _check_attention(q, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices)
+    _launch(q, q, q, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, None, None, 1, sm_scale, logit_cap,
+            True, False)
+
+
+@triton.jit
+def _kv_indices_kernel(req_to_token, req_pool_indices, paged_kernel_lens, kv_indptr, kv_start_idx, kv_indices,
+                       req_to_token_stride, HAS_START: tl.constexpr, BLOCK: tl.constexpr):
+    b = tl.program_id(0)  # one program per request: copy its row of req_to_token
+    req = tl.load(req_pool_indices + b)
+    start = 0
+    if HAS_START:
+        start = tl.load(kv_start_idx + b)
+    length = tl.load(paged_kernel_lens + b)
+    out = kv_indices + tl.load(kv_indptr + b)
+    for i in range(0, length, BLOCK):
+        offs = i + tl.arange(0, BLOCK)
+        slot = tl.load(req_to_token + req * req_to_token_stride + start + offs, mask=offs < length)
+        tl.store(out + offs, slot, mask=offs < length)
+
+
+def create_kv_indices(req_to_token, req_pool_indices, paged_kernel_lens, kv_indptr, kv_start_idx, kv_indices) -> None:
+    """SGLang's create_flashinfer_kv_indices_triton: request b's slots
+    req_to_token[req_pool_indices[b], start : start + paged_kernel_lens[b]] into
+    kv_indices[kv_indptr[b]:], start = kv_start_idx[b] (0 when None). The explicit path's
+    `kv.req_to_token[req, :seq_len]` gather, for the whole batch in one launch."""
+    device = req_to_token.device
+    check("req_to_token", req_to_token, (torch.int32, torch.int64), (None, None), device)
+    bs = req_pool_indices.shape[0]
+    for name, t in [("req_pool_indices", req_pool_indices), ("paged_kernel_lens", paged_kernel_lens)] + (
+            [("kv_start_idx", kv_start_idx)] if kv_start_idx is not None else []):
+        check(name, t, (torch.int32, torch.int64), (bs,), device)
+    check("kv_indptr", kv_indptr, (torch.int32, torch.int64), (bs + 1,), device)
+    check("kv_indices", kv_indices, req_to_token.dtype, (None,), device)
+    _kv_indices_kernel[(bs,)](req_to_token, req_pool_indices, paged_kernel_lens, kv_indptr,
+                              kv_start_idx if kv_start_idx is not None else kv_indptr, kv_indices,
+                              req_to_token.stride(0), HAS_START=kv_start_idx is not None, BLOCK=512)
+
+
+def pack_custom_mask(masks: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The engine's per-request masks (extend_len, seq_len) bool -> (custom_mask, mask_indptr):
+    the rows flattened and concatenated, and where each request's rows start (bs + 1 entries).
+    This is the layout build_tree writes directly in FULL_MASK mode, so a verify pass packs nothing."""
+    device = masks[0].device
+    sizes = torch.tensor([0] + [m.numel() for m in masks], dtype=torch.int64, device=device)
+    return torch.cat([m.flatten() for m in masks]), sizes.cumsum(0)
