@@ -44,6 +44,12 @@ class TokenToKVPool:
         self.k[layer, slots] = k
         self.v[layer, slots] = v
 
+    def move(self, src: list[int], dst: list[int]) -> None:
+        """Every layer's K and V of slot src[i] into slot dst[i] (SGLang's move_kv_cache); all
+        sources are read before any destination is written."""
+        self.k[:, dst] = self.k[:, src]
+        self.v[:, dst] = self.v[:, src]
+
 
 class TokenAllocator:
     """Free list of slots; hands out the lowest free slots first so traces read naturally."""
@@ -74,13 +80,14 @@ class KVCache:
     seq_lens: list[int] = field(default_factory=list)  # committed KV length (vLLM: num_computed_tokens)
     mapped_lens: list[int] = field(default_factory=list)  # vllm style: positions that own a slot
     events: list[dict] = field(default_factory=list)
+    pool_class = TokenToKVPool  # not a field: the class whose K/V tensors it keeps
 
     @classmethod
     def create(cls, name, style, num_layers, num_slots, num_kv_heads, head_dim, max_requests,
                max_context, dtype, device):
         if style not in COMMIT_STYLES:
             raise SpectraceError(f"unknown commit style {style!r} (choose from {', '.join(COMMIT_STYLES)})")
-        pool = TokenToKVPool(num_layers, num_slots, num_kv_heads, head_dim, dtype, device)
+        pool = cls.pool_class(num_layers, num_slots, num_kv_heads, head_dim, dtype, device)
         req_to_token = torch.full((max_requests, max_context), -1, dtype=torch.int64, device=device)
         return cls(name, style, pool, TokenAllocator(num_slots), req_to_token,
                    [0] * max_requests, [0] * max_requests)
@@ -100,21 +107,29 @@ class KVCache:
         positions = list(range(start, start + n))
         if self.style == "sglang":
             slots = self.allocator.alloc(n)
-            self.req_to_token[req, start:start + n] = torch.tensor(slots, device=self.req_to_token.device)
+            self.assign(req, start, slots)
             self._event("alloc", req, positions=positions, slots=slots)
         else:
             # vLLM: a position keeps its slot; only positions never mapped before take new ones
             fresh = max(0, start + n - self.mapped_lens[req])
             if fresh:
                 new = self.allocator.alloc(fresh)
-                first = start + n - fresh
-                self.req_to_token[req, first:start + n] = torch.tensor(new, device=self.req_to_token.device)
+                self.assign(req, start + n - fresh, new)
                 self.mapped_lens[req] = start + n
                 self._event("alloc", req, positions=positions[n - fresh:], slots=new)
             if n - fresh:
                 reused = self.req_to_token[req, start:start + n - fresh].tolist()
                 self._event("reuse", req, positions=positions[:n - fresh], slots=reused)
         return self.req_to_token[req, start:start + n].clone()
+
+    # The two req_to_token operations; kernels/kv.py replaces them with its Triton twins.
+    def assign(self, req: int, start: int, slots: list[int]) -> None:
+        """req_to_token[req, start:start+len(slots)] = slots (SGLang's assign_req_to_token_pool)."""
+        self.req_to_token[req, start:start + len(slots)] = torch.tensor(slots, device=self.req_to_token.device)
+
+    def accepted_slots(self, slots: list[int], keep: list[int]) -> list[int]:
+        """The slots of the kept rows, in order (SGLang's fill_accept_out_cache_loc)."""
+        return [slots[i] for i in keep]
 
     def record_write(self, req: int, positions: list[int], slots: torch.Tensor, token_ids: list[int]) -> None:
         """A forward wrote the KV of `token_ids` (at RoPE `positions`) into `slots`."""
@@ -127,11 +142,10 @@ class KVCache:
         before = self.seq_lens[req]
         after = start + len(keep)
         if self.style == "sglang":
-            kept = [slots[i] for i in keep]
+            kept = self.accepted_slots(slots, keep)
             dropped = [s for i, s in enumerate(slots) if i not in set(keep)]
-            self.req_to_token[req, start:start + n] = -1
+            self.assign(req, start, kept + [-1] * (n - len(keep)))
             if kept:
-                self.req_to_token[req, start:after] = torch.tensor(kept, device=self.req_to_token.device)
                 self._event("commit", req, positions=list(range(start, after)), slots=kept,
                             seq_len_before=before, seq_len_after=after)
             if dropped:
@@ -141,9 +155,8 @@ class KVCache:
             if keep != list(range(len(keep))):
                 # a tree path: move the kept rows' KV down onto positions start.. (SGLang's
                 # move_kv_cache, EAGLE's copy); keep is increasing, so no source is overwritten
-                src, dst = [slots[i] for i in keep], slots[:len(keep)]
-                self.pool.k[:, dst] = self.pool.k[:, src]
-                self.pool.v[:, dst] = self.pool.v[:, src]
+                src, dst = self.accepted_slots(slots, keep), slots[:len(keep)]
+                self.pool.move(src, dst)
                 self._event("move", req, from_slots=src, to_slots=dst, positions=list(range(start, after)))
             self._event("rollback", req, num_computed_tokens_before=start + n,
                         num_rejected=n - len(keep), num_computed_tokens_after=after,

@@ -9,6 +9,8 @@ same (in-place) signature, and takes all randomness as input tensors:
                  (twin of spectrace.compat.vllm)
     attention.py extend_attention_fwd, decode_attention_fwd over the paged KV with tree masks,
                  create_kv_indices, pack_custom_mask (twins of core/model.py: attend, per request)
+    kv.py        assign_req_to_token_pool, fill_accept_out_cache_loc, move_kv_cache, and
+                 TritonKVCache, the explicit KVCache running them (twins of core/kv.py)
     sampling.py  sample_from_prob over vocabulary tiles, as the kernels above draw their bonus
 
 They run on CUDA tensors compiled, and on CPU tensors under Triton's interpreter: set
