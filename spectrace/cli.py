@@ -5,6 +5,7 @@
     spectrace replay TRACE                        the walkthrough of any trace (no model needed)
     spectrace render TRACE --step N -o tree.svg   a step's draft tree as a Graphviz figure
     spectrace bench                               tokens/s and tau on the held-out prompts
+    spectrace bench kernels --device cuda         each Triton twin against the explicit path
 
 Every user error is one line on stderr and exit code 2.
 """
@@ -98,7 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--request", type=int, default=None, help="request of that step (default: the first)")
     render.add_argument("--all", action="store_true", help="every step: OUT's name gets -step<N>-req<R>")
     render.add_argument("-o", "--out", required=True, metavar="FILE", help="FILE.svg, FILE.png or FILE.dot")
-    bench = sub.add_parser("bench", help="tokens/s and tau of algorithms on the held-out prompts")
+    bench = sub.add_parser("bench", help="tokens/s and tau of algorithms on the held-out prompts, "
+                                         "or (bench kernels) the Triton twins against the explicit path")
+    bench.add_argument("what", nargs="?", choices=["algos", "kernels"], default="algos")
     _add_run_options(bench)
     bench.add_argument("--algos", nargs="+", default=["none", "standalone"])
     bench.add_argument("--repeat", type=int, default=3, help="timed repetitions (best is reported)")
@@ -223,7 +226,17 @@ def cmd_render(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    """Each prompt of the set alone (batch 1); best wall time of --repeat runs."""
+    """Each prompt of the set alone (batch 1); best wall time of --repeat runs. `bench kernels`:
+    spectrace/kernels/bench.py."""
+    if args.what == "kernels":
+        from spectrace.kernels import require
+        require(args.device)
+        from spectrace.kernels.bench import bench_kernels
+        if args.device.startswith("cuda"):
+            bench_kernels(args.device)
+        else:  # interpreted: small shapes, to see the table work, not to measure
+            bench_kernels(args.device, batch_sizes=(1, 8), vocabs=(4096,), prefix=256, layers=4)
+        return 0
     from spectrace.run import run
     from spectrace.zoo.prompts import HELD_OUT_PROMPTS, REPEATING_PROMPTS
 

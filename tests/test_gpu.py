@@ -4,6 +4,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_tree import run_draft_loop  # at import: hypothesis refuses @given tests defined inside one
 from transformers import AutoModelForCausalLM
 
 from spectrace.core.batch import ForwardBatch
@@ -117,8 +118,6 @@ def _to(device, *tensors):
 @given(bs=st.integers(1, 8), K=st.integers(1, 8), S=st.integers(1, 8), data=st.data())
 def test_gpu_build_tree_twin_equals_the_explicit_build(bs, K, S, data):
     """bs <= 8, topk <= 8, depth <= 8, n <= 64, every mask layout."""
-    from test_tree import run_draft_loop
-
     from spectrace.compat import sglang as explicit
     from spectrace.core.tree import TreeMaskMode
     from spectrace.kernels import sglang as kernels
@@ -140,7 +139,6 @@ def test_gpu_walk_twins_equal_the_explicit_walks(vocab):
     drawn at a CDF boundary (tests/test_kernels.py: assert_same_walk)."""
     from test_kernels import assert_same_walk
     from test_compat import outputs
-    from test_tree import run_draft_loop
 
     from spectrace.compat import sglang as explicit
     from spectrace.kernels import sglang as kernels

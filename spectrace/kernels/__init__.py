@@ -19,9 +19,22 @@ Triton is a Linux-only dependency; nothing outside this package imports it.
 """
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import torch
 
 from spectrace.errors import SpectraceError
+
+
+def require(device: str) -> None:
+    """One line saying how to get the twins running where they cannot: Triton missing, or a CPU
+    device without Triton's interpreter (which must be switched on before Triton is imported)."""
+    if importlib.util.find_spec("triton") is None:
+        raise SpectraceError("the Triton backend needs triton (Linux: pip install 'triton>=3.2')")
+    if not str(device).startswith("cuda") and os.environ.get("TRITON_INTERPRET") != "1":
+        raise SpectraceError(f"Triton kernels on {device} run only interpreted: set TRITON_INTERPRET=1 "
+                             "(slow, for parity checks), or use --device cuda")
 
 
 def check(name: str, t: torch.Tensor, dtype: torch.dtype | tuple | None = None, shape: tuple | None = None,

@@ -130,7 +130,7 @@ def _verify_tree_greedy_kernel(predicts, accept_index, accept_token_num, candida
     for _ in range(num_spec_step - 1):  # `for _ in range(max_depth)`
         if walking:
             target = tl.load(target_predict + last)  # the target's argmax after the parent
-            cur = tl.load(retrive_next_token + b * n + parent)
+            cur = tl.load(retrive_next_token + b * n + parent).to(tl.int32)  # node ids: int32 throughout
             found = 0
             for _ in range(n - 1):  # its children in sibling order
                 if (found == 0) & (cur != -1):
@@ -142,7 +142,7 @@ def _verify_tree_greedy_kernel(predicts, accept_index, accept_token_num, candida
                         parent = cur
                         found = 1
                     else:
-                        cur = tl.load(retrive_next_sibling + b * n + cur)
+                        cur = tl.load(retrive_next_sibling + b * n + cur).to(tl.int32)
             walking = found
     tl.store(accept_token_num + b, num_accepted)
     tl.store(predicts + last, tl.load(target_predict + last))  # the bonus
@@ -188,7 +188,7 @@ def _target_only_kernel(predicts, accept_index, accept_token_num, candidates, re
     walking = 1
     for _ in range(num_spec_step - 1):
         if walking:
-            cur = tl.load(retrive_next_token + b * n + row)
+            cur = tl.load(retrive_next_token + b * n + row).to(tl.int32)
             p_row = target_probs + (b * n + row).to(tl.int64) * vocab_size
             found = 0
             for _ in range(n - 1):
@@ -207,7 +207,7 @@ def _target_only_kernel(predicts, accept_index, accept_token_num, candidates, re
                         found = 1
                     else:  # its mass leaves the residual
                         tl.store(draft_probs + (b * n + row).to(tl.int64) * vocab_size + tok, p)
-                        cur = tl.load(retrive_next_sibling + b * n + cur)
+                        cur = tl.load(retrive_next_sibling + b * n + cur).to(tl.int32)
             walking = found
     tl.store(accept_token_num + b, num_accepted)
     full_depth = num_accepted == num_spec_step - 1  # then the bonus comes from p itself

@@ -52,7 +52,7 @@ def _greedy_kernel(out, cu_num_draft_tokens, draft_token_ids, target_argmax, bon
             if rejected == 0:
                 target = tl.load(target_argmax + start + pos)
                 tl.store(out + r * (max_spec_len + 1) + pos, target.to(tl.int32))  # the argmax, at a mismatch too
-                rejected = tl.load(draft_token_ids + start + pos) != target
+                rejected = (tl.load(draft_token_ids + start + pos) != target).to(tl.int32)
         if rejected == 0:
             tl.store(out + r * (max_spec_len + 1) + n, tl.load(bonus_token_ids + r).to(tl.int32))
 

@@ -1,0 +1,93 @@
+"""Compile every Triton twin for an H100/H200 (sm90) without a GPU: run as a script, not
+interpreted. A stand-in driver names the target; each launch only compiles (warmup) and records
+the kernel. The interpreter forgives what the compiler does not (a loop variable that changes
+type, say), so this is CI's check that the kernels it tests interpreted also build for the GPU.
+Prints the compiled kernels' names, one per line."""
+import os
+import sys
+
+assert "TRITON_INTERPRET" not in os.environ, "run without TRITON_INTERPRET"
+
+import torch  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.runtime import driver  # noqa: E402
+from triton.runtime.jit import JITFunction  # noqa: E402
+
+
+class CompileOnlyCUDA:
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+
+compiled = set()
+launch = JITFunction.run
+
+
+def compile_only(self, *args, grid, warmup, **kwargs):
+    compiled.add(self.fn.__name__)
+    return launch(self, *args, grid=grid, warmup=True, **kwargs)
+
+
+driver.set_active(CompileOnlyCUDA())
+JITFunction.run = compile_only
+
+from spectrace.compat.vllm import SamplingMetadata, SpecDecodeMetadata  # noqa: E402
+from spectrace.core.tree import TreeMaskMode  # noqa: E402
+from spectrace.kernels import attention, kv, sglang, vllm  # noqa: E402
+from spectrace.kernels.bench import attention_inputs, chain_inputs, draft_tree_inputs, walk_outputs  # noqa: E402
+
+gen = torch.Generator().manual_seed(0)
+bs, n, V = 2, 8, 64
+parent_list, sel, draft_tokens = draft_tree_inputs(bs, 4, 3, n, V, gen)
+for mode in TreeMaskMode:
+    sglang.build_tree_kernel_efficient(torch.arange(bs), parent_list, sel, draft_tokens, torch.tensor([3, 5]), 8,
+                                       4, 3, n, mode)
+t = chain_inputs(bs, V, "cpu", gen)
+tree = [t[k] for k in ("candidates", "retrive_index", "retrive_next_token", "retrive_next_sibling")]
+sglang.verify_tree_greedy(*walk_outputs(bs, n, "cpu").values(), *tree, torch.zeros(bs, n, dtype=torch.int64))
+sglang.tree_speculative_sampling_target_only(*walk_outputs(bs, n, "cpu").values(), *tree, t["uniform_samples"],
+                                             t["uniform_samples_for_final_sampling"], t["target_probs"],
+                                             t["draft_probs"])
+sglang.chain_speculative_sampling(*walk_outputs(bs, n, "cpu").values(), t["candidates"], t["retrive_index"],
+                                  t["uniform_samples"], t["uniform_samples_for_final_sampling"], t["target_probs"],
+                                  t["draft_probs"][:, :-1].contiguous())
+
+meta = SpecDecodeMetadata.make_dummy([[1, 2, 3], [4]], "cpu")
+logits, bonus = torch.randn(4, V), torch.zeros(2, 1, dtype=torch.int64)
+vllm.RejectionSampler()(meta, None, logits, bonus, SamplingMetadata(None, all_greedy=True, all_random=False))
+mixed = SamplingMetadata(torch.tensor([-1.0, 1.0]), all_greedy=False, all_random=False)
+for draft_probs in (None, torch.softmax(torch.randn(4, V), -1)):
+    vllm.RejectionSampler()(meta, draft_probs, logits, bonus, mixed)
+
+for dtype in (torch.float32, torch.bfloat16):
+    a = attention_inputs(bs, 16, 4, 2, 80, dtype, "cpu", gen)
+    attention.extend_attention_fwd(**a)
+    attention.extend_attention_fwd(**a, skip_prefix_custom_mask=False, logit_cap=2.0)
+    attention.extend_attention_fwd(**{**a, "custom_mask": None, "mask_indptr": None})
+    attention.decode_attention_fwd(a["q_extend"][:bs], a["k_buffer"], a["v_buffer"], a["o_extend"][:bs],
+                                   a["kv_indptr"], a["kv_indices"])
+req_to_token = torch.zeros(4, 64, dtype=torch.int64)
+lens = torch.tensor([3, 5])
+attention.create_kv_indices(req_to_token, torch.tensor([0, 2]), lens, torch.tensor([0, 3, 8]), None,
+                            torch.empty(8, dtype=torch.int64))
+attention.create_kv_indices(req_to_token, torch.tensor([0, 2]), lens, torch.tensor([0, 3, 8]), torch.tensor([1, 2]),
+                            torch.empty(8, dtype=torch.int64))
+kv.assign_req_to_token_pool(torch.tensor([0, 2]), req_to_token, torch.tensor([0, 4]), torch.tensor([3, 9]),
+                            torch.arange(8))
+kv.fill_accept_out_cache_loc(torch.tensor([[0, 2, -1], [3, -1, -1]]), torch.arange(6),
+                             torch.empty(6, dtype=torch.int64))
+for dtype in (torch.float32, torch.bfloat16):
+    pool = torch.zeros(2, 16, 2, 80, dtype=dtype)
+    kv.move_kv_cache(pool, pool.clone(), torch.tensor([1, 2]), torch.tensor([3, 5]))
+
+print("\n".join(sorted(compiled)))
+sys.exit(0)
