@@ -1,7 +1,8 @@
 """`spectrace bench kernels`: each Triton twin against the explicit function it mirrors, on the same
 device and the same inputs.
 
-A row prints the twin's time, the explicit path's time and the speed-up, and where an operation
+A row prints the twin's time, the explicit path's time and the speed-up (the explicit walks and
+samplers take their inputs to the CPU, as the engine runs them, and the copy is timed with them), and where an operation
 streams a known number of bytes, its effective bandwidth as a % of the device's measured copy
 bandwidth. Bytes counted are the unique bytes the operation must touch: for the sampling walks the
 target (and draft) probability rows the bonus draw scans; for attention each request's K and V,
@@ -125,22 +126,24 @@ def bench_tree_and_walks(table: Table, device: str, batch_sizes, vocabs, gen) ->
             t = chain_inputs(bs, vocab, device, gen)
             row_bytes = vocab * 4
 
-            def target_only(module):
+            def target_only(module, dev):  # the explicit walks run on the CPU: p and q go there first
+                tt = {k: v.to(dev) for k, v in t.items()}
                 module.tree_speculative_sampling_target_only(
-                    *walk_outputs(bs, n, device).values(), *[t[k] for k in tree_keys],
-                    t["uniform_samples"], t["uniform_samples_for_final_sampling"], t["target_probs"],
-                    t["draft_probs"].clone())
+                    *walk_outputs(bs, n, dev).values(), *[tt[k] for k in tree_keys], tt["uniform_samples"],
+                    tt["uniform_samples_for_final_sampling"], tt["target_probs"], tt["draft_probs"].clone())
 
-            def chain(module):
+            def chain(module, dev):
+                tt = {k: v.to(dev) for k, v in t.items()}
                 module.chain_speculative_sampling(
-                    *walk_outputs(bs, n, device).values(), t["candidates"], t["retrive_index"], t["uniform_samples"],
-                    t["uniform_samples_for_final_sampling"], t["target_probs"], t["draft_probs"][:, :-1].contiguous())
+                    *walk_outputs(bs, n, dev).values(), tt["candidates"], tt["retrive_index"], tt["uniform_samples"],
+                    tt["uniform_samples_for_final_sampling"], tt["target_probs"],
+                    tt["draft_probs"][:, :-1].contiguous())
             shape = f"bs {bs} n {n} V {vocab} fp32"
             # the bonus scans its target row and, after a rejection, the draft row: count both
-            table.row("tree_spec_sampling_target_only", shape, time_ms(lambda: target_only(twin), device),
-                      time_ms(lambda: target_only(explicit), device), 2 * bs * row_bytes)
-            table.row("chain_speculative_sampling", shape, time_ms(lambda: chain(twin), device),
-                      time_ms(lambda: chain(explicit), device), 2 * bs * row_bytes)
+            table.row("tree_spec_sampling_target_only", shape, time_ms(lambda: target_only(twin, device), device),
+                      time_ms(lambda: target_only(explicit, "cpu"), device), 2 * bs * row_bytes)
+            table.row("chain_speculative_sampling", shape, time_ms(lambda: chain(twin, device), device),
+                      time_ms(lambda: chain(explicit, "cpu"), device), 2 * bs * row_bytes)
 
 
 def bench_vllm(table: Table, device: str, batch_sizes, vocabs, gen) -> None:
@@ -151,6 +154,7 @@ def bench_vllm(table: Table, device: str, batch_sizes, vocabs, gen) -> None:
     for bs in batch_sizes:
         meta = explicit_vllm.SpecDecodeMetadata.make_dummy(torch.randint(0, 64, (bs, k), generator=gen).tolist(),
                                                           device)
+        cpu_meta = explicit_vllm.SpecDecodeMetadata.make_dummy(meta.draft_token_ids.view(bs, k).tolist(), "cpu")
         bonus = torch.zeros(bs, 1, dtype=torch.int64, device=device)
         greedy = explicit_vllm.SamplingMetadata(None, all_greedy=True, all_random=False)
         for vocab in vocabs:
@@ -158,7 +162,8 @@ def bench_vllm(table: Table, device: str, batch_sizes, vocabs, gen) -> None:
                 logits = torch.randn(bs * k, vocab, generator=gen).to(device, dtype)
                 table.row("vllm RejectionSampler greedy", f"bs {bs} k {k} V {vocab} {str(dtype)[6:]}",
                           time_ms(lambda: twin.RejectionSampler()(meta, None, logits, bonus, greedy), device),
-                          time_ms(lambda: explicit_vllm.RejectionSampler()(meta, None, logits, bonus, greedy), device),
+                          time_ms(lambda: explicit_vllm.RejectionSampler()(cpu_meta, None, logits.cpu(), bonus.cpu(),
+                                                                           greedy), device),
                           logits.numel() * logits.element_size(), "argmax reads the logits")
             draft_probs = torch.softmax(torch.randn(bs * k, vocab, generator=gen), -1).to(device)
             target_probs = torch.softmax(torch.randn(bs * k, vocab, generator=gen), -1).to(device)
