@@ -77,7 +77,8 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-model", default=None, metavar="DIR", help="HF checkpoint directory")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default=None, help="float32 (CPU default), bfloat16 (GPU default), float16")
-    p.add_argument("--backend", choices=["explicit", "triton"], default="explicit")
+    p.add_argument("--backend", choices=["explicit", "triton"], default="explicit",
+                   help="triton: the hot operations through the Triton twins (CPU: needs TRITON_INTERPRET=1)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -123,8 +124,6 @@ def _check_supported(args) -> None:
         if args.acceptance not in (None, "rejection"):
             raise UsageError(f"--speculative-use-rejection-sampling contradicts --acceptance {args.acceptance}")
         args.acceptance = "rejection"
-    if args.backend != "explicit":
-        raise UsageError("--backend triton is not available yet (available: explicit)")
 
 
 def _run_config(args, **over):
@@ -140,7 +139,7 @@ def _run_config(args, **over):
               ngram_trie=TrieConfig(min_bfs_breadth=args.ngram_min_bfs, max_bfs_breadth=args.ngram_max_bfs,
                                     match_type=args.ngram_match_type, branch_length=args.ngram_trie_depth),
               commit_style=args.commit_style,
-              device=args.device, dtype=args.dtype)
+              device=args.device, dtype=args.dtype, backend=args.backend)
     if args.target_model:
         kw["target_model"] = args.target_model
     if args.draft_model:

@@ -34,6 +34,7 @@ from spectrace.core.drafters.mtp import load_mtp
 from spectrace.core.drafters.ngram import NgramConfig
 from spectrace.core.drafters.standalone import StandaloneDrafter
 from spectrace.core.engine import Engine, Request, SpecConfig
+from spectrace.core.kv import KVCache
 from spectrace.core.model import CausalLM, load_model, weights_digest
 from spectrace.core.ngram.trie import TrieConfig
 from spectrace.core.trace import SCHEMA, TraceError, TraceWriter
@@ -42,6 +43,7 @@ from spectrace.zoo import MODELS_DIR, TARGET_DIR
 from spectrace.zoo.prompts import HELD_OUT_PROMPTS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+BACKENDS = ("explicit", "triton")  # triton: the Triton twins of spectrace/kernels; explicit stays the reference
 SMALL_MODEL = 50_000_000  # parameters; below this a CPU run uses one thread (see choose_threads)
 
 
@@ -74,11 +76,17 @@ class RunConfig:
     commit_style: str = "sglang"
     device: str = "cpu"
     dtype: str | None = None  # default: float32 on CPU, bfloat16 on GPU
+    backend: str = "explicit"  # or "triton": the hot operations through spectrace/kernels
 
     def check(self) -> None:
         """What only the run knows: where it runs and how many requests."""
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise SpectraceError("--device cuda asked for, but torch sees no GPU")
+        if self.backend not in BACKENDS:
+            raise SpectraceError(f"unknown --backend {self.backend!r} (choose from {', '.join(BACKENDS)})")
+        if self.backend == "triton":
+            from spectrace.kernels import require
+            require(self.device)
         if self.dtype is not None and self.dtype not in DTYPES:
             raise SpectraceError(f"unknown --dtype {self.dtype!r} (choose from {', '.join(DTYPES)})")
         if self.batch is not None and self.batch < 1:
@@ -287,13 +295,20 @@ def _context(target: CausalLM, draft) -> int:
 
 def build_engine(target: CausalLM, draft, spec: SpecConfig, prompt_ids: list[list[int]], eos_token_ids,
                  trace: TraceWriter | None = None, ngram: NgramConfig | None = None,
-                 medusa_tree: MedusaTree | None = None, on_step=None) -> Engine:
+                 medusa_tree: MedusaTree | None = None, on_step=None, backend: str = "explicit") -> Engine:
     """An engine whose KV pools hold every request at full length at once, with the drafter
     of `spec.algo` around `draft` (the loaded draft model; None for none and ngram). ngram and
-    medusa_tree: those drafters' options, checked (NgramConfig.check, MedusaTree.from_choices)."""
+    medusa_tree: those drafters' options, checked (NgramConfig.check, MedusaTree.from_choices).
+    backend "triton": the KV caches are TritonKVCaches, whose backend routes the hot operations
+    to the Triton twins (spectrace/kernels/backend.py)."""
+    cache_class = KVCache
+    if backend == "triton":
+        import spectrace.kernels.backend  # noqa: F401  (registers the twins)
+        from spectrace.kernels.kv import TritonKVCache
+        cache_class = TritonKVCache
     columns = _context(target, draft) + _scratch_columns(spec)
     num_slots = sum(len(p) + spec.max_new_tokens + _scratch_columns(spec) for p in prompt_ids)
-    kv = target.new_kv_cache("target", spec.commit_style, num_slots, len(prompt_ids), columns)
+    kv = target.new_kv_cache("target", spec.commit_style, num_slots, len(prompt_ids), columns, cache_class)
     fmt = ALGOS[spec.algo].checkpoint
     shape = dict(num_steps=spec.num_steps, topk=spec.topk, num_draft_tokens=spec.num_draft_tokens,
                  temperature=spec.temperature if RULES[spec.acceptance].samples_drafts else 1.0,
@@ -310,7 +325,7 @@ def build_engine(target: CausalLM, draft, spec: SpecConfig, prompt_ids: list[lis
     elif fmt == "frozen_kv_mtp":  # no draft KV: it reads the target's
         drafter = FrozenKVMtpDrafter(draft, target, kv, **shape)
     elif fmt is not None:
-        draft_kv = draft.new_kv_cache("draft", spec.commit_style, num_slots, len(prompt_ids), columns)
+        draft_kv = draft.new_kv_cache("draft", spec.commit_style, num_slots, len(prompt_ids), columns, cache_class)
         drafter = (StandaloneDrafter(draft, draft_kv, **shape) if fmt == "lm" else
                    EagleDrafter(draft, target, draft_kv, **shape))
     return Engine(target, kv, spec, eos_token_ids, drafter, trace, on_step)
@@ -342,7 +357,7 @@ def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = N
         ids = [tok.encode(p) for p in prompts]
         check_prompts(ids, spec, _context(target, draft))
         eos = target.config.eos_token_ids or ((tok.eos_token_id,) if tok.eos_token_id is not None else ())
-        engine = build_engine(target, draft, spec, ids, eos, writer, on_step=on_step, **options)
+        engine = build_engine(target, draft, spec, ids, eos, writer, on_step=on_step, backend=cfg.backend, **options)
         threads = choose_threads(target, cfg.device)
         writer.write(header(cfg, spec, prompts, target, draft, engine, threads), [t for p in ids for t in p])
         header_written = True

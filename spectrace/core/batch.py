@@ -22,6 +22,9 @@ class ForwardBatch:
     extend_lens: list[int]
     out_cache_loc: torch.Tensor  # (N,) slots the new tokens' K and V are written to
     custom_masks: list[torch.Tensor | None]  # per request (extend_len, seq_len) bool; None = causal
+    # what a kernel backend computes once per forward and every layer reuses (SGLang's forward
+    # metadata: kv indices, packed masks); the explicit attention needs none
+    attn_metadata: dict | None = None
 
     @classmethod
     def build(cls, kv: KVCache, items: list[tuple[int, int, list[int]]], masks=None,

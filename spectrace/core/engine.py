@@ -279,8 +279,16 @@ class Engine:
             next_sibling = tree.retrive_next_sibling[b, :n].tolist()
             draft_probs = tree.draft_probs[b].cpu() if tree.draft_probs is not None else None
             randoms = self.rule.draw(n, row.target_probs.shape[-1], row.req.gen)
-            row.result = self.rule.walk(row.candidates, next_token, next_sibling, row.target_predict, row.target_probs,
-                                        draft_probs, randoms, self.spec.num_steps, self.spec.rule_params)
+            args = (row.candidates, next_token, next_sibling, row.target_predict, row.target_probs, draft_probs,
+                    randoms, self.spec.num_steps, self.spec.rule_params)
+            twin = acceptance.TWIN_WALKS[self.kv.backend].get(self.rule.name)
+            twin_result = twin(self.device, *args) if twin is not None else None  # first: walks may write q
+            row.result = self.rule.walk(*args)
+            if twin_result is not None and twin_result != (row.result.accept_nodes, row.result.bonus_token):
+                raise SpectraceError(
+                    f"--backend {self.kv.backend}: the {self.rule.name} kernel walked {twin_result[0]} with bonus "
+                    f"{twin_result[1]} where the explicit walk walked {row.result.accept_nodes} with bonus "
+                    f"{row.result.bonus_token} (request {row.req.req_pool_idx}, step {self.step_count})")
             if self.rule.name == "tree_rejection":  # what each sibling rank was worth shapes the next trees
                 self.siblings(row.req).observe(row.result.decisions, next_token, next_sibling)
 

@@ -81,6 +81,7 @@ class KVCache:
     mapped_lens: list[int] = field(default_factory=list)  # vllm style: positions that own a slot
     events: list[dict] = field(default_factory=list)
     pool_class = TokenToKVPool  # not a field: the class whose K/V tensors it keeps
+    backend = "explicit"  # whose hot operations read and write this cache: kernels/kv.py's TritonKVCache says "triton"
 
     @classmethod
     def create(cls, name, style, num_layers, num_slots, num_kv_heads, head_dim, max_requests,

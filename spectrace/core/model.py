@@ -100,18 +100,27 @@ class Attention(nn.Module):
         k = apply_rope(self.k_proj(x).view(N, self.num_kv_heads, self.head_dim), cos, sin)  # (N, kvh, d)
         v = self.v_proj(x).view(N, self.num_kv_heads, self.head_dim)
         kv.pool.write(self.layer_id, batch.out_cache_loc, k, v)  # new tokens' KV into their slots
-
-        out = torch.empty_like(q)
-        row = 0
-        for req, seq_len, n, mask in zip(batch.req_pool_indices, batch.seq_lens, batch.extend_lens,
-                                          batch.custom_masks):
-            slots = kv.req_to_token[req, :seq_len]  # prefix + the new tokens, in position order
-            if mask is None:  # causal: new token j sits at position seq_len - n + j
-                mask = torch.ones(n, seq_len, dtype=torch.bool, device=x.device).tril(seq_len - n)
-            out[row:row + n] = attend(q[row:row + n], kv.pool.k[self.layer_id, slots],
-                                      kv.pool.v[self.layer_id, slots], mask)
-            row += n
+        out = ATTENTION[kv.backend](q, k, v, batch, kv, self.layer_id)
         return self.o_proj(out.view(N, self.num_heads * self.head_dim))
+
+
+def paged_attention(q, k, v, batch: ForwardBatch, kv: KVCache, layer_id: int) -> torch.Tensor:
+    """Each request's new tokens attend over its keys, read back through req_to_token (the new
+    tokens' own K/V already written there), under its mask: q (N, h, d) -> (N, h, d). k, v are the
+    new tokens' (N, kvh, d), for backends that read them directly (kernels/attention.py)."""
+    out = torch.empty_like(q)
+    row = 0
+    for req, seq_len, n, mask in zip(batch.req_pool_indices, batch.seq_lens, batch.extend_lens, batch.custom_masks):
+        slots = kv.req_to_token[req, :seq_len]  # prefix + the new tokens, in position order
+        if mask is None:  # causal: new token j sits at position seq_len - n + j
+            mask = torch.ones(n, seq_len, dtype=torch.bool, device=q.device).tril(seq_len - n)
+        out[row:row + n] = attend(q[row:row + n], kv.pool.k[layer_id, slots], kv.pool.v[layer_id, slots], mask)
+        row += n
+    return out
+
+
+# kv.backend -> the paged attention Attention.forward calls; kernels/backend.py adds "triton"
+ATTENTION = {"explicit": paged_attention}
 
 
 class MLP(nn.Module):  # SwiGLU
@@ -162,10 +171,11 @@ class ForwardOutput:
 class KVCacheOwner:
     """Models that keep paged KV: one pool layer per decoder layer of `self.config`."""
 
-    def new_kv_cache(self, name, style, num_slots, max_requests, max_context) -> KVCache:
+    def new_kv_cache(self, name, style, num_slots, max_requests, max_context, cache_class=KVCache) -> KVCache:
+        """cache_class: KVCache, or kernels/kv.py's TritonKVCache for --backend triton."""
         cfg, p = self.config, next(self.parameters())
-        return KVCache.create(name, style, len(self.layers), num_slots, cfg.num_key_value_heads,
-                              cfg.head_dim, max_requests, max_context, p.dtype, p.device)
+        return cache_class.create(name, style, len(self.layers), num_slots, cfg.num_key_value_heads,
+                                  cfg.head_dim, max_requests, max_context, p.dtype, p.device)
 
 
 class CausalLM(nn.Module, KVCacheOwner):

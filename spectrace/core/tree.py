@@ -144,6 +144,10 @@ def build_tree(parent_list, top_scores_index, seq_lens, topk: int, num_verify_to
             as_tensor(retrive_next_sibling))
 
 
+# backend -> build_tree, as the drafters look it up by their KV cache's backend; kernels/backend.py adds "triton"
+BUILD_TREE = {"explicit": build_tree}
+
+
 def lay_out_mask(tree_rows: torch.Tensor, seq_lens: list[int], mode: TreeMaskMode) -> torch.Tensor:
     """Each request's (n, n) tree part (bs, n, n) in SGLang's flat layouts:
     FULL_MASK    per request n rows of (prefix + n) columns, the prefix all True (the wrapper's

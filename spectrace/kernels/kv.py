@@ -119,6 +119,7 @@ class TritonKVCache(KVCache):
     the twins (one request per call, as the engine commits them)."""
 
     pool_class = TritonKVPool
+    backend = "triton"  # and so attention, tree build and walks go through the twins (kernels/backend.py)
 
     def assign(self, req: int, start: int, slots: list[int]) -> None:
         device = self.req_to_token.device

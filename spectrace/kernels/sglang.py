@@ -22,7 +22,7 @@ from spectrace.core.tree import TreeMaskMode
 from spectrace.kernels import check
 from spectrace.kernels.sampling import block_v, sample_from_prob
 
-__all__ = ["TreeMaskMode", "build_tree_kernel_efficient", "verify_tree_greedy",
+__all__ = ["TreeMaskMode", "build_tree", "build_tree_kernel_efficient", "verify_tree_greedy",
            "tree_speculative_sampling_target_only", "chain_speculative_sampling"]
 
 
@@ -83,19 +83,21 @@ def _build_tree_kernel(parent_list, selected_index, seq_lens, tree_mask, positio
             tl.store(tree_mask + b * n + tid, tl.sum(tl.where(row & (lanes < n), 1 << lanes, 0), axis=0))
 
 
-def build_tree_kernel_efficient(verified_id, parent_list, top_scores_index, draft_tokens, seq_lens,
-                                seq_lens_sum, topk, spec_steps, num_verify_tokens,
-                                tree_mask_mode=TreeMaskMode.FULL_MASK):
-    """-> (tree_mask, positions, retrive_index, retrive_next_token, retrive_next_sibling,
-    draft_tokens), the root (verified_id) prepended to each request's draft tokens.
-    seq_lens_sum: sum(seq_lens), the FULL_MASK buffer's size (SGLang's wrapper takes it too)."""
+def build_tree(parent_list, top_scores_index, seq_lens, topk: int, num_verify_tokens: int,
+               tree_mask_mode=TreeMaskMode.FULL_MASK, seq_lens_sum: int | None = None):
+    """core/tree.py: build_tree, one program per request: -> (tree_mask, positions, retrive_index,
+    retrive_next_token, retrive_next_sibling). seq_lens: (bs,) int64, or a list of ints;
+    seq_lens_sum: their sum, which sizes the FULL_MASK buffer (given, it spares a device sync)."""
     bs, n, device = top_scores_index.shape[0], num_verify_tokens, top_scores_index.device
     mode = TreeMaskMode(tree_mask_mode)
+    if not torch.is_tensor(seq_lens):
+        seq_lens = torch.tensor(seq_lens, dtype=torch.int64, device=device)
     check("top_scores_index", top_scores_index, torch.int64, (bs, n - 1))
     check("parent_list", parent_list, torch.int64, device=device)
     check("seq_lens", seq_lens, torch.int64, (bs,), device)
     if mode == TreeMaskMode.FULL_MASK:
-        tree_mask = torch.ones(seq_lens_sum * n + n * n * bs, dtype=torch.bool, device=device)
+        total = int(seq_lens.sum()) if seq_lens_sum is None else seq_lens_sum
+        tree_mask = torch.ones(total * n + n * n * bs, dtype=torch.bool, device=device)
     elif mode == TreeMaskMode.QLEN_ONLY:
         tree_mask = torch.ones(n * n * bs, dtype=torch.bool, device=device)
     else:
@@ -111,8 +113,16 @@ def build_tree_kernel_efficient(verified_id, parent_list, top_scores_index, draf
                                   retrive_next_token, retrive_next_sibling, topk, parent_list.shape[1], n=n,
                                   MODE=int(mode), BLOCK=triton.next_power_of_2(n),
                                   BS_BLOCK=triton.next_power_of_2(bs))
-    draft_tokens = torch.cat((verified_id.unsqueeze(1), draft_tokens), dim=1).flatten()
-    return tree_mask, positions, retrive_index, retrive_next_token, retrive_next_sibling, draft_tokens
+    return tree_mask, positions, retrive_index, retrive_next_token, retrive_next_sibling
+
+
+def build_tree_kernel_efficient(verified_id, parent_list, top_scores_index, draft_tokens, seq_lens,
+                                seq_lens_sum, topk, spec_steps, num_verify_tokens,
+                                tree_mask_mode=TreeMaskMode.FULL_MASK):
+    """-> (tree_mask, positions, retrive_index, retrive_next_token, retrive_next_sibling,
+    draft_tokens), the root (verified_id) prepended to each request's draft tokens."""
+    built = build_tree(parent_list, top_scores_index, seq_lens, topk, num_verify_tokens, tree_mask_mode, seq_lens_sum)
+    return *built, torch.cat((verified_id.unsqueeze(1), draft_tokens), dim=1).flatten()
 
 
 # ---- the walks ---------------------------------------------------------------------------------

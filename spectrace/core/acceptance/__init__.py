@@ -167,3 +167,8 @@ RULES: dict[str, Rule] = {r.name: r for r in (
     Rule("tree_rejection", tree_rejection.tree_rejection_walk, sglang_coins, samples_drafts=True, needs_q=True),
     Rule("typical", typical.typical_walk, typical.draw),
 )}
+
+# backend -> rule name -> the rule's kernel walk: (device, the walk's arguments) -> (accept_nodes,
+# bonus_token). The engine still runs the explicit walk, whose decisions the trace records, and
+# requires the kernel to reach the same path and bonus. kernels/backend.py adds "triton".
+TWIN_WALKS: dict[str, dict[str, Callable]] = {"explicit": {}}

@@ -33,7 +33,7 @@ from spectrace.core.drafters.scratch import TreeScratch
 from spectrace.core.kv import KVCache
 from spectrace.core.model import CausalLM
 from spectrace.core.sampling import exponential_race, topk_pairs
-from spectrace.core.tree import DraftTree, TreeMaskMode, build_tree, organize_draft_results, select_top_k_tokens
+from spectrace.core.tree import BUILD_TREE, DraftTree, TreeMaskMode, organize_draft_results, select_top_k_tokens
 
 
 def propose_children(probs: torch.Tensor, topk: int, sampled: SampledDrafts | None):
@@ -95,7 +95,7 @@ def draft_forward(forward, probs: torch.Tensor, hidden_states: torch.Tensor | No
 
 
 def build_draft_tree(levels: DraftLevels, root_tokens: torch.Tensor, seq_lens: list[int], num_draft_tokens: int,
-                     topk: int, trace_topk: int, sampled: SampledDrafts | None) -> DraftTree:
+                     topk: int, trace_topk: int, sampled: SampledDrafts | None, backend: str = "explicit") -> DraftTree:
     """SGLang's `organize_draft_results` and `build_tree_kernel_efficient` over the loop's
     candidates. Each node also keeps its q, its path score and the distribution it was drawn
     from: its parent path's, row `top_scores_index // topk` of parent_list (the kernel's
@@ -103,7 +103,7 @@ def build_draft_tree(levels: DraftLevels, root_tokens: torch.Tensor, seq_lens: l
     n, bs = num_draft_tokens, root_tokens.shape[0]
     parent_list, top_scores_index, draft_tokens = organize_draft_results(
         levels.score_list, levels.token_list, levels.parents_list, n)
-    tree_mask, positions, retrive_index, retrive_next_token, retrive_next_sibling = build_tree(
+    tree_mask, positions, retrive_index, retrive_next_token, retrive_next_sibling = BUILD_TREE[backend](
         parent_list, top_scores_index, seq_lens, topk, n, TreeMaskMode.QLEN_ONLY)
     # one distribution per row of parent_list: the root's, then K per level (bs, 1 + K(S-1), V)
     dists = torch.cat([p.view(bs, -1, p.shape[-1]) for p in levels.probs_list], dim=1)
@@ -188,7 +188,8 @@ class ScratchKVDrafter(ABC):
                                self.topk, sampled)
         scratch.release()
         roots = torch.tensor(root_tokens, device=self.kv.req_to_token.device)
-        return build_draft_tree(levels, roots, seq_lens, self.num_draft_tokens, self.topk, self.trace_topk, sampled)
+        return build_draft_tree(levels, roots, seq_lens, self.num_draft_tokens, self.topk, self.trace_topk, sampled,
+                                self.kv.backend)
 
     def set_num_steps(self, num_steps: int) -> None:
         """Adaptive steps switch the chain's length between steps (topk 1)."""

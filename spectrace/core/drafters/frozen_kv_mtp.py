@@ -153,7 +153,8 @@ class FrozenKVMtpDrafter:
             return self._forward(input_ids, hidden_states, seq_lens, reqs)
 
         levels = draft_forward(forward, probs, hidden, self.num_steps, self.topk, sampled)
-        return build_draft_tree(levels, roots, seq_lens, self.num_draft_tokens, self.topk, self.trace_topk, sampled)
+        return build_draft_tree(levels, roots, seq_lens, self.num_draft_tokens, self.topk, self.trace_topk, sampled,
+                                self.target_kv.backend)
 
     def release(self, req: int) -> None:
         self.seed_feature.pop(req, None)
