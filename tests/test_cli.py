@@ -94,3 +94,10 @@ def test_console_script_reports_errors_without_traceback():
     p = subprocess.run([sys.executable, "-m", "spectrace.cli", "run", "--num-steps", "0"],
                        capture_output=True, text=True)
     assert p.returncode == 2 and p.stderr.strip() == "spectrace: error: --num-steps must be at least 1, got 0"
+
+
+def test_triton_backend_on_cpu_without_the_interpreter_says_how(capsys, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    for command in (["run", "--no-tui", "--backend", "triton"], ["bench", "kernels"]):
+        code, out, err = _run(capsys, *command)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "set TRITON_INTERPRET=1" in err

@@ -4,6 +4,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_backend import CASES as BACKEND_CASES
 from test_tree import run_draft_loop  # at import: hypothesis refuses @given tests defined inside one
 from transformers import AutoModelForCausalLM
 
@@ -311,3 +312,19 @@ def test_gpu_tree_attention_branches_equal_causal_chains_in_bf16():
                       "mask_indptr": None, "max_len_extend": len(chain)}
         torch.testing.assert_close(tree_out[j], run(attention, chain_case)[-1], atol=7.81e-3, rtol=0)
 
+
+
+@pytest.mark.parametrize("algo,options", BACKEND_CASES)
+def test_gpu_triton_backend_runs_the_explicit_steps(algo, options, tmp_path):
+    """tests/test_backend.py compiled on the GPU, fp32, 24 tokens."""
+    from test_backend import steps
+
+    from spectrace.run import RunConfig, run
+
+    traces = {}
+    for backend in ("explicit", "triton"):
+        traces[backend] = tmp_path / f"{backend}.jsonl"
+        run(RunConfig(algo=algo, max_new_tokens=24, seed=3, trace=str(traces[backend]), backend=backend,
+                      device="cuda", dtype="float32", **options))
+    for want, got in zip(steps(traces["explicit"]), steps(traces["triton"]), strict=True):
+        assert got == want
