@@ -3,10 +3,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spectrace.compat.sglang import (TreeMaskMode, build_tree_kernel_efficient, organize_draft_results,
-                                     reconstruct_indices_from_tree_mask, verify_tree_greedy)
+from spectrace.compat.sglang import (TreeMaskMode, build_tree_kernel_efficient, reconstruct_indices_from_tree_mask,
+                                     verify_tree_greedy)
 from spectrace.core.drafters.eagle_worker import build_draft_tree, draft_forward
-from spectrace.core.tree import select_top_k_tokens, tree_capacity, tree_mask_rows
+from spectrace.core.tree import tree_capacity, tree_mask_rows
+from spectrace.kernels.bench import draft_tree_inputs
 
 V = 40
 
@@ -22,15 +23,7 @@ def draft_inputs(draw):
 
 def run_draft_loop(bs, K, S, n, seed):
     """SGLang's loop over random draft distributions; returns organize_draft_results' outputs."""
-    g = torch.Generator().manual_seed(seed)
-    probs = lambda rows: torch.softmax(torch.randn(rows, V, generator=g) * 3, -1)  # noqa: E731
-    topk_p, topk_index = torch.topk(probs(bs), K)
-    scores, score_list, token_list, parents_list = None, [], [], []
-    for i in range(S):
-        _, _, scores, info = select_top_k_tokens(i, topk_p, topk_index, None, scores, K)
-        score_list.append(info[0]), token_list.append(info[1]), parents_list.append(info[2])
-        topk_p, topk_index = torch.topk(probs(bs * K), K)
-    return organize_draft_results(score_list, token_list, parents_list, n)
+    return draft_tree_inputs(bs, K, S, n, V, torch.Generator().manual_seed(seed))
 
 
 def expected_parents(parent_list, top_scores_index, K):

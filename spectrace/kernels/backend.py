@@ -45,19 +45,20 @@ def extend_metadata(batch: ForwardBatch, kv: KVCache) -> dict | None:
     seq_lens = torch.tensor(batch.seq_lens, device=device)
     extend_lens = torch.tensor(batch.extend_lens, device=device)
     prefix_lens = seq_lens - extend_lens
-    masks = [m if m is not None else torch.ones(n, s, dtype=torch.bool, device=device).tril(s - n)
-             for m, s, n in zip(batch.custom_masks, batch.seq_lens, batch.extend_lens)]
-    new_slots = torch.cat([kv.req_to_token[r, s - n:s] for r, s, n in zip(batch.req_pool_indices, batch.seq_lens,
-                                                                           batch.extend_lens)])
-    prefix_visible = all(bool(m[:, :s - n].all()) for m, s, n in zip(masks, batch.seq_lens, batch.extend_lens))
+    layout = list(zip(batch.req_pool_indices, batch.seq_lens, batch.extend_lens, batch.custom_masks))
+    new_slots = torch.cat([kv.req_to_token[r, s - n:s] for r, s, n, _ in layout])
+    prefix_visible = all(bool(m[:, :s - n].all()) for _, s, n, m in layout if m is not None)
     if not (prefix_visible and torch.equal(new_slots, batch.out_cache_loc)):
         return None
     kv_indptr = _indptr(prefix_lens)
     kv_indices = torch.empty(sum(batch.seq_lens) - sum(batch.extend_lens), dtype=kv.req_to_token.dtype,
                              device=device)
     attention.create_kv_indices(kv.req_to_token, reqs, prefix_lens, kv_indptr, None, kv_indices)
-    causal = all(m is None for m in batch.custom_masks)
-    custom_mask, mask_indptr = (None, None) if causal else attention.pack_custom_mask(masks)
+    custom_mask = mask_indptr = None
+    if any(m is not None for *_, m in layout):  # a causal request among masked ones writes its causal mask out
+        custom_mask, mask_indptr = attention.pack_custom_mask(
+            [m if m is not None else torch.ones(n, s, dtype=torch.bool, device=device).tril(s - n)
+             for _, s, n, m in layout])
     return dict(qo_indptr=_indptr(extend_lens), kv_indptr=kv_indptr, kv_indices=kv_indices, custom_mask=custom_mask,
                 mask_indptr=mask_indptr, max_len_extend=max(batch.extend_lens))
 
