@@ -97,18 +97,22 @@ def boundary_draw(weights: torch.Tensor, coin: float, token: int) -> bool:
     return abs(edge - lo) < 1e-5 * total or abs(edge - float(cdf[token])) < 1e-5 * total
 
 
-def assert_same_walk(explicit_out, twin_out, bonus_weights, coins_final):
+def assert_same_walk(explicit_out, twin_out, bonus_weights, coins_final) -> int:
     """accept_index and accept_token_num equal; predicts equal but for a bonus (the slot after the
-    last accepted row) drawn at a CDF boundary. bonus_weights(b, node) -> the weights it came from."""
+    last accepted row) drawn at a CDF boundary. bonus_weights(b, node) -> the weights it came from.
+    Returns how many bonuses differed (each at a boundary)."""
     (p1, a1, k1), (p2, a2, k2) = explicit_out, twin_out
     assert torch.equal(a1, a2) and torch.equal(k1, k2)
     n = p1.shape[0] // a1.shape[0]
+    differed = 0
     for b in range(a1.shape[0]):
         last = int(a1[b, k1[b]])
         others = [r for r in range(b * n, (b + 1) * n) if r != last]
         assert torch.equal(p1[others], p2[others])
         if p1[last] != p2[last]:
             assert boundary_draw(bonus_weights(b, last - b * n), float(coins_final[b]), int(p1[last]))
+            differed += 1
+    return differed
 
 
 @settings(max_examples=20, deadline=None)
