@@ -87,6 +87,10 @@ def test_greedy_twin_equals_the_explicit_walk(tree, seed):
     assert all(torch.equal(w, g) for w, g in zip(want, got))
 
 
+# one vocabulary tile, and three (4096-token tiles): the bonus draw's tile sums and its one scanned tile
+VOCABS = st.sampled_from([10, 16, 10_000])
+
+
 def boundary_draw(weights: torch.Tensor, coin: float, token: int) -> bool:
     """Whether `token` is a draw flashinfer's rule could make from weights with coin * total
     within float32 rounding of one of its CDF boundaries: where tiled float32 sums and the explicit
@@ -116,13 +120,14 @@ def assert_same_walk(explicit_out, twin_out, bonus_weights, coins_final) -> int:
 
 
 @settings(max_examples=20, deadline=None)
-@given(tree=trees(), seed=st.integers(0, 2**31), thresholds=st.sampled_from([(1.0, 1.0), (0.9, 0.5), (0.0, 0.0)]))
-def test_target_only_twin_equals_the_explicit_walk(tree, seed, thresholds):
+@given(tree=trees(), seed=st.integers(0, 2**31), thresholds=st.sampled_from([(1.0, 1.0), (0.9, 0.5), (0.0, 0.0)]),
+       vocab=VOCABS)
+def test_target_only_twin_equals_the_explicit_walk(tree, seed, thresholds, vocab):
     """Same coins, same walk: accept_index and accept_token_num exactly, the kernel-written
     draft_probs exactly, and predicts exactly but for a bonus drawn at a CDF boundary."""
     bs, K, S, n = tree[:4]
-    candidates, retrive_index, next_token, next_sibling, g = walk_inputs(tree, seed, vocab=16)
-    target_probs = torch.softmax(torch.randn(bs, n, 16, generator=g) * 2, -1)
+    candidates, retrive_index, next_token, next_sibling, g = walk_inputs(tree, seed, vocab=min(vocab, 16))
+    target_probs = torch.softmax(torch.randn(bs, n, vocab, generator=g) * 2, -1)
     coins, coins_final = torch.rand(bs, n, generator=g), torch.rand(bs, generator=g)
     results = []
     for module in (explicit, kernels):
@@ -140,11 +145,10 @@ def test_target_only_twin_equals_the_explicit_walk(tree, seed, thresholds):
 
 
 @settings(max_examples=20, deadline=None)
-@given(bs=st.integers(1, 8), n=st.integers(2, 7), seed=st.integers(0, 2**31), nan=st.booleans())
-def test_chain_twin_equals_the_explicit_walk(bs, n, seed, nan):
+@given(bs=st.integers(1, 8), n=st.integers(2, 7), seed=st.integers(0, 2**31), nan=st.booleans(), V=VOCABS)
+def test_chain_twin_equals_the_explicit_walk(bs, n, seed, nan, V):
     """Chains sampled from q: the same decisions and tokens; a NaN in q counts as 0 in the residual."""
     g = torch.Generator().manual_seed(seed)
-    V = 10
     draft_probs = torch.softmax(torch.randn(bs, n - 1, V, generator=g), -1)
     candidates = torch.cat([torch.zeros(bs, 1, dtype=torch.int64),
                             torch.multinomial(draft_probs.view(-1, V), 1, generator=g).view(bs, n - 1)], 1)

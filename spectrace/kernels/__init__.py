@@ -11,7 +11,7 @@ same (in-place) signature, and takes all randomness as input tensors:
                  create_kv_indices, pack_custom_mask (twins of core/model.py: attend, per request)
     kv.py        assign_req_to_token_pool, fill_accept_out_cache_loc, move_kv_cache, and
                  TritonKVCache, the explicit KVCache running them (twins of core/kv.py)
-    sampling.py  sample_from_prob over vocabulary tiles, as the kernels above draw their bonus
+    sampling.py  sample_bonus: every walk's bonus drawn from its residual row, the vocabulary split into tiles
 
 They run on CUDA tensors compiled, and on CPU tensors under Triton's interpreter: set
 TRITON_INTERPRET=1 before importing a kernel module (tests/conftest.py does so without a GPU).

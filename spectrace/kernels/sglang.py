@@ -20,7 +20,7 @@ import triton.language as tl
 
 from spectrace.core.tree import TreeMaskMode
 from spectrace.kernels import check
-from spectrace.kernels.sampling import block_v, sample_from_prob
+from spectrace.kernels.sampling import sample_bonus, store_bonus_draw
 
 __all__ = ["TreeMaskMode", "build_tree", "build_tree_kernel_efficient", "verify_tree_greedy",
            "tree_speculative_sampling_target_only", "chain_speculative_sampling"]
@@ -185,9 +185,8 @@ def verify_tree_greedy(predicts, accept_index, accept_token_num, candidates, ret
 
 @triton.jit
 def _target_only_kernel(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
-                        retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs,
-                        draft_probs, threshold_single, threshold_acc, vocab_size,
-                        n: tl.constexpr, num_spec_step: tl.constexpr, BLOCK_V: tl.constexpr):
+                        retrive_next_sibling, uniform_samples, target_probs, draft_probs, bonus_draw, threshold_single,
+                        threshold_acc, vocab_size, n: tl.constexpr, num_spec_step: tl.constexpr):
     b = tl.program_id(0)  # target_only.py: target_only_walk, one request
     last = tl.load(retrive_index + b * n)
     tl.store(accept_index + b * num_spec_step, last)
@@ -220,11 +219,9 @@ def _target_only_kernel(predicts, accept_index, accept_token_num, candidates, re
                         cur = tl.load(retrive_next_sibling + b * n + cur).to(tl.int32)
             walking = found
     tl.store(accept_token_num + b, num_accepted)
-    full_depth = num_accepted == num_spec_step - 1  # then the bonus comes from p itself
+    full_depth = num_accepted == num_spec_step - 1  # then the bonus comes from p itself, else relu(p - q)
     offset = (b * n + row).to(tl.int64) * vocab_size
-    token = sample_from_prob(target_probs + offset, draft_probs + offset, 1 - full_depth.to(tl.int32),
-                             tl.load(uniform_samples_for_final_sampling + b), vocab_size, BLOCK_V)
-    tl.store(predicts + last, token)
+    store_bonus_draw(bonus_draw, b, last, offset, offset, 1 - full_depth.to(tl.int32))
 
 
 def tree_speculative_sampling_target_only(predicts, accept_index, accept_token_num, candidates, retrive_index,
@@ -242,17 +239,18 @@ def tree_speculative_sampling_target_only(predicts, accept_index, accept_token_n
     check("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling, torch.float32, (bs,), device)
     if bs:
         vocab_size = target_probs.shape[-1]
+        bonus_draw = torch.empty(bs, 4, dtype=torch.int64, device=device)
         _target_only_kernel[(bs,)](predicts, accept_index, accept_token_num, candidates, retrive_index,
-                                   retrive_next_token, retrive_next_sibling, uniform_samples,
-                                   uniform_samples_for_final_sampling, target_probs, draft_probs,
-                                   float(threshold_single), max(float(threshold_acc), 1e-9), vocab_size,
-                                   n=n, num_spec_step=accept_index.shape[1], BLOCK_V=block_v(vocab_size))
+                                   retrive_next_token, retrive_next_sibling, uniform_samples, target_probs,
+                                   draft_probs, bonus_draw, float(threshold_single),
+                                   max(float(threshold_acc), 1e-9), vocab_size, n=n,
+                                   num_spec_step=accept_index.shape[1])
+        sample_bonus(bonus_draw, target_probs, draft_probs, uniform_samples_for_final_sampling, predicts)
 
 
 @triton.jit
 def _chain_kernel(predicts, accept_index, accept_token_num, candidates, retrive_index, uniform_samples,
-                  uniform_samples_for_final_sampling, target_probs, draft_probs, vocab_size,
-                  n: tl.constexpr, BLOCK_V: tl.constexpr):
+                  target_probs, draft_probs, bonus_draw, vocab_size, n: tl.constexpr):
     b = tl.program_id(0)  # rejection.py: rejection_walk, one request's chain
     last = tl.load(retrive_index + b * n)
     tl.store(accept_index + b * n, last)
@@ -275,11 +273,8 @@ def _chain_kernel(predicts, accept_index, accept_token_num, candidates, retrive_
     tl.store(accept_token_num + b, num_accepted)
     all_accepted = num_accepted == n - 1  # then the bonus comes from p after the last draft
     # all accepted: row n-1 of draft_probs does not exist, and subtract 0 masks every read of it
-    token = sample_from_prob(target_probs + (b * n + row).to(tl.int64) * vocab_size,
-                             draft_probs + (b * (n - 1) + row).to(tl.int64) * vocab_size,
-                             1 - all_accepted.to(tl.int32), tl.load(uniform_samples_for_final_sampling + b),
-                             vocab_size, BLOCK_V)
-    tl.store(predicts + last, token)
+    store_bonus_draw(bonus_draw, b, last, (b * n + row).to(tl.int64) * vocab_size,
+                     (b * (n - 1) + row).to(tl.int64) * vocab_size, 1 - all_accepted.to(tl.int32))
 
 
 def chain_speculative_sampling(predicts, accept_index, accept_token_num, candidates, retrive_index, uniform_samples,
@@ -299,6 +294,7 @@ def chain_speculative_sampling(predicts, accept_index, accept_token_num, candida
     check("uniform_samples_for_final_sampling", uniform_samples_for_final_sampling, torch.float32, (bs,), device)
     if bs:
         vocab_size = target_probs.shape[-1]
+        bonus_draw = torch.empty(bs, 4, dtype=torch.int64, device=device)
         _chain_kernel[(bs,)](predicts, accept_index, accept_token_num, candidates, retrive_index, uniform_samples,
-                             uniform_samples_for_final_sampling, target_probs, draft_probs, vocab_size,
-                             n=n, BLOCK_V=block_v(vocab_size))
+                             target_probs, draft_probs, bonus_draw, vocab_size, n=n)
+        sample_bonus(bonus_draw, target_probs, draft_probs, uniform_samples_for_final_sampling, predicts)
