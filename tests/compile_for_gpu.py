@@ -73,8 +73,10 @@ for dtype in (torch.float32, torch.bfloat16):
     attention.extend_attention_fwd(**a)
     attention.extend_attention_fwd(**a, skip_prefix_custom_mask=False, logit_cap=2.0)
     attention.extend_attention_fwd(**{**a, "custom_mask": None, "mask_indptr": None})
-    attention.decode_attention_fwd(a["q_extend"][:bs], a["k_buffer"], a["v_buffer"], a["o_extend"][:bs],
-                                   a["kv_indptr"], a["kv_indices"])
+    attention.extend_attention_fwd(**a, num_kv_splits=4)
+    for splits in (1, 4):
+        attention.decode_attention_fwd(a["q_extend"][:bs], a["k_buffer"], a["v_buffer"], a["o_extend"][:bs],
+                                       a["kv_indptr"], a["kv_indices"], num_kv_splits=splits)
 req_to_token = torch.zeros(4, 64, dtype=torch.int64)
 lens = torch.tensor([3, 5])
 attention.create_kv_indices(req_to_token, torch.tensor([0, 2]), lens, torch.tensor([0, 3, 8]), None,

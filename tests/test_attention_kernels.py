@@ -64,10 +64,12 @@ head_shapes = st.sampled_from([(2, 2, 16), (4, 2, 13), (6, 2, 32), (3, 1, 80), (
 
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 2**31), shape=head_shapes, tree=st.booleans(),
-       lens=st.lists(st.tuples(st.integers(0, 70), st.integers(1, 9)), min_size=1, max_size=3))
-def test_extend_attention_twin_equals_the_explicit_attention(seed, shape, tree, lens):
+       lens=st.lists(st.tuples(st.integers(0, 70), st.integers(1, 9)), min_size=1, max_size=3),
+       splits=st.sampled_from([1, 3]))
+def test_extend_attention_twin_equals_the_explicit_attention(seed, shape, tree, lens, splits):
+    """splits 3: each prefix shared by three programs (some with no key of it) and merged."""
     case, _ = attention_case(seed, [p for p, _ in lens], [n for _, n in lens], *shape, tree=tree)
-    torch.testing.assert_close(run(attention, case), run(explicit, case), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(run(attention, case, num_kv_splits=splits), run(explicit, case), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("skip_prefix", [True, False])
@@ -110,8 +112,8 @@ def test_logit_cap_and_scale_match_the_explicit_attention():
                                run(explicit, case, sm_scale=0.3, logit_cap=2.0), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 2, 13), (8, 8, 64)])
-def test_decode_twin_equals_the_explicit_decode_and_one_token_extends(heads, kv_heads, head_dim):
+@pytest.mark.parametrize("heads,kv_heads,head_dim,splits", [(4, 2, 13, 1), (8, 8, 64, 1), (4, 2, 13, 4)])
+def test_decode_twin_equals_the_explicit_decode_and_one_token_extends(heads, kv_heads, head_dim, splits):
     """Decode reads the new token's K/V from the pool: the same as extending by one token."""
     case, _ = attention_case(4, [9, 1, 70], [1, 1, 1], heads, kv_heads, head_dim, tree=False)
     k_buffer, v_buffer = case["k_buffer"].clone(), case["v_buffer"].clone()
@@ -123,7 +125,8 @@ def test_decode_twin_equals_the_explicit_decode_and_one_token_extends(heads, kv_
     outs = []
     for module in (attention, explicit):
         o = torch.zeros_like(case["q_extend"])
-        module.decode_attention_fwd(case["q_extend"], k_buffer, v_buffer, o, kv_indptr, kv_indices)
+        module.decode_attention_fwd(case["q_extend"], k_buffer, v_buffer, o, kv_indptr, kv_indices,
+                                    **({"num_kv_splits": splits} if module is attention else {}))
         outs.append(o)
     torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(outs[0], run(attention, case), atol=1e-5, rtol=1e-5)

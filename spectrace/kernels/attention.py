@@ -13,6 +13,11 @@ packed into the block's rows (row r = token r // GROUP, head r % GROUP), as vLLM
 attention does, so each K/V tile is loaded once per KV head rather than once per query head.
 Softmax is the online (flash) form in float32; with float32 inputs the dot products are IEEE
 (no TF32), so the result matches `attend` to rounding.
+
+A small batch gives too few programs to fill the GPU (bs 1 with 8 KV heads: 8 programs on 132 SMs),
+so the prefix is split across `num_kv_splits` programs (flash-decoding, SGLang's decode kernel's
+kv_splits): each attends to its share of the keys and leaves its unnormalised output with its
+row max and sum, and a second kernel merges the splits, rescaling each by exp(m_s - max m).
 """
 from __future__ import annotations
 
@@ -51,12 +56,13 @@ def _attend_tile(q, k_tile, v_tile, visible, m_i, l_i, acc, sm_scale, logit_cap,
 
 @triton.jit
 def _fwd_kernel(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
-                custom_mask, mask_indptr, sm_scale, logit_cap,
+                custom_mask, mask_indptr, mid_o, mid_ml, sm_scale, logit_cap,
                 stride_qt, stride_qh, stride_kt, stride_kh, stride_bt, stride_bh, stride_ot, stride_oh,
-                D: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_D: tl.constexpr, HAS_EXTEND: tl.constexpr, USE_CUSTOM_MASK: tl.constexpr,
-                SKIP_PREFIX_CUSTOM_MASK: tl.constexpr, IEEE: tl.constexpr):
-    b, kvh, block = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+                NUM_HEADS: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_EXTEND: tl.constexpr, USE_CUSTOM_MASK: tl.constexpr,
+                SKIP_PREFIX_CUSTOM_MASK: tl.constexpr, IEEE: tl.constexpr, SPLITS: tl.constexpr):
+    b, kvh = tl.program_id(0), tl.program_id(1)
+    block, split = tl.program_id(2) // SPLITS, tl.program_id(2) % SPLITS
     qo_start = tl.load(qo_indptr + b)
     extend_len = tl.load(qo_indptr + b + 1) - qo_start
     kv_start = tl.load(kv_indptr + b)
@@ -79,11 +85,14 @@ def _fwd_kernel(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_i
     if USE_CUSTOM_MASK:
         mask_row = custom_mask + tl.load(mask_indptr + b) + m * seq_len  # this row of the FULL_MASK
 
-    # stage 1, the prefix: keys from the pool through kv_indices (attend's kv.req_to_token[req, :seq_len])
+    # stage 1, the prefix: keys from the pool through kv_indices (attend's kv.req_to_token[req, :seq_len]);
+    # this split's share of it, whole BLOCK_N tiles each
     cols = tl.arange(0, BLOCK_N)
-    for start in range(0, prefix_len, BLOCK_N):
+    chunk = tl.cdiv(tl.cdiv(prefix_len, SPLITS), BLOCK_N) * BLOCK_N
+    prefix_end = tl.minimum((split + 1) * chunk, prefix_len)
+    for start in range(split * chunk, prefix_end, BLOCK_N):
         n = start + cols
-        n_ok = n < prefix_len
+        n_ok = n < prefix_end
         slot = tl.load(kv_indices + kv_start + n, mask=n_ok, other=0)
         kv_offs = slot[:, None] * stride_bt + kvh * stride_bh + d[None, :]
         k_tile = tl.load(k_buffer + kv_offs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
@@ -93,8 +102,8 @@ def _fwd_kernel(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_i
             visible = visible & (tl.load(mask_row[:, None] + n[None, :], mask=visible, other=0) != 0)
         m_i, l_i, acc = _attend_tile(q, k_tile, v_tile, visible, m_i, l_i, acc, sm_scale, logit_cap, IEEE)
 
-    # stage 2, the new tokens: keys from k_extend, under the custom mask or causal
-    if HAS_EXTEND:
+    # stage 2, the new tokens: keys from k_extend, under the custom mask or causal (the last split's share)
+    if HAS_EXTEND and split == SPLITS - 1:
         if USE_CUSTOM_MASK:
             extend_end = extend_len
         else:  # causal: no row of this block sees past its last token
@@ -112,9 +121,30 @@ def _fwd_kernel(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_i
                 visible = visible & (n[None, :] <= m[:, None])
             m_i, l_i, acc = _attend_tile(q, k_tile, v_tile, visible, m_i, l_i, acc, sm_scale, logit_cap, IEEE)
 
-    out = acc / tl.where(row_ok, l_i, 1.0)[:, None]  # a row that sees no key: 0 / 0, NaN, as in attend
-    tl.store(o_extend + (qo_start + m)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
-             out.to(o_extend.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    if SPLITS == 1:
+        out = acc / tl.where(row_ok, l_i, 1.0)[:, None]  # a row that sees no key: 0 / 0, NaN, as in attend
+        tl.store(o_extend + (qo_start + m)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+                 out.to(o_extend.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    else:  # this split's partial result, (token, head, split) rows of mid_o (.., D) and mid_ml (.., 2)
+        mid = ((qo_start + m) * NUM_HEADS + head) * SPLITS + split
+        tl.store(mid_o + mid[:, None] * D + d[None, :], acc, mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(mid_ml + mid * 2, m_i, mask=row_ok)
+        tl.store(mid_ml + mid * 2 + 1, l_i, mask=row_ok)
+
+
+@triton.jit
+def _merge_splits_kernel(mid_o, mid_ml, o, stride_ot, stride_oh, NUM_HEADS: tl.constexpr, D: tl.constexpr,
+                         SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    t, head = tl.program_id(0), tl.program_id(1)  # one (token, head): softmax over all splits' keys at once
+    s, d = tl.arange(0, BLOCK_S), tl.arange(0, BLOCK_D)
+    mid = (t * NUM_HEADS + head) * SPLITS + s
+    m_s = tl.load(mid_ml + mid * 2, mask=s < SPLITS, other=float("-inf"))
+    l_s = tl.load(mid_ml + mid * 2 + 1, mask=s < SPLITS, other=0.0)
+    acc_s = tl.load(mid_o + mid[:, None] * D + d[None, :], mask=(s < SPLITS)[:, None] & (d < D)[None, :], other=0.0)
+    m_max = tl.max(m_s, 0)
+    scale = tl.exp(m_s - tl.where(m_max == float("-inf"), 0.0, m_max))  # a split that saw no key: exp(-inf) = 0
+    out = tl.sum(acc_s * scale[:, None], 0) / tl.sum(l_s * scale, 0)  # no key anywhere: 0 / 0, NaN, as in attend
+    tl.store(o + t * stride_ot + head * stride_oh + d, out.to(o.dtype.element_ty), mask=d < D)
 
 
 def _block_sizes(tokens: int, group: int) -> tuple[int, int]:
@@ -124,8 +154,18 @@ def _block_sizes(tokens: int, group: int) -> tuple[int, int]:
     return block_m, 64
 
 
+def auto_kv_splits(device: torch.device, programs: int, prefix_tokens: int, bs: int) -> int:
+    """How many programs share each request's prefix: enough for two programs per SM, each with at
+    least 256 keys on average (the mean prefix is kv_indices' length / bs, known without a sync), at
+    most 16. One on the CPU, where the interpreter gains nothing from splitting."""
+    if device.type != "cuda" or not bs:
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(16, triton.cdiv(2 * sms, programs), prefix_tokens // bs // 256))
+
+
 def _launch(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask,
-            mask_indptr, max_len_extend, sm_scale, logit_cap, skip_prefix_custom_mask, has_extend):
+            mask_indptr, max_len_extend, sm_scale, logit_cap, skip_prefix_custom_mask, has_extend, num_kv_splits):
     bs = qo_indptr.shape[0] - 1
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_buffer.shape[1]
@@ -133,17 +173,27 @@ def _launch(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr, 
         raise ValueError(f"{num_heads} query heads do not group over {num_kv_heads} KV heads")
     group = num_heads // num_kv_heads
     block_m, block_n = _block_sizes(max_len_extend, group)
-    grid = (bs, num_kv_heads, triton.cdiv(max(max_len_extend, 1), block_m // group))
+    blocks = triton.cdiv(max(max_len_extend, 1), block_m // group)
+    splits = num_kv_splits or auto_kv_splits(q.device, bs * num_kv_heads * blocks, kv_indices.shape[0], bs)
+    mid_o = mid_ml = qo_indptr  # unused when one split writes o directly
+    if splits > 1:
+        mid_o = torch.empty(q.shape[0], num_heads, splits, head_dim, dtype=torch.float32, device=q.device)
+        mid_ml = torch.empty(q.shape[0], num_heads, splits, 2, dtype=torch.float32, device=q.device)
     use_mask = custom_mask is not None
-    _fwd_kernel[grid](
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    _fwd_kernel[(bs, num_kv_heads, blocks * splits)](
         q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
-        custom_mask if use_mask else qo_indptr, mask_indptr if use_mask else qo_indptr,
+        custom_mask if use_mask else qo_indptr, mask_indptr if use_mask else qo_indptr, mid_o, mid_ml,
         head_dim ** -0.5 if sm_scale is None else sm_scale, logit_cap,
         q.stride(0), q.stride(1), k_extend.stride(0), k_extend.stride(1), k_buffer.stride(0), k_buffer.stride(1),
         o.stride(0), o.stride(1),
-        D=head_dim, GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        NUM_HEADS=num_heads, D=head_dim, GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         HAS_EXTEND=has_extend, USE_CUSTOM_MASK=use_mask, SKIP_PREFIX_CUSTOM_MASK=skip_prefix_custom_mask,
-        IEEE=q.dtype == torch.float32)
+        IEEE=q.dtype == torch.float32, SPLITS=splits)
+    if splits > 1 and q.shape[0]:
+        _merge_splits_kernel[(q.shape[0], num_heads)](mid_o, mid_ml, o, o.stride(0), o.stride(1), NUM_HEADS=num_heads,
+                                                      D=head_dim, SPLITS=splits,
+                                                      BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d)
 
 
 def _check_attention(q, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices) -> None:
@@ -159,14 +209,15 @@ def _check_attention(q, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices)
 
 def extend_attention_fwd(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
                          kv_indices, custom_mask, mask_indptr, max_len_extend, sm_scale=None, logit_cap=0.0,
-                         skip_prefix_custom_mask=True) -> None:
+                         skip_prefix_custom_mask=True, num_kv_splits=None) -> None:
     """SGLang's verify/extend attention, writing o_extend in place.
 
     q_extend, o_extend (N, num_heads, head_dim); k_extend, v_extend (N, num_kv_heads, head_dim);
     k_buffer, v_buffer (num_slots, num_kv_heads, head_dim), one layer of the pool; request b's new
     tokens are rows qo_indptr[b]:qo_indptr[b+1] and its prefix slots kv_indices[kv_indptr[b]:kv_indptr[b+1]].
     custom_mask: None for causal, else the packed FULL_MASK rows (bool or uint8) starting at mask_indptr[b].
-    skip_prefix_custom_mask: trust the prefix columns to be all visible (verify's case) and not read them."""
+    skip_prefix_custom_mask: trust the prefix columns to be all visible (verify's case) and not read them.
+    num_kv_splits: programs per request's prefix (None: `auto_kv_splits`)."""
     _check_attention(q_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices)
     check("k_extend", k_extend, q_extend.dtype, (q_extend.shape[0], k_buffer.shape[1], q_extend.shape[2]),
           q_extend.device)
@@ -176,16 +227,17 @@ def extend_attention_fwd(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
         check("mask_indptr", mask_indptr, (torch.int32, torch.int64), tuple(qo_indptr.shape), q_extend.device)
         custom_mask = custom_mask.view(torch.uint8)
     _launch(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
-            custom_mask, mask_indptr, max_len_extend, sm_scale, logit_cap, skip_prefix_custom_mask, True)
+            custom_mask, mask_indptr, max_len_extend, sm_scale, logit_cap, skip_prefix_custom_mask, True, num_kv_splits)
 
 
-def decode_attention_fwd(q, k_buffer, v_buffer, o, kv_indptr, kv_indices, sm_scale=None, logit_cap=0.0) -> None:
+def decode_attention_fwd(q, k_buffer, v_buffer, o, kv_indptr, kv_indices, sm_scale=None, logit_cap=0.0,
+                         num_kv_splits=None) -> None:
     """One new token per request, its own K/V already in the pool: every key comes through
     kv_indices (stage 1 of the same kernel, one query row per request). q, o (bs, num_heads, head_dim)."""
     qo_indptr = torch.arange(q.shape[0] + 1, dtype=kv_indptr.dtype, device=q.device)
     _check_attention(q, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices)
     _launch(q, q, q, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, None, None, 1, sm_scale, logit_cap,
-            True, False)
+            True, False, num_kv_splits)
 
 
 @triton.jit
