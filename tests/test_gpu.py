@@ -286,9 +286,12 @@ def test_gpu_extend_attention_twin_equals_the_explicit_attention(heads, kv_heads
     prefix_lens = torch.randint(0, 3000, (19,), generator=g).tolist()
     for extend_lens, tree in (([8] * 19, True), (torch.randint(1, 300, (19,), generator=g).tolist(), False)):
         case, _ = attention_case(0, prefix_lens, extend_lens, heads, kv_heads, head_dim, tree=tree, device="cuda")
-        ours, ref = run(attention, case), run(explicit, case)
-        print(f"h {heads}/{kv_heads} d {head_dim} tree {tree}: fp32 max |diff| {(ours - ref).abs().max():.1e}")
-        torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
+        ref = run(explicit, case)
+        for splits in (None, 1, 7):  # None: auto_kv_splits
+            ours = run(attention, case, num_kv_splits=splits)
+            print(f"h {heads}/{kv_heads} d {head_dim} tree {tree} KV splits {splits}: "
+                  f"fp32 max |diff| {(ours - ref).abs().max():.1e}")
+            torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
         half = {k: v.bfloat16() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in case.items()}
         ours16, ref16 = run(attention, half).float(), run(explicit, half).float()
         print(f"  bf16 max |diff| to fp32: twin {(ours16 - ref).abs().max():.1e}, "
