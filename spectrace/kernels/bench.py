@@ -1,10 +1,13 @@
 """`spectrace bench kernels`: each Triton twin against the explicit function it mirrors, on the same
 device and the same inputs.
 
-A row prints the twin's time, the explicit path's time and the speed-up (the explicit walks and
-samplers take their inputs to the CPU, as the engine runs them, and the copy is timed with them), and where an operation
-streams a known number of bytes, its effective bandwidth as a % of the device's measured copy
-bandwidth. Bytes counted are the unique bytes the operation must touch: for the sampling walks the
+A row prints the twin's time twice: replayed from a CUDA graph with the L2 cache flushed (the GPU's
+work alone, as the CUDA-graph engine will run it) and called eagerly from Python (launches
+included, as `--backend triton` runs it today); the explicit path's time and the eager twin's
+speed-up over it (the explicit walks and samplers take their inputs to the CPU, as the engine runs
+them, and the copy is timed with them); and where an operation streams a known number of bytes, its
+effective bandwidth (from the graph time) as a % of the device's measured copy bandwidth. SDPA and
+the causal attention are graph times too. Bytes counted are the unique bytes the operation must touch: for the sampling walks the
 target (and draft) probability rows the bonus draw scans; for attention each request's K and V,
 prefix and new tokens, once per KV head. Attention rows also time torch's SDPA over the same KV
 (dense, every key visible, no tree mask) and the twin without its tree mask (causal), so the
@@ -42,6 +45,37 @@ def time_ms(fn, device: str) -> float:
     return statistics.median(runs)
 
 
+def replay_ms(fn, device: str, reps: int = 40) -> float:
+    """Median milliseconds of fn captured in a CUDA graph and replayed, the L2 cache flushed before
+    each replay: the GPU's time for the work, without Python's launch cost (as a CUDA-graph engine
+    runs it). Wall time on the CPU."""
+    if not device.startswith("cuda"):
+        return time_ms(fn, device)
+    fn()  # compile outside the capture
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    flush = torch.empty(256 << 20, dtype=torch.int8, device=device)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for start, end in events:
+        flush.zero_()
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in events)
+
+
+def twin_ms(fn, device: str) -> tuple[float, float]:
+    """A twin's (graph replay, eager) milliseconds."""
+    return replay_ms(fn, device), time_ms(fn, device)
+
+
 def copy_bandwidth(device: str) -> float:
     """Bytes/s of a device-to-device copy (read + write) of a buffer far larger than the caches."""
     n = (1 << 28) if device.startswith("cuda") else (1 << 22)  # 1 GiB / 16 MiB of float32
@@ -51,16 +85,22 @@ def copy_bandwidth(device: str) -> float:
 
 
 class Table:
+    """One row per twin: its GPU time replayed from a CUDA graph (what the % of copy bandwidth is
+    computed from), its eager time (a Python call, launches included), the explicit path's time and
+    the speed-up of the eager twin over it."""
+
     def __init__(self, bandwidth: float):
         self.bandwidth = bandwidth
-        print(f"{'kernel':<34} {'shape':<28} {'twin ms':>9} {'explicit ms':>12} {'speed-up':>9} {'% copy BW':>10}")
+        print(f"{'kernel':<34} {'shape':<28} {'graph ms':>9} {'eager ms':>9} {'explicit ms':>12} {'speed-up':>9} "
+              f"{'% copy BW':>10}")
 
-    def row(self, kernel: str, shape: str, twin_ms: float, explicit_ms: float | None, nbytes: int | None = None,
-            note: str = ""):
+    def row(self, kernel: str, shape: str, twin: tuple[float, float], explicit_ms: float | None,
+            nbytes: int | None = None, note: str = ""):
+        graph_ms, eager_ms = twin
         ref = f"{explicit_ms:>12.3f}" if explicit_ms is not None else f"{'-':>12}"
-        speed = f"{explicit_ms / twin_ms:>8.{1 if explicit_ms > twin_ms else 3}f}x" if explicit_ms else f"{'-':>9}"
-        bw = f"{100 * nbytes / (twin_ms / 1e3) / self.bandwidth:>9.0f}%" if nbytes else f"{'-':>10}"
-        print(f"{kernel:<34} {shape:<28} {twin_ms:>9.3f} {ref} {speed} {bw}  {note}".rstrip())
+        speed = f"{explicit_ms / eager_ms:>8.{1 if explicit_ms > eager_ms else 3}f}x" if explicit_ms else f"{'-':>9}"
+        bw = f"{100 * nbytes / (graph_ms / 1e3) / self.bandwidth:>9.0f}%" if nbytes else f"{'-':>10}"
+        print(f"{kernel:<34} {shape:<28} {graph_ms:>9.3f} {eager_ms:>9.3f} {ref} {speed} {bw}  {note}".rstrip())
 
 
 def draft_tree_inputs(bs: int, topk: int, steps: int, n: int, vocab: int, gen: torch.Generator):
@@ -111,7 +151,7 @@ def bench_tree_and_walks(table: Table, device: str, batch_sizes, vocabs, gen) ->
                                        torch.randint(100, 2000, (bs,), generator=gen))]
         call = (int(args[-1].sum()), 4, 3, n, TreeMaskMode.FULL_MASK)
         table.row("build_tree_kernel_efficient", f"bs {bs} topk 4 steps 3 n {n}",
-                  time_ms(lambda: twin.build_tree_kernel_efficient(*args, *call), device),
+                  twin_ms(lambda: twin.build_tree_kernel_efficient(*args, *call), device),
                   time_ms(lambda: explicit.build_tree_kernel_efficient(*args, *call), device))
         t = chain_inputs(bs, 64, device, gen)
         tree_keys = ("candidates", "retrive_index", "retrive_next_token", "retrive_next_sibling")
@@ -120,7 +160,7 @@ def bench_tree_and_walks(table: Table, device: str, batch_sizes, vocabs, gen) ->
 
         def greedy_walk(module):
             module.verify_tree_greedy(*walk_outputs(bs, n, device).values(), *greedy, predict)
-        table.row("verify_tree_greedy", f"bs {bs} n {n}", time_ms(lambda: greedy_walk(twin), device),
+        table.row("verify_tree_greedy", f"bs {bs} n {n}", twin_ms(lambda: greedy_walk(twin), device),
                   time_ms(lambda: greedy_walk(explicit), device))
         for vocab in vocabs:
             t = chain_inputs(bs, vocab, device, gen)
@@ -146,10 +186,10 @@ def bench_tree_and_walks(table: Table, device: str, batch_sizes, vocabs, gen) ->
             shape = f"bs {bs} n {n} V {vocab} fp32"
             # the bonus scans its target row and, after a rejection, the draft row: count both
             table.row("tree_spec_sampling_target_only", shape,
-                      time_ms(lambda: target_only(twin, device, twin_outs), device),
+                      twin_ms(lambda: target_only(twin, device, twin_outs), device),
                       time_ms(lambda: target_only(explicit, "cpu", walk_outputs(bs, n, "cpu").values()), device),
                       2 * bs * row_bytes)
-            table.row("chain_speculative_sampling", shape, time_ms(lambda: chain(twin, device, twin_outs), device),
+            table.row("chain_speculative_sampling", shape, twin_ms(lambda: chain(twin, device, twin_outs), device),
                       time_ms(lambda: chain(explicit, "cpu", walk_outputs(bs, n, "cpu").values()), device),
                       2 * bs * row_bytes)
 
@@ -169,7 +209,7 @@ def bench_vllm(table: Table, device: str, batch_sizes, vocabs, gen) -> None:
             for dtype in (torch.float32, torch.bfloat16):
                 logits = torch.randn(bs * k, vocab, generator=gen).to(device, dtype)
                 table.row("vllm RejectionSampler greedy", f"bs {bs} k {k} V {vocab} {str(dtype)[6:]}",
-                          time_ms(lambda: twin.RejectionSampler()(meta, None, logits, bonus, greedy), device),
+                          twin_ms(lambda: twin.RejectionSampler()(meta, None, logits, bonus, greedy), device),
                           time_ms(lambda: explicit_vllm.RejectionSampler()(cpu_meta, None, logits.cpu(), bonus.cpu(),
                                                                            greedy), device),
                           logits.numel() * logits.element_size(), "argmax reads the logits")
@@ -179,7 +219,7 @@ def bench_vllm(table: Table, device: str, batch_sizes, vocabs, gen) -> None:
             cu = meta.cu_num_draft_tokens.to(device)
             ids = meta.draft_token_ids.to(device)
             table.row("vllm sample_recovered_tokens", f"bs {bs} k {k} V {vocab} fp32",
-                      time_ms(lambda: twin.sample_recovered_tokens(k, meta.num_draft_tokens, cu, ids, draft_probs,
+                      twin_ms(lambda: twin.sample_recovered_tokens(k, meta.num_draft_tokens, cu, ids, draft_probs,
                                                                    target_probs, inv_q), device),
                       None, 2 * target_probs.numel() * 4 + inv_q.numel() * 4,
                       "explicit: drawn with its randoms on the CPU, not separable")
@@ -225,12 +265,13 @@ def bench_attention(table: Table, device: str, batch_sizes, prefix: int, heads: 
             kv_shape = (bs, prefix + n, kv_heads, head_dim)
             k = torch.randn(kv_shape, generator=gen).to(device, dtype).transpose(1, 2).contiguous()
             v = torch.randn(kv_shape, generator=gen).to(device, dtype).transpose(1, 2).contiguous()
-            sdpa = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), device)
-            tree_ms = time_ms(lambda: twin.extend_attention_fwd(**a), device)
+            sdpa = replay_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), device)
+            tree = twin_ms(lambda: twin.extend_attention_fwd(**a), device)
             causal = {**a, "custom_mask": None, "mask_indptr": None}
             splits = twin.auto_kv_splits(a["q_extend"].device, bs * kv_heads, bs * prefix, bs)  # one block of 8 tokens
-            causal_ms = time_ms(lambda: twin.extend_attention_fwd(**causal), device)
-            table.row("extend_attention_fwd (tree mask)", shape, tree_ms,
+            causal_ms = replay_ms(lambda: twin.extend_attention_fwd(**causal), device)
+            tree_ms = tree[0]
+            table.row("extend_attention_fwd (tree mask)", shape, tree,
                       time_ms(lambda: explicit.extend_attention_fwd(**a), device), nbytes,
                       f"SDPA {sdpa:.3f} ms ({tree_ms / sdpa:.2f}x); causal {causal_ms:.3f} ms "
                       f"(mask {100 * (tree_ms / causal_ms - 1):+.0f}%); KV splits {splits}")
@@ -249,14 +290,14 @@ def bench_kv(table: Table, device: str, batch_sizes, layers: int, kv_heads: int,
             for b, (req, start) in enumerate(zip(reqs.tolist(), starts.tolist())):
                 req_to_token[req, start:start + n] = out_cache_loc[b * n:(b + 1) * n]
         table.row("assign_req_to_token_pool", f"bs {bs} n {n}",
-                  time_ms(lambda: twin.assign_req_to_token_pool(reqs, req_to_token, starts, starts + n, out_cache_loc),
+                  twin_ms(lambda: twin.assign_req_to_token_pool(reqs, req_to_token, starts, starts + n, out_cache_loc),
                           device), time_ms(assign_loop, device))
     for dtype in (torch.float32, torch.bfloat16):
         pool = TokenToKVPool(layers, 1024, kv_heads, head_dim, dtype, device)
         src, dst = list(range(7, 7 + 2 * n, 2)), list(range(7, 7 + n))
         index = torch.tensor([dst, src], device=device)
         table.row("move_kv_cache", f"{layers} layers, {n} slots {str(dtype)[6:]}",
-                  time_ms(lambda: twin.move_kv_cache(pool.k, pool.v, index[0], index[1]), device),
+                  twin_ms(lambda: twin.move_kv_cache(pool.k, pool.v, index[0], index[1]), device),
                   time_ms(lambda: pool.move(src, dst), device),
                   2 * 2 * layers * n * kv_heads * head_dim * pool.k.element_size())
 
