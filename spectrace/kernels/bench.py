@@ -2,15 +2,15 @@
 device and the same inputs.
 
 A row prints the twin's time twice: replayed from a CUDA graph with the L2 cache flushed (the GPU's
-work alone, as the CUDA-graph engine will run it) and called eagerly from Python (launches
-included, as `--backend triton` runs it today); the explicit path's time and the eager twin's
-speed-up over it (the explicit walks and samplers take their inputs to the CPU, as the engine runs
-them, and the copy is timed with them); and where an operation streams a known number of bytes, its
-effective bandwidth (from the graph time) as a % of the device's measured copy bandwidth. SDPA and
-the causal attention are graph times too. Bytes counted are the unique bytes the operation must touch: for the sampling walks the
-target (and draft) probability rows the bonus draw scans; for attention each request's K and V,
-prefix and new tokens, once per KV head. Attention rows also time torch's SDPA over the same KV
-(dense, every key visible, no tree mask) and the twin without its tree mask (causal), so the
+work alone, as the CUDA-graph engine will run it) and called eagerly from Python (launches included,
+as `--backend triton` runs it today); the explicit path's time and the eager twin's speed-up over it
+(the explicit walks and samplers take their inputs to the CPU, as the engine runs them, and the copy
+is timed with them); and where an operation streams a known number of bytes, its effective bandwidth
+(from the graph time) as a % of the device's measured copy bandwidth. SDPA and the causal attention
+are graph times too. Bytes counted are the unique bytes the operation must touch: for the sampling
+walks the target (and draft) probability rows the bonus draw scans; for attention each request's K
+and V, prefix and new tokens, once per KV head. Attention rows also time torch's SDPA over the same
+KV (dense, every key visible, no tree mask) and the twin without its tree mask (causal), so the
 mask's overhead shows.
 
 Walk inputs are chains of n tokens drawn from the draft distribution (topk 1): a tree of the same
