@@ -10,7 +10,9 @@ Each kernel mirrors an explicit function line for line, with its variable names:
 
 No `.item()` and no host-side cumsum: a request's offset into the FULL_MASK layout is summed
 inside its program. A node's parent is found with one vector compare over its request's
-selected_index row instead of the explicit loop over it.
+selected_index row instead of the explicit loop over it. The walks load their request's tree rows
+into registers before walking (`pick`), and the chain walk, whose decisions are all known up front,
+finds its first rejection with a min instead of a loop: a walk on the GPU is latency, not bytes.
 """
 from __future__ import annotations
 
@@ -128,34 +130,50 @@ def build_tree_kernel_efficient(verified_id, parent_list, top_scores_index, draf
 # ---- the walks ---------------------------------------------------------------------------------
 
 @triton.jit
+def pick(row, i, idx):
+    """row[i] of a request's row held in registers (idx = arange over it): Triton has no register
+    gather, so a masked sum. The walks read their tree this way: one round of loads before the
+    walk instead of a dependent load per node, which left a walk waiting on memory at every level."""
+    return tl.sum(tl.where(idx == i, row, 0), axis=0)
+
+
+@triton.jit
 def _verify_tree_greedy_kernel(predicts, accept_index, accept_token_num, candidates, retrive_index,
                                retrive_next_token, retrive_next_sibling, target_predict,
-                               n: tl.constexpr, num_spec_step: tl.constexpr):
+                               n: tl.constexpr, num_spec_step: tl.constexpr, N: tl.constexpr):
     b = tl.program_id(0)  # greedy.py: greedy_walk, one request
-    last = tl.load(retrive_index + b * n)  # flat row of path[-1], the last accepted node
+    idx = tl.arange(0, N)  # the request's tree rows, in registers (node ids: int32 throughout)
+    in_tree = idx < n
+    candidates_row = tl.load(candidates + b * n + idx, mask=in_tree, other=-1)
+    index_row = tl.load(retrive_index + b * n + idx, mask=in_tree, other=0)
+    next_token_row = tl.load(retrive_next_token + b * n + idx, mask=in_tree, other=-1).to(tl.int32)
+    next_sibling_row = tl.load(retrive_next_sibling + b * n + idx, mask=in_tree, other=-1).to(tl.int32)
+    predict_row = tl.load(target_predict + index_row, mask=in_tree, other=-1)  # the target's argmax after each node
+
+    last = pick(index_row, 0, idx)  # flat row of path[-1], the last accepted node
     parent = 0  # its node
     tl.store(accept_index + b * num_spec_step, last)
     num_accepted = 0
     walking = 1
     for _ in range(num_spec_step - 1):  # `for _ in range(max_depth)`
         if walking:
-            target = tl.load(target_predict + last)  # the target's argmax after the parent
-            cur = tl.load(retrive_next_token + b * n + parent).to(tl.int32)  # node ids: int32 throughout
+            target = pick(predict_row, parent, idx)  # the target's argmax after the parent
+            cur = pick(next_token_row, parent, idx)
             found = 0
             for _ in range(n - 1):  # its children in sibling order
                 if (found == 0) & (cur != -1):
-                    if tl.load(candidates + b * n + cur) == target:  # draft == argmax(p)
+                    if pick(candidates_row, cur, idx) == target:  # draft == argmax(p)
                         tl.store(predicts + last, target)
-                        last = tl.load(retrive_index + b * n + cur)
+                        last = pick(index_row, cur, idx)
                         num_accepted += 1
                         tl.store(accept_index + b * num_spec_step + num_accepted, last)
                         parent = cur
                         found = 1
                     else:
-                        cur = tl.load(retrive_next_sibling + b * n + cur).to(tl.int32)
+                        cur = pick(next_sibling_row, cur, idx)
             walking = found
     tl.store(accept_token_num + b, num_accepted)
-    tl.store(predicts + last, tl.load(target_predict + last))  # the bonus
+    tl.store(predicts + last, pick(predict_row, parent, idx))  # the bonus
 
 
 def _check_walk(candidates, retrive_index, retrive_next_token, retrive_next_sibling, predicts, accept_index,
@@ -180,43 +198,51 @@ def verify_tree_greedy(predicts, accept_index, accept_token_num, candidates, ret
     if bs:
         _verify_tree_greedy_kernel[(bs,)](predicts, accept_index, accept_token_num, candidates, retrive_index,
                                           retrive_next_token, retrive_next_sibling, target_predict,
-                                          n=n, num_spec_step=accept_index.shape[1])
+                                          n=n, num_spec_step=accept_index.shape[1], N=triton.next_power_of_2(n))
 
 
 @triton.jit
 def _target_only_kernel(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
                         retrive_next_sibling, uniform_samples, target_probs, draft_probs, bonus_draw, threshold_single,
-                        threshold_acc, vocab_size, n: tl.constexpr, num_spec_step: tl.constexpr):
+                        threshold_acc, vocab_size, n: tl.constexpr, num_spec_step: tl.constexpr, N: tl.constexpr):
     b = tl.program_id(0)  # target_only.py: target_only_walk, one request
-    last = tl.load(retrive_index + b * n)
+    idx = tl.arange(0, N)  # the request's tree rows and coins, in registers (see pick)
+    in_tree = idx < n
+    candidates_row = tl.load(candidates + b * n + idx, mask=in_tree, other=-1)
+    index_row = tl.load(retrive_index + b * n + idx, mask=in_tree, other=0)
+    next_token_row = tl.load(retrive_next_token + b * n + idx, mask=in_tree, other=-1).to(tl.int32)
+    next_sibling_row = tl.load(retrive_next_sibling + b * n + idx, mask=in_tree, other=-1).to(tl.int32)
+    coins_row = tl.load(uniform_samples + b * n + idx, mask=in_tree, other=0.0)
+
+    last = pick(index_row, 0, idx)
     tl.store(accept_index + b * num_spec_step, last)
     row = 0  # the node whose p the level reads
     prob_acc = 0.0
-    coin = tl.load(uniform_samples + b * n)
+    coin = pick(coins_row, 0, idx)
     num_accepted = 0
     walking = 1
     for _ in range(num_spec_step - 1):
         if walking:
-            cur = tl.load(retrive_next_token + b * n + row).to(tl.int32)
+            cur = pick(next_token_row, row, idx)
             p_row = target_probs + (b * n + row).to(tl.int64) * vocab_size
             found = 0
             for _ in range(n - 1):
                 if (found == 0) & (cur != -1):
-                    tok = tl.load(candidates + b * n + cur)
-                    p = tl.load(p_row + tok)
+                    tok = pick(candidates_row, cur, idx)
+                    p = tl.load(p_row + tok)  # the one load a node costs: p of its token after its parent
                     prob_acc += p
                     if (coin <= prob_acc / threshold_acc) | (p >= threshold_single):
                         tl.store(predicts + last, tok)
-                        last = tl.load(retrive_index + b * n + cur)
+                        last = pick(index_row, cur, idx)
                         num_accepted += 1
                         tl.store(accept_index + b * num_spec_step + num_accepted, last)
                         row = cur
                         prob_acc = 0.0
-                        coin = tl.load(uniform_samples + b * n + cur)
+                        coin = pick(coins_row, cur, idx)
                         found = 1
                     else:  # its mass leaves the residual
                         tl.store(draft_probs + (b * n + row).to(tl.int64) * vocab_size + tok, p)
-                        cur = tl.load(retrive_next_sibling + b * n + cur).to(tl.int32)
+                        cur = pick(next_sibling_row, cur, idx)
             walking = found
     tl.store(accept_token_num + b, num_accepted)
     full_depth = num_accepted == num_spec_step - 1  # then the bonus comes from p itself, else relu(p - q)
@@ -244,37 +270,35 @@ def tree_speculative_sampling_target_only(predicts, accept_index, accept_token_n
                                    retrive_next_token, retrive_next_sibling, uniform_samples, target_probs,
                                    draft_probs, bonus_draw, float(threshold_single),
                                    max(float(threshold_acc), 1e-9), vocab_size, n=n,
-                                   num_spec_step=accept_index.shape[1])
+                                   num_spec_step=accept_index.shape[1], N=triton.next_power_of_2(n))
         sample_bonus(bonus_draw, target_probs, draft_probs, uniform_samples_for_final_sampling, predicts)
 
 
 @triton.jit
 def _chain_kernel(predicts, accept_index, accept_token_num, candidates, retrive_index, uniform_samples,
-                  target_probs, draft_probs, bonus_draw, vocab_size, n: tl.constexpr):
+                  target_probs, draft_probs, bonus_draw, vocab_size, n: tl.constexpr, N: tl.constexpr):
     b = tl.program_id(0)  # rejection.py: rejection_walk, one request's chain
-    last = tl.load(retrive_index + b * n)
-    tl.store(accept_index + b * n, last)
-    row = 0
-    num_accepted = 0
-    walking = 1
-    for step in range(1, n):
-        if walking:
-            tok = tl.load(candidates + b * n + step)
-            p = tl.load(target_probs + (b * n + row).to(tl.int64) * vocab_size + tok)
-            q = tl.load(draft_probs + (b * (n - 1) + row).to(tl.int64) * vocab_size + tok)
-            if tl.load(uniform_samples + b * n + step - 1) * q < p:  # coin * q < p
-                tl.store(predicts + last, tok)
-                last = tl.load(retrive_index + b * n + step)
-                num_accepted += 1
-                tl.store(accept_index + b * n + num_accepted, last)
-                row = step
-            else:
-                walking = 0
+    # A chain's node `step` follows node step - 1, so every decision's inputs are known before the
+    # walk: all of them are loaded at once, and the walk's loop (stop at the first rejection) is a min.
+    step = tl.arange(0, N) + 1  # the draft positions 1 .. n-1
+    drafted = step < n
+    row = (step - 1).to(tl.int64)  # the parent whose p and q judge the draft
+    tok = tl.load(candidates + b * n + step, mask=drafted, other=0)
+    p = tl.load(target_probs + (b * n + row) * vocab_size + tok, mask=drafted, other=0.0)
+    q = tl.load(draft_probs + (b * (n - 1) + row) * vocab_size + tok, mask=drafted, other=0.0)
+    coin = tl.load(uniform_samples + b * n + step - 1, mask=drafted, other=0.0)
+    rejected = drafted & ~(coin * q < p)  # `if coin * q < p: accept, else stop` (a NaN q rejects)
+    num_accepted = tl.min(tl.where(rejected, step - 1, n - 1), axis=0)
+
+    path = tl.load(retrive_index + b * n + step - 1, mask=step - 1 <= num_accepted, other=0)  # rows 0 .. accepted
+    tl.store(accept_index + b * n + step - 1, path, mask=step - 1 <= num_accepted)
+    tl.store(predicts + path, tok, mask=step - 1 < num_accepted)  # each accepted draft at its parent's row
     tl.store(accept_token_num + b, num_accepted)
+    last = tl.load(retrive_index + b * n + num_accepted)
     all_accepted = num_accepted == n - 1  # then the bonus comes from p after the last draft
     # all accepted: row n-1 of draft_probs does not exist, and subtract 0 masks every read of it
-    store_bonus_draw(bonus_draw, b, last, (b * n + row).to(tl.int64) * vocab_size,
-                     (b * (n - 1) + row).to(tl.int64) * vocab_size, 1 - all_accepted.to(tl.int32))
+    store_bonus_draw(bonus_draw, b, last, (b * n + num_accepted).to(tl.int64) * vocab_size,
+                     (b * (n - 1) + num_accepted).to(tl.int64) * vocab_size, 1 - all_accepted.to(tl.int32))
 
 
 def chain_speculative_sampling(predicts, accept_index, accept_token_num, candidates, retrive_index, uniform_samples,
@@ -296,5 +320,5 @@ def chain_speculative_sampling(predicts, accept_index, accept_token_num, candida
         vocab_size = target_probs.shape[-1]
         bonus_draw = torch.empty(bs, 4, dtype=torch.int64, device=device)
         _chain_kernel[(bs,)](predicts, accept_index, accept_token_num, candidates, retrive_index, uniform_samples,
-                             target_probs, draft_probs, bonus_draw, vocab_size, n=n)
+                             target_probs, draft_probs, bonus_draw, vocab_size, n=n, N=triton.next_power_of_2(n))
         sample_bonus(bonus_draw, target_probs, draft_probs, uniform_samples_for_final_sampling, predicts)
