@@ -143,6 +143,7 @@ def walk_outputs(bs: int, width: int, device: str):
 
 def bench_tree_and_walks(table: Table, device: str, batch_sizes, vocabs, gen) -> None:
     from spectrace.kernels import sglang as twin
+    from spectrace.kernels.sampling import sample_bonus
 
     n = NUM_VERIFY_TOKENS
     for bs in batch_sizes:
@@ -192,6 +193,14 @@ def bench_tree_and_walks(table: Table, device: str, batch_sizes, vocabs, gen) ->
             table.row("chain_speculative_sampling", shape, twin_ms(lambda: chain(twin, device, twin_outs), device),
                       time_ms(lambda: chain(explicit, "cpu", walk_outputs(bs, n, "cpu").values()), device),
                       2 * bs * row_bytes)
+            # the walks' last launches alone: each request's bonus from relu(p - q) at a middle row
+            rows = (torch.arange(bs, device=device) * n + n // 2) * vocab
+            bonus_draw = torch.stack((rows // vocab, rows, rows, torch.ones_like(rows)), 1)
+            predicts = next(iter(twin_outs))
+            table.row("sample_bonus (the walks' draw)", shape,
+                      twin_ms(lambda: sample_bonus(bonus_draw, t["target_probs"], t["draft_probs"],
+                                                   t["uniform_samples_for_final_sampling"], predicts), device),
+                      None, 2 * bs * row_bytes)
 
 
 def bench_vllm(table: Table, device: str, batch_sizes, vocabs, gen) -> None:
@@ -310,6 +319,9 @@ def bench_kernels(device: str = "cuda", batch_sizes=(1, 8, 64), vocabs=(4096, 12
     bandwidth = copy_bandwidth(device)
     name = torch.cuda.get_device_name(device) if device.startswith("cuda") else "CPU (Triton interpreter)"
     print(f"{name}: measured copy bandwidth {bandwidth / 1e9:.0f} GB/s; times are medians")
+    if device.startswith("cuda"):  # what the graph timing reads for a kernel that does nothing
+        one = torch.zeros(1, device=device)
+        print(f"floor: a graph of one 1-element kernel measures {replay_ms(one.zero_, device):.3f} ms")
     table = Table(bandwidth)
     bench_tree_and_walks(table, device, batch_sizes, vocabs, gen)
     bench_vllm(table, device, batch_sizes, vocabs, gen)
