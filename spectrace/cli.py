@@ -79,6 +79,9 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, help="float32 (CPU default), bfloat16 (GPU default), float16")
     p.add_argument("--backend", choices=["explicit", "triton"], default="explicit",
                    help="triton: the hot operations through the Triton twins (CPU: needs TRITON_INTERPRET=1)")
+    p.add_argument("--trace-level", dest="trace_level", choices=["full", "steps", "off"], default="full",
+                   help="full: every step with the top-k of p and q at each node; steps: without the top-k; "
+                        "off: no trace")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -139,7 +142,7 @@ def _run_config(args, **over):
               ngram_trie=TrieConfig(min_bfs_breadth=args.ngram_min_bfs, max_bfs_breadth=args.ngram_max_bfs,
                                     match_type=args.ngram_match_type, branch_length=args.ngram_trie_depth),
               commit_style=args.commit_style,
-              device=args.device, dtype=args.dtype, backend=args.backend)
+              device=args.device, dtype=args.dtype, backend=args.backend, trace_level=args.trace_level)
     if args.target_model:
         kw["target_model"] = args.target_model
     if args.draft_model:
@@ -177,7 +180,7 @@ def cmd_run(args) -> int:
     try:
         result = run(_run_config(args, prompts=args.prompt, batch=args.batch, trace=args.trace), progress.step,
                      progress.say)
-        if not args.no_tui and sys.stdin.isatty() and sys.stdout.isatty():
+        if result.trace_path is not None and not args.no_tui and sys.stdin.isatty() and sys.stdout.isatty():
             progress.say("opening the walkthrough")
             from spectrace.viz.tui.app import replay
 
@@ -241,10 +244,10 @@ def cmd_bench(args) -> int:
 
     prompts = REPEATING_PROMPTS if args.prompt_set == "repeating" else HELD_OUT_PROMPTS
     print(f"{'held-out' if args.prompt_set == 'heldout' else 'repeating-code'} prompts: {len(prompts)}, "
-          f"max_new_tokens {args.max_new_tokens}, "
-          f"device {args.device}, batch 1, " + (f"temperature {args.temperature}, acceptance "
-                                                  f"{args.acceptance or 'target_only'}, seed {args.seed}"
-                                                  if args.temperature else "greedy"))
+          f"max_new_tokens {args.max_new_tokens}, device {args.device}, backend {args.backend}, "
+          f"trace level {args.trace_level}, batch 1, " + (f"temperature {args.temperature}, acceptance "
+                                                           f"{args.acceptance or 'target_only'}, seed {args.seed}"
+                                                           if args.temperature else "greedy"))
     print(f"{'algo':<14} {'steps,topk,n':>12} {'tokens/s':>9} {'tau':>6} {'alpha':>6} {'verify_ct':>9}")
     for algo in args.algos:
         tokens = wall = verify = correct = proposed = 0

@@ -44,6 +44,9 @@ from spectrace.zoo.prompts import HELD_OUT_PROMPTS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BACKENDS = ("explicit", "triton")  # triton: the Triton twins of spectrace/kernels; explicit stays the reference
+# What the trace keeps: full, every step record with the target's and drafter's top-k at each tree
+# node; steps, the same records without the top-k lists; off, no trace file at all.
+TRACE_LEVELS = {"full": 5, "steps": 0, "off": 0}  # -> SpecConfig.trace_topk
 SMALL_MODEL = 50_000_000  # parameters; below this a CPU run uses one thread (see choose_threads)
 
 
@@ -77,6 +80,7 @@ class RunConfig:
     device: str = "cpu"
     dtype: str | None = None  # default: float32 on CPU, bfloat16 on GPU
     backend: str = "explicit"  # or "triton": the hot operations through spectrace/kernels
+    trace_level: str = "full"  # TRACE_LEVELS
 
     def check(self) -> None:
         """What only the run knows: where it runs and how many requests."""
@@ -87,6 +91,8 @@ class RunConfig:
         if self.backend == "triton":
             from spectrace.kernels import require
             require(self.device)
+        if self.trace_level not in TRACE_LEVELS:
+            raise SpectraceError(f"unknown --trace-level {self.trace_level!r} (choose from {', '.join(TRACE_LEVELS)})")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise SpectraceError(f"unknown --dtype {self.dtype!r} (choose from {', '.join(DTYPES)})")
         if self.batch is not None and self.batch < 1:
@@ -106,7 +112,7 @@ class RunResult:
     requests: list[Request]
     texts: list[str]
     metrics: dict
-    trace_path: Path
+    trace_path: Path | None  # None at --trace-level off
     spec: SpecConfig
 
 
@@ -176,7 +182,8 @@ def resolve(cfg: RunConfig) -> tuple[SpecConfig, dict]:
     spec = SpecConfig(algo=cfg.algo, num_steps=num_steps, topk=topk, num_draft_tokens=n,
                       max_new_tokens=cfg.max_new_tokens, commit_style=cfg.commit_style, acceptance=cfg.acceptance,
                       temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed,
-                      threshold_single=cfg.threshold_single, threshold_acc=cfg.threshold_acc, adaptive=cfg.adaptive)
+                      threshold_single=cfg.threshold_single, threshold_acc=cfg.threshold_acc, adaptive=cfg.adaptive,
+                      trace_topk=TRACE_LEVELS[cfg.trace_level])
     ngram = ngram_config(cfg) if cfg.algo == "ngram" else None
     if ngram is not None and ngram.style == "vllm" and spec.topk != 1:
         raise SpectraceError("vLLM's n-gram proposer drafts a chain: it needs --topk 1")
@@ -344,10 +351,12 @@ def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = N
     prompts = resolve_prompts(cfg.prompts, cfg.batch)
     trace_path = Path(cfg.trace or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.algo}.jsonl")
     tok = load_tokenizer(cfg.target_model)
-    try:  # open the trace first: a path that cannot be written fails before any model work
-        writer = TraceWriter(trace_path, lambda i: tok.decode([i]))
-    except TraceError as e:
-        raise SpectraceError(str(e)) from None
+    writer = None
+    if cfg.trace_level != "off":
+        try:  # open the trace first: a path that cannot be written fails before any model work
+            writer = TraceWriter(trace_path, lambda i: tok.decode([i]))
+        except TraceError as e:
+            raise SpectraceError(str(e)) from None
     header_written = False
     try:
         (progress or (lambda m: None))("loading the models")
@@ -359,19 +368,23 @@ def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = N
         eos = target.config.eos_token_ids or ((tok.eos_token_id,) if tok.eos_token_id is not None else ())
         engine = build_engine(target, draft, spec, ids, eos, writer, on_step=on_step, backend=cfg.backend, **options)
         threads = choose_threads(target, cfg.device)
-        writer.write(header(cfg, spec, prompts, target, draft, engine, threads), [t for p in ids for t in p])
-        header_written = True
+        if writer:
+            writer.write(header(cfg, spec, prompts, target, draft, engine, threads), [t for p in ids for t in p])
+            header_written = True
         (progress or (lambda m: None))(f"generating {cfg.max_new_tokens} tokens for {len(ids)} request(s)")
         reqs, metrics = engine.generate(ids)
         texts = [tok.decode(r.output_ids) for r in reqs]
+        if writer is None:
+            return RunResult(reqs, texts, metrics, None, spec)
         writer.write({"kind": "summary", "metrics": metrics, "requests": [
             {"request": r.req_pool_idx, "prompt_ids": r.prompt_ids, "output_ids": r.output_ids,
              "prompt_text": prompts[r.req_pool_idx], "output_text": texts[r.req_pool_idx],
              "finish_reason": r.finish_reason} for r in reqs]}, [t for r in reqs for t in r.output_ids])
     finally:
-        writer.close()
-        if not header_written:  # refused before the run began: leave no empty trace behind
-            trace_path.unlink(missing_ok=True)
+        if writer:
+            writer.close()
+            if not header_written:  # refused before the run began: leave no empty trace behind
+                trace_path.unlink(missing_ok=True)
     return RunResult(reqs, texts, metrics, trace_path, spec)
 
 

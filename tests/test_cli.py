@@ -44,6 +44,43 @@ def test_every_algorithm_prints_the_same_text_as_none(capsys, tmp_path):
         assert texts[algo] == texts["none"], algo
 
 
+def without_topk(rec: dict) -> dict:
+    """A step record less what --trace-level steps leaves out (and the token texts of those ids),
+    and less its timing, which never repeats."""
+    rec = {k: v for k, v in rec.items() if k not in ("timing", "tokens")}
+    rec["verify"] = {k: v for k, v in rec["verify"].items() if k != "target_topk"}
+    if rec["draft"]:
+        rec["draft"] = {k: v for k, v in rec["draft"].items() if k != "draft_topk"}
+    if rec["accept"]["bonus_from"]:
+        rec["accept"] = {**rec["accept"], "bonus_from": {k: v for k, v in rec["accept"]["bonus_from"].items()
+                                                         if k != "topk"}}
+    return rec
+
+
+@pytest.mark.parametrize("args", [["--algo", "eagle", "--topk", "4"],
+                                  ["--algo", "standalone", "--temperature", "1", "--batch", "2"]])
+def test_trace_levels_keep_every_step_and_leave_out_only_the_topk(capsys, tmp_path, args):
+    """full and steps: the same steps, verdicts, KV events and summary; steps records no top-k
+    lists. off: no file, the same text."""
+    outs, traces = {}, {}
+    for level in ("full", "steps", "off"):
+        path = tmp_path / f"{level}.jsonl"
+        code, out, err = _run(capsys, "run", "--no-tui", "--max-new-tokens", "16", "--trace", str(path),
+                              "--trace-level", level, *args)
+        assert code == 0, err
+        outs[level] = out.split("\n---\n")[0]
+        traces[level] = read_trace(path) if level != "off" else None
+    assert not (tmp_path / "off.jsonl").exists() and "trace: none (--trace-level off)" in out
+    assert outs["full"] == outs["steps"] == outs["off"]
+    full, steps = traces["full"], traces["steps"]
+    assert [without_topk(r) for r in full.steps] == [without_topk(r) for r in steps.steps]
+    assert full.summary["requests"] == steps.summary["requests"]
+    assert any(pairs for r in full.steps for pairs in r["verify"]["target_topk"])
+    assert all(not pairs for r in steps.steps for pairs in r["verify"]["target_topk"])
+    assert all(not pairs for r in steps.steps if r["draft"] for pairs in r["draft"]["draft_topk"])
+    assert steps.header["config"]["trace_level"] == "steps"
+
+
 @pytest.fixture
 def other_vocab_model(tmp_path):
     cfg = LlamaConfig(vocab_size=500, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -81,6 +118,7 @@ def other_vocab_model(tmp_path):
       "--speculative-accept-threshold-single", "0.5"], "thresholds belong to target_only"),
     (["--temperature", "1", "--speculative-accept-threshold-acc", "1.5"], "must lie in [0, 1]"),
     (["--acceptance", "speculative"], "unknown --acceptance"),
+    (["--trace-level", "some"], "invalid choice"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, other_vocab_model, dflash_dir, args, message):
     args = [{"OTHER": other_vocab_model, "DFLASH": str(dflash_dir)}.get(a, a) for a in args]

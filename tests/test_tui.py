@@ -221,6 +221,7 @@ assert asyncio.run(go()) == 1
     (["--algo", "dflash", "--draft-model", "DFLASH"], [], "greedy: accept iff"),
     (["--algo", "eagle", "--speculative-adaptive"], [], "adaptive: this step drafted 3"),
     (["--algo", "eagle", "--acceptance", "tree_rejection", "--temperature", "1"], [], "siblings were drawn from q"),
+    (["--algo", "eagle", "--trace-level", "steps"], [], "top-k not recorded (--trace-level steps)"),
 ])
 def test_every_drafter_and_rule_walks_and_renders(tmp_path, capsys, dflash_dir, args, keys, shown):
     """A short run of each new drafter: the walkthrough shows what is particular to it on the

@@ -24,8 +24,9 @@ def fates(n: int, decisions: list[dict]) -> list[str]:
     return fate[1:]
 
 
-def tree_record(tree: DraftTree, b: int, parents: list[int], decisions: list[dict]) -> dict:
-    """One request's draft tree: nodes 1..n-1 (node 0 is the root); parents from DraftTree.parents."""
+def tree_record(tree: DraftTree, b: int, parents: list[int], decisions: list[dict], trace_topk: int) -> dict:
+    """One request's draft tree: nodes 1..n-1 (node 0 is the root); parents from DraftTree.parents.
+    trace_topk 0 (--trace-level steps): each node's draft top-k is left empty."""
     n = tree.size(b)
     depths = []
     for p in parents:
@@ -36,7 +37,7 @@ def tree_record(tree: DraftTree, b: int, parents: list[int], decisions: list[dic
         "depths": depths,
         "q": [round(x, 6) for x in tree.q[b, :n - 1].tolist()],
         "scores": [round(x, 6) for x in tree.scores[b, :n - 1].tolist()],
-        "draft_topk": tree.draft_topk[b][:n - 1],
+        "draft_topk": tree.draft_topk[b][:n - 1] if trace_topk else [[] for _ in range(n - 1)],
         "tree_mask": ["".join("1" if x else "0" for x in row[:n]) for row in tree.tree_mask[b, :n].tolist()],
         "retrive_next_token": tree.retrive_next_token[b, :n].tolist(),
         "retrive_next_sibling": tree.retrive_next_sibling[b, :n].tolist(),
@@ -74,7 +75,7 @@ def step_record(step: int, row, tree: DraftTree | None, rule: str, kv: dict, tim
         "correct_drafts": res.correct_drafts, "bonus_token": res.bonus_token,
         "accept_tokens": res.accept_tokens, "accept_len": res.accept_len,
         "committed_tokens": row.committed, "finish_reason": row.req.finish_reason,
-        "draft": tree_record(tree, row.b, parents, res.decisions) if drafted else None,
+        "draft": tree_record(tree, row.b, parents, res.decisions, trace_topk) if drafted else None,
         "verify": verify_record(row, parents, trace_topk),
         "accept": {"rule": rule if drafted else "none", "accept_nodes": res.accept_nodes,
                    "decisions": res.decisions, "bonus_from": res.bonus_from},

@@ -29,5 +29,5 @@ def run_summary(result, algo: str) -> str:
         out.append(text)
     out.append("---")
     out += metrics_lines(result.metrics, algo)
-    out.append(f"trace: {result.trace_path}")
+    out.append(f"trace: {result.trace_path}" if result.trace_path is not None else "trace: none (--trace-level off)")
     return "\n".join(out)

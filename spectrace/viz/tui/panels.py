@@ -83,7 +83,11 @@ def tree_panel(nodes: list[ViewNode], phase: str, selected: int) -> Tree:
     return root
 
 
-def _topk_table(title_a: str, pairs_a: list, title_b: str, pairs_b: list, trace: TraceFile, mark: int | None) -> Table:
+def _topk_table(title_a: str, pairs_a: list, title_b: str, pairs_b: list, trace: TraceFile,
+                mark: int | None) -> Table | Text:
+    if not pairs_a and not pairs_b:
+        return Text(f"{title_a}: top-k not recorded (--trace-level {trace.header['config'].get('trace_level')})",
+                    style="dim")
     table = Table(box=None, padding=(0, 1), show_edge=False)
     table.add_column(title_a, no_wrap=True)
     table.add_column("", justify="right")
