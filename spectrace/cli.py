@@ -5,6 +5,7 @@
     spectrace replay TRACE                        the walkthrough of any trace (no model needed)
     spectrace render TRACE --step N -o tree.svg   a step's draft tree as a Graphviz figure
     spectrace bench                               tokens/s and tau on the held-out prompts
+    spectrace bench --batch-sizes 1 2 4 8         the same at each batch size, with speed-ups over none
     spectrace bench kernels --device cuda         each Triton twin against the explicit path
 
 Every user error is one line on stderr and exit code 2.
@@ -109,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(bench)
     bench.add_argument("--algos", nargs="+", default=["none", "standalone"])
     bench.add_argument("--repeat", type=int, default=3, help="timed repetitions (best is reported)")
+    bench.add_argument("--batch-sizes", dest="batch_sizes", type=int, nargs="+", default=None, metavar="B",
+                       help="the batch-scaling lab: each algorithm and none at each batch size (prompts cycled)")
     bench.add_argument("--prompt-set", dest="prompt_set", choices=["heldout", "repeating"], default="heldout",
                        help="heldout: the 8 held-out prompts; repeating: code that repeats itself (n-gram's case)")
     return ap
@@ -228,8 +231,10 @@ def cmd_render(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    """Each prompt of the set alone (batch 1); best wall time of --repeat runs. `bench kernels`:
-    spectrace/kernels/bench.py."""
+    """spectrace/bench.py: each prompt of the set alone (batch 1), or every batch size of
+    --batch-sizes; best wall time of --repeat runs. `bench kernels`: spectrace/kernels/bench.py."""
+    if args.repeat < 1:
+        raise UsageError(f"--repeat must be at least 1, got {args.repeat}")
     if args.what == "kernels":
         from spectrace.kernels import require
         require(args.device)
@@ -239,35 +244,23 @@ def cmd_bench(args) -> int:
         else:  # interpreted: small shapes, to see the table work, not to measure
             bench_kernels(args.device, batch_sizes=(1, 8), vocabs=(4096,), prefix=256, layers=4)
         return 0
-    from spectrace.run import run
+    from spectrace import bench
     from spectrace.zoo.prompts import HELD_OUT_PROMPTS, REPEATING_PROMPTS
 
     prompts = REPEATING_PROMPTS if args.prompt_set == "repeating" else HELD_OUT_PROMPTS
+    batches = f"batch sizes {' '.join(map(str, args.batch_sizes))}" if args.batch_sizes else "batch 1"
     print(f"{'held-out' if args.prompt_set == 'heldout' else 'repeating-code'} prompts: {len(prompts)}, "
           f"max_new_tokens {args.max_new_tokens}, device {args.device}, backend {args.backend}, "
-          f"trace level {args.trace_level}, batch 1, " + (f"temperature {args.temperature}, acceptance "
-                                                           f"{args.acceptance or 'target_only'}, seed {args.seed}"
-                                                           if args.temperature else "greedy"))
-    print(f"{'algo':<14} {'steps,topk,n':>12} {'tokens/s':>9} {'tau':>6} {'alpha':>6} {'verify_ct':>9}")
-    for algo in args.algos:
-        tokens = wall = verify = correct = proposed = 0
-        for i, prompt in enumerate(prompts):
-            best = None
-            for rep in range(args.repeat + 1):  # the first run warms up and is not counted
-                res = run(_run_config(args, algo=algo, prompts=[prompt], trace=f"runs/bench/{algo}-{i}.jsonl"))
-                if rep and (best is None or res.metrics["wall_s"] < best.metrics["wall_s"]):
-                    best = res
-            m = best.metrics
-            tokens += m["completion_tokens"]
-            wall += m["wall_s"]
-            verify += m["verify_ct"]
-            correct += m["num_correct_drafts"]
-            proposed += m["num_proposed_drafts"]
-        tau = f"{tokens / verify:.3f}" if verify else "-"
-        alpha = f"{correct / proposed:.3f}" if proposed else "-"
-        sp = best.spec
-        shape = "-" if algo == "none" else f"{sp.num_steps},{sp.topk},{sp.num_draft_tokens}"
-        print(f"{algo:<14} {shape:>12} {tokens / wall:>9.1f} {tau:>6} {alpha:>6} {verify:>9}")
+          f"trace level {args.trace_level}, {batches}, " + (f"temperature {args.temperature}, acceptance "
+                                                             f"{args.acceptance or 'target_only'}, seed {args.seed}"
+                                                             if args.temperature else "greedy"))
+
+    def config(**over):
+        return _run_config(args, **over)
+    if args.batch_sizes:
+        bench.batch_table(config, args.algos, prompts, args.batch_sizes, args.repeat)
+    else:
+        bench.algos_table(config, args.algos, prompts, args.repeat)
     return 0
 
 

@@ -1,0 +1,36 @@
+"""`spectrace bench`: the batch-scaling lab's numbers are the runs' own, and batching changes no
+verdict (fp32 greedy), so τ at batch B is the τ of its B requests run alone."""
+from spectrace.bench import batch_table
+from spectrace.cli import main
+from spectrace.run import RunConfig, run
+from spectrace.zoo.prompts import HELD_OUT_PROMPTS
+
+
+def test_batch_lab_tau_equals_the_requests_run_alone(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # its traces go to runs/bench/
+
+    def config(**kw):
+        return RunConfig(max_new_tokens=12, **kw)
+    prompts = HELD_OUT_PROMPTS[:3]
+    table = batch_table(config, ["eagle"], prompts, [1, 3], repeat=1)
+    alone = [run(config(algo="eagle", prompts=[p], trace=str(tmp_path / f"{i}.jsonl"))).metrics
+             for i, p in enumerate(prompts)]
+    assert table[1]["eagle"][1] == alone[0]["accept_length"]
+    assert table[3]["eagle"][1] == sum(m["completion_tokens"] for m in alone) / sum(m["verify_ct"] for m in alone)
+    assert table[3]["none"][1] is None
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:3] == ["batch", "none", "tok/s"]
+    for line, bs in zip(out[1:], (1, 3)):  # the printed speed-up is eagle's tokens/s over none's
+        cells = line.replace("|", " ").split()
+        none_tps, eagle_tps, tau, speed_up = float(cells[1]), float(cells[2]), float(cells[3]), cells[4]
+        assert int(cells[0]) == bs and tau == round(table[bs]["eagle"][1], 3)
+        assert speed_up == f"{table[bs]['eagle'][0] / table[bs]['none'][0]:.2f}x"
+        assert (none_tps, eagle_tps) == (round(table[bs]["none"][0], 1), round(table[bs]["eagle"][0], 1))
+
+
+def test_bench_refuses_bad_numbers_in_one_line(capsys):
+    for args, message in ((["--repeat", "0"], "--repeat must be at least 1"),
+                          (["--batch-sizes", "0"], "--batch must be at least 1")):
+        assert main(["bench", "--algos", "none", "--max-new-tokens", "2", *args]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and message in err
