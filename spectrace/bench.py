@@ -6,14 +6,22 @@
                   batch grows, because verify stops being nearly free once the GPU is busy; this
                   measures it on whatever device and backend the run uses.
 
+    hf_table      --compare-hf: transformers' own paths on the same prompts and models: plain
+                  `generate`, assisted generation with the embedded draft LM (the library's
+                  default schedule, and a constant 4 tokens), and prompt lookup (5 tokens)
+
 `config(algo, prompts, batch, trace)` builds the RunConfig of one run from the command's options.
 The first run of each measurement warms up and is not counted.
 """
 from __future__ import annotations
 
+import copy
+import time
 from typing import Callable
 
-from spectrace.run import RunConfig, RunResult, run
+import torch
+
+from spectrace.run import DTYPES, RunConfig, RunResult, load_tokenizer, run
 
 Config = Callable[..., RunConfig]
 
@@ -33,13 +41,17 @@ def shape_of(algo: str, res: RunResult) -> str:
     return "-" if algo == "none" else f"{sp.num_steps},{sp.topk},{sp.num_draft_tokens}"
 
 
-def algos_table(config: Config, algos: list[str], prompts: list[str], repeat: int) -> None:
-    print(f"{'algo':<14} {'steps,topk,n':>12} {'tokens/s':>9} {'tau':>6} {'alpha':>6} {'verify_ct':>9}")
+def algos_table(config: Config, algos: list[str], prompts: list[str], repeat: int) -> dict[str, list[list[int]]]:
+    """Prints a row per algorithm; returns each algorithm's output ids, prompt by prompt."""
+    print(f"{'algo':<20} {'steps,topk,n':>12} {'tokens/s':>9} {'tau':>6} {'alpha':>6} {'verify_ct':>9}")
+    outputs = {}
     for algo in algos:
         tokens = wall = verify = correct = proposed = 0
+        outputs[algo] = []
         for i, prompt in enumerate(prompts):
             res = best_run(config, repeat, algo=algo, prompts=[prompt], batch=None,
                            trace=f"runs/bench/{algo}-{i}.jsonl")
+            outputs[algo].append(res.requests[0].output_ids)
             m = res.metrics
             tokens += m["completion_tokens"]
             wall += m["wall_s"]
@@ -48,7 +60,56 @@ def algos_table(config: Config, algos: list[str], prompts: list[str], repeat: in
             proposed += m["num_proposed_drafts"]
         tau = f"{tokens / verify:.3f}" if verify else "-"
         alpha = f"{correct / proposed:.3f}" if proposed else "-"
-        print(f"{algo:<14} {shape_of(algo, res):>12} {tokens / wall:>9.1f} {tau:>6} {alpha:>6} {verify:>9}")
+        print(f"{algo:<20} {shape_of(algo, res):>12} {tokens / wall:>9.1f} {tau:>6} {alpha:>6} {verify:>9}")
+    return outputs
+
+
+def hf_table(config: Config, prompts: list[str], repeat: int) -> dict[str, list[list[int]]]:
+    """transformers' generate on the embedded target (and draft LM), greedy, one prompt at a
+    time, best of `repeat` timed calls after a warm-up. Prints a row per path with its tokens/s
+    and how many prompts gave plain generate's tokens; returns each path's output ids."""
+    from transformers import LlamaForCausalLM
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()  # assisted generation warns about its own internal call
+    cfg = config(algo="standalone", prompts=prompts[:1], batch=None, trace=None)
+    dtype = DTYPES[cfg.dtype] if cfg.dtype else (torch.float32 if cfg.device == "cpu" else torch.bfloat16)
+    tok = load_tokenizer(cfg.target_model)
+    target = LlamaForCausalLM.from_pretrained(cfg.target_model, dtype=dtype).to(cfg.device).eval()
+    draft = LlamaForCausalLM.from_pretrained(cfg.draft_path, dtype=dtype).to(cfg.device).eval()
+    constant_4 = copy.deepcopy(draft.generation_config)
+    constant_4.update(num_assistant_tokens=4, num_assistant_tokens_schedule="constant",
+                      assistant_confidence_threshold=0.0)
+    paths = {"hf generate": {}, "hf assisted": {"assistant_model": draft},
+             "hf assisted k=4": {"assistant_model": draft, "assistant_config": constant_4},
+             "hf prompt lookup": {"prompt_lookup_num_tokens": 5}}
+    outputs = {}
+    print(f"{'transformers path':<20} {'':>12} {'tokens/s':>9}")
+    for name, kw in paths.items():
+        default_config = draft.generation_config
+        draft.generation_config = kw.pop("assistant_config", default_config)
+        tokens = wall = 0
+        outputs[name] = []
+        for prompt in prompts:
+            ids = torch.tensor([tok.encode(prompt)], device=cfg.device)
+            best = None
+            for rep in range(repeat + 1):
+                if cfg.device.startswith("cuda"):
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                out = target.generate(ids, do_sample=False, max_new_tokens=cfg.max_new_tokens,
+                                      pad_token_id=target.generation_config.eos_token_id, **kw)
+                if cfg.device.startswith("cuda"):
+                    torch.cuda.synchronize()
+                if rep and (best is None or time.perf_counter() - t0 < best):
+                    best = time.perf_counter() - t0
+            outputs[name].append(out[0, ids.shape[1]:].tolist())
+            tokens += len(outputs[name][-1])
+            wall += best
+        draft.generation_config = default_config
+        same = sum(a == b for a, b in zip(outputs[name], outputs["hf generate"]))
+        print(f"{name:<20} {'-':>12} {tokens / wall:>9.1f}  same tokens as hf generate: {same} of {len(prompts)}")
+    return outputs
 
 
 def batch_table(config: Config, algos: list[str], prompts: list[str], batch_sizes: list[int],

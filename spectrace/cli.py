@@ -110,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(bench)
     bench.add_argument("--algos", nargs="+", default=["none", "standalone"])
     bench.add_argument("--repeat", type=int, default=3, help="timed repetitions (best is reported)")
+    bench.add_argument("--compare-hf", dest="compare_hf", action="store_true",
+                       help="also transformers' generate, assisted generation and prompt lookup on the same prompts")
     bench.add_argument("--batch-sizes", dest="batch_sizes", type=int, nargs="+", default=None, metavar="B",
                        help="the batch-scaling lab: each algorithm and none at each batch size (prompts cycled)")
     bench.add_argument("--prompt-set", dest="prompt_set", choices=["heldout", "repeating"], default="heldout",
@@ -259,8 +261,13 @@ def cmd_bench(args) -> int:
         return _run_config(args, **over)
     if args.batch_sizes:
         bench.batch_table(config, args.algos, prompts, args.batch_sizes, args.repeat)
-    else:
-        bench.algos_table(config, args.algos, prompts, args.repeat)
+        return 0
+    hf = bench.hf_table(config, prompts, args.repeat) if args.compare_hf else None
+    ours = bench.algos_table(config, args.algos, prompts, args.repeat)
+    if hf:
+        for algo, outs in ours.items():
+            same = sum(a == b for a, b in zip(outs, hf["hf generate"]))
+            print(f"spectrace {algo}: same tokens as hf generate on {same} of {len(prompts)} prompts")
     return 0
 
 

@@ -1,6 +1,6 @@
 """`spectrace bench`: the batch-scaling lab's numbers are the runs' own, and batching changes no
 verdict (fp32 greedy), so τ at batch B is the τ of its B requests run alone."""
-from spectrace.bench import batch_table
+from spectrace.bench import algos_table, batch_table, hf_table
 from spectrace.cli import main
 from spectrace.run import RunConfig, run
 from spectrace.zoo.prompts import HELD_OUT_PROMPTS
@@ -34,3 +34,20 @@ def test_bench_refuses_bad_numbers_in_one_line(capsys):
         assert main(["bench", "--algos", "none", "--max-new-tokens", "2", *args]) == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and message in err
+
+
+def test_compare_hf_paths_give_spectrace_none_its_tokens(tmp_path, monkeypatch, capsys):
+    """transformers' greedy generate is the reference: spectrace's plain and speculative decoding
+    give its tokens (fp32), and so do its own assisted and prompt-lookup paths."""
+    monkeypatch.chdir(tmp_path)
+
+    def config(**kw):
+        return RunConfig(max_new_tokens=10, **kw)
+    prompts = HELD_OUT_PROMPTS[:2]
+    hf = hf_table(config, prompts, repeat=1)
+    ours = algos_table(config, ["none", "eagle"], prompts, repeat=1)
+    assert set(hf) == {"hf generate", "hf assisted", "hf assisted k=4", "hf prompt lookup"}
+    assert all(len(out) == 10 for out in hf["hf generate"])
+    for outs in [*hf.values(), *ours.values()]:
+        assert outs == hf["hf generate"]
+    assert "same tokens as hf generate: 2 of 2" in capsys.readouterr().out
