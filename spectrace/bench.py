@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import copy
 import time
+from collections import Counter
 from typing import Callable
 
 import torch
 
+from spectrace.core.metrics import predicted_speedup
 from spectrace.run import DTYPES, RunConfig, RunResult, load_tokenizer, run
 
 Config = Callable[..., RunConfig]
@@ -42,11 +44,17 @@ def shape_of(algo: str, res: RunResult) -> str:
 
 
 def algos_table(config: Config, algos: list[str], prompts: list[str], repeat: int) -> dict[str, list[list[int]]]:
-    """Prints a row per algorithm; returns each algorithm's output ids, prompt by prompt."""
-    print(f"{'algo':<20} {'steps,topk,n':>12} {'tokens/s':>9} {'tau':>6} {'alpha':>6} {'verify_ct':>9}")
-    outputs = {}
+    """Prints a row per algorithm (`none` first when asked for); returns each algorithm's output
+    ids, prompt by prompt. Beside tokens/s, τ and α: the mean draft and verify ms of a decode
+    step, r = C_draft / C_verify, the seed's predicted speed-up τ / (1 + r) and, with `none` in the
+    table, the realised one (tokens/s over none's)."""
+    algos = sorted(algos, key=lambda a: a != "none")
+    print(f"{'algo':<20} {'steps,topk,n':>12} {'tokens/s':>9} {'tau':>6} {'alpha':>6} {'verify_ct':>9} "
+          f"{'draft ms':>8} {'verify ms':>9} {'r':>6} {'tau/(1+r)':>9} {'realised':>8}")
+    outputs, none_tps = {}, None
     for algo in algos:
-        tokens = wall = verify = correct = proposed = 0
+        tokens = wall = verify = correct = proposed = steps = 0
+        phase_ms = Counter()
         outputs[algo] = []
         for i, prompt in enumerate(prompts):
             res = best_run(config, repeat, algo=algo, prompts=[prompt], batch=None,
@@ -58,9 +66,21 @@ def algos_table(config: Config, algos: list[str], prompts: list[str], repeat: in
             verify += m["verify_ct"]
             correct += m["num_correct_drafts"]
             proposed += m["num_proposed_drafts"]
-        tau = f"{tokens / verify:.3f}" if verify else "-"
-        alpha = f"{correct / proposed:.3f}" if proposed else "-"
-        print(f"{algo:<20} {shape_of(algo, res):>12} {tokens / wall:>9.1f} {tau:>6} {alpha:>6} {verify:>9}")
+            steps += m["decode_steps"]
+            phase_ms.update(m["phase_ms"])
+        tps = tokens / wall
+        none_tps = tps if algo == "none" else none_tps
+        c_draft, c_verify = phase_ms["draft"] / max(steps, 1), phase_ms["verify"] / max(steps, 1)
+        cells = [f"{tps:>9.1f}", f"{tokens / verify:>6.3f}" if verify else f"{'-':>6}",
+                 f"{correct / proposed:>6.3f}" if proposed else f"{'-':>6}", f"{verify:>9}",
+                 f"{c_draft:>8.2f}", f"{c_verify:>9.2f}"]
+        if algo == "none":
+            cells += [f"{'-':>6}", f"{'-':>9}", f"{'-':>8}"]
+        else:
+            r = c_draft / c_verify
+            cells += [f"{r:>6.3f}", f"{predicted_speedup(tokens / verify, r):>8.2f}x",
+                      f"{tps / none_tps:>7.2f}x" if none_tps else f"{'-':>8}"]
+        print(f"{algo:<20} {shape_of(algo, res):>12} " + " ".join(cells))
     return outputs
 
 

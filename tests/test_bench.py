@@ -50,4 +50,11 @@ def test_compare_hf_paths_give_spectrace_none_its_tokens(tmp_path, monkeypatch, 
     assert all(len(out) == 10 for out in hf["hf generate"])
     for outs in [*hf.values(), *ours.values()]:
         assert outs == hf["hf generate"]
-    assert "same tokens as hf generate: 2 of 2" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "same tokens as hf generate: 2 of 2" in out
+    # eagle's row: the seed's model from its own columns, and the realised speed-up from tokens/s
+    none_row = next(line for line in out.splitlines() if line.startswith("none ")).split()
+    row = next(line for line in out.splitlines() if line.startswith("eagle ")).split()
+    tps, tau, r, predicted, realised = float(row[2]), float(row[3]), float(row[8]), row[9], row[10]
+    assert abs(float(predicted.rstrip("x")) - tau / (1 + r)) < 0.011
+    assert abs(float(realised.rstrip("x")) - tps / float(none_row[2])) < 0.011

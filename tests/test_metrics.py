@@ -2,7 +2,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spectrace.core.metrics import SpecMetrics, vllm_log_line
+from spectrace.core.metrics import SpecMetrics, predicted_speedup, vllm_log_line
 
 
 @given(K=st.integers(1, 6), data=st.data())
@@ -10,13 +10,18 @@ def test_definitions_hold_for_any_accept_sequence(K, data):
     m = SpecMetrics(num_steps=K, num_draft_tokens=K + 1)
     n_req = data.draw(st.integers(1, 3))
     correct_counts = {r: data.draw(st.lists(st.integers(0, K), min_size=1, max_size=12)) for r in range(n_req)}
+    step_ms = [data.draw(st.floats(0.1, 10)) for _ in range(12)]  # step i's phases, shared by its requests
     for r, counts in correct_counts.items():
         m.observe_prefill(r)
-        for c in counts:
+        for i, c in enumerate(counts):
             drafts = list(range(100, 100 + K))
-            m.observe_step({"request": r, "draft": {"tokens": drafts}, "correct_drafts": drafts[:c],
-                            "accept_len": c + 1, "committed_tokens": drafts[:c] + [7]})
+            m.observe_step({"step": i, "request": r, "draft": {"tokens": drafts}, "correct_drafts": drafts[:c],
+                            "accept_len": c + 1, "committed_tokens": drafts[:c] + [7],
+                            "timing": {"draft": step_ms[i], "verify": 2 * step_ms[i], "batch_size": n_req}})
     s = m.summary(wall_s=2.0)
+    steps = max(len(counts) for counts in correct_counts.values())
+    assert s["decode_steps"] == steps  # each step's cost counted once, however many requests it carried
+    assert s["phase_ms"]["verify"] == round(2 * sum(step_ms[:steps]), 3) and "batch_size" not in s["phase_ms"]
     flat = [c for counts in correct_counts.values() for c in counts]
     verify_ct = len(flat)
     completion = n_req + sum(c + 1 for c in flat)  # first token + accept_len per step
@@ -31,3 +36,11 @@ def test_definitions_hold_for_any_accept_sequence(K, data):
     assert all(a >= b for a, b in zip(rates, rates[1:]))  # a later position needs the earlier ones
     assert sum(s["accept_len_histogram"].values()) == verify_ct
     assert "Mean acceptance length: %.2f" % v["mean_acceptance_length"] in vllm_log_line(s)
+
+
+@given(tau=st.floats(1, 10), r=st.floats(0.001, 10))
+def test_the_seeds_speedup_model(tau, r):
+    """τ / (1 + r): below τ whenever drafting costs anything; below 1 when nothing is accepted."""
+    assert predicted_speedup(tau, r) < tau
+    assert predicted_speedup(1.0, r) < 1
+    assert abs(predicted_speedup(3.5, 0.2) - 2.9167) < 1e-4  # the seed's table row

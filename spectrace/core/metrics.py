@@ -13,6 +13,10 @@ vLLM (`SpecDecodingStats` and the "SpecDecoding metrics" log line, current form)
     Avg Draft acceptance rate = accepted / drafted * 100
     Per-position acceptance rate[i] = accepted_per_pos[i] / num_drafts
 Metrics are computed from step records, so a trace on disk gives the same numbers as the run.
+
+Phase costs (the seed's speed-up model): each decode step's phase times, counted once per step
+however many requests it carried; `predicted_speedup(τ, r)` = τ / (1 + r) with r = C_draft /
+C_verify, the seed's approximation (C_extend dropped, one verify taken as one plain decode step).
 """
 from __future__ import annotations
 
@@ -30,12 +34,19 @@ class SpecMetrics:
         self.accept_len_hist: Counter = Counter()
         self.num_drafts = self.num_draft_tokens_vllm = self.num_accepted = 0
         self.accepted_per_pos = [0] * num_steps
+        self.phase_ms: dict[str, float] = defaultdict(float)  # summed over decode steps
+        self.timed_steps: set[int] = set()
 
     def observe_prefill(self, request: int) -> None:
         self.completion[request] += 1  # the first token comes from prefill
 
     def observe_step(self, rec: dict) -> None:
         r = rec["request"]
+        if rec["step"] not in self.timed_steps:  # a batch's requests share their step's timing
+            self.timed_steps.add(rec["step"])
+            for phase, ms in rec["timing"].items():
+                if phase != "batch_size":
+                    self.phase_ms[phase] += ms
         self.completion[r] += len(rec["committed_tokens"])
         if rec["draft"] is None:  # a plain decode step: no drafts
             if self.num_steps:  # in a speculative run (n-gram found no match) it is still a target forward
@@ -92,8 +103,15 @@ class SpecMetrics:
             "accept_rate": correct / proposed if proposed else None,
             "accept_length": completion / verify_ct if verify_ct else None,
             "accept_len_histogram": {str(k): v for k, v in sorted(self.accept_len_hist.items())},
+            "decode_steps": len(self.timed_steps),
+            "phase_ms": {k: round(v, 3) for k, v in self.phase_ms.items()},
             "vllm": vllm,
         }
+
+
+def predicted_speedup(tau: float, r: float) -> float:
+    """The seed's speed-up over plain decoding: τ tokens per step, at 1 + r verify-times a step."""
+    return tau / (1 + r)
 
 
 def vllm_log_line(m: dict) -> str:
