@@ -45,12 +45,12 @@ def shape_of(algo: str, res: RunResult) -> str:
 
 def algos_table(config: Config, algos: list[str], prompts: list[str], repeat: int) -> dict[str, list[list[int]]]:
     """Prints a row per algorithm (`none` first when asked for); returns each algorithm's output
-    ids, prompt by prompt. Beside tokens/s, τ and α: the mean draft and verify ms of a decode
-    step, r = C_draft / C_verify, the seed's predicted speed-up τ / (1 + r) and, with `none` in the
-    table, the realised one (tokens/s over none's)."""
+    ids, prompt by prompt. Beside tokens/s, τ and α: the mean draft, verify and other (accept,
+    commit, extend) ms of a decode step, r = C_draft / C_verify, the seed's predicted speed-up
+    τ / (1 + r) and, with `none` in the table, the realised one (tokens/s over none's)."""
     algos = sorted(algos, key=lambda a: a != "none")
     print(f"{'algo':<20} {'steps,topk,n':>12} {'tokens/s':>9} {'tau':>6} {'alpha':>6} {'verify_ct':>9} "
-          f"{'draft ms':>8} {'verify ms':>9} {'r':>6} {'tau/(1+r)':>9} {'realised':>8}")
+          f"{'draft ms':>8} {'verify ms':>9} {'other ms':>8} {'r':>6} {'tau/(1+r)':>9} {'realised':>8}")
     outputs, none_tps = {}, None
     for algo in algos:
         tokens = wall = verify = correct = proposed = steps = 0
@@ -71,9 +71,10 @@ def algos_table(config: Config, algos: list[str], prompts: list[str], repeat: in
         tps = tokens / wall
         none_tps = tps if algo == "none" else none_tps
         c_draft, c_verify = phase_ms["draft"] / max(steps, 1), phase_ms["verify"] / max(steps, 1)
+        c_other = sum(phase_ms.values()) / max(steps, 1) - c_draft - c_verify  # accept, commit, extend
         cells = [f"{tps:>9.1f}", f"{tokens / verify:>6.3f}" if verify else f"{'-':>6}",
                  f"{correct / proposed:>6.3f}" if proposed else f"{'-':>6}", f"{verify:>9}",
-                 f"{c_draft:>8.2f}", f"{c_verify:>9.2f}"]
+                 f"{c_draft:>8.2f}", f"{c_verify:>9.2f}", f"{c_other:>8.2f}"]
         if algo == "none":
             cells += [f"{'-':>6}", f"{'-':>9}", f"{'-':>8}"]
         else:

@@ -55,6 +55,7 @@ def test_compare_hf_paths_give_spectrace_none_its_tokens(tmp_path, monkeypatch, 
     # eagle's row: the seed's model from its own columns, and the realised speed-up from tokens/s
     none_row = next(line for line in out.splitlines() if line.startswith("none ")).split()
     row = next(line for line in out.splitlines() if line.startswith("eagle ")).split()
-    tps, tau, r, predicted, realised = float(row[2]), float(row[3]), float(row[8]), row[9], row[10]
+    tps, tau, r, predicted, realised = float(row[2]), float(row[3]), float(row[9]), row[10], row[11]
     assert abs(float(predicted.rstrip("x")) - tau / (1 + r)) < 0.011
     assert abs(float(realised.rstrip("x")) - tps / float(none_row[2])) < 0.011
+    assert abs(r - float(row[6]) / float(row[7])) < 0.002  # r = draft ms / verify ms
