@@ -80,6 +80,9 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, help="float32 (CPU default), bfloat16 (GPU default), float16")
     p.add_argument("--backend", choices=["explicit", "triton"], default="explicit",
                    help="triton: the hot operations through the Triton twins (CPU: needs TRITON_INTERPRET=1)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="batch-invariant verify: every node computed as a one-token decode computes it, so "
+                        "greedy output is bit-identical to plain decoding's in any dtype (slower)")
     p.add_argument("--trace-level", dest="trace_level", choices=["full", "steps", "off"], default="full",
                    help="full: every step with the top-k of p and q at each node; steps: without the top-k; "
                         "off: no trace")
@@ -147,7 +150,8 @@ def _run_config(args, **over):
               ngram_trie=TrieConfig(min_bfs_breadth=args.ngram_min_bfs, max_bfs_breadth=args.ngram_max_bfs,
                                     match_type=args.ngram_match_type, branch_length=args.ngram_trie_depth),
               commit_style=args.commit_style,
-              device=args.device, dtype=args.dtype, backend=args.backend, trace_level=args.trace_level)
+              device=args.device, dtype=args.dtype, backend=args.backend, trace_level=args.trace_level,
+              deterministic=args.deterministic)
     if args.target_model:
         kw["target_model"] = args.target_model
     if args.draft_model:

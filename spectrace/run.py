@@ -81,6 +81,7 @@ class RunConfig:
     dtype: str | None = None  # default: float32 on CPU, bfloat16 on GPU
     backend: str = "explicit"  # or "triton": the hot operations through spectrace/kernels
     trace_level: str = "full"  # TRACE_LEVELS
+    deterministic: bool = False  # batch-invariant verify: output bit-identical to plain decoding's
 
     def check(self) -> None:
         """What only the run knows: where it runs and how many requests."""
@@ -91,6 +92,9 @@ class RunConfig:
         if self.backend == "triton":
             from spectrace.kernels import require
             require(self.device)
+        if self.deterministic and self.backend != "explicit":
+            raise SpectraceError("--deterministic runs on --backend explicit: the Triton attention reduces "
+                                 "over a verify's keys in its own tiling")
         if self.trace_level not in TRACE_LEVELS:
             raise SpectraceError(f"unknown --trace-level {self.trace_level!r} (choose from {', '.join(TRACE_LEVELS)})")
         if self.dtype is not None and self.dtype not in DTYPES:
@@ -183,7 +187,7 @@ def resolve(cfg: RunConfig) -> tuple[SpecConfig, dict]:
                       max_new_tokens=cfg.max_new_tokens, commit_style=cfg.commit_style, acceptance=cfg.acceptance,
                       temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed,
                       threshold_single=cfg.threshold_single, threshold_acc=cfg.threshold_acc, adaptive=cfg.adaptive,
-                      trace_topk=TRACE_LEVELS[cfg.trace_level])
+                      trace_topk=TRACE_LEVELS[cfg.trace_level], deterministic=cfg.deterministic)
     ngram = ngram_config(cfg) if cfg.algo == "ngram" else None
     if ngram is not None and ngram.style == "vllm" and spec.topk != 1:
         raise SpectraceError("vLLM's n-gram proposer drafts a chain: it needs --topk 1")

@@ -81,6 +81,20 @@ def test_trace_levels_keep_every_step_and_leave_out_only_the_topk(capsys, tmp_pa
     assert steps.header["config"]["trace_level"] == "steps"
 
 
+def test_deterministic_bf16_speculative_output_equals_plain_decoding(tmp_path):
+    """--deterministic through the whole run (drafters reading the verify's features included):
+    bf16 speculative output equals plain decoding's, token for token."""
+    from spectrace.run import RunConfig, run
+
+    out = {}
+    for algo in ("none", "eagle3", "standalone"):
+        res = run(RunConfig(algo=algo, batch=2, max_new_tokens=16, dtype="bfloat16", deterministic=True,
+                            trace=str(tmp_path / f"{algo}.jsonl")))
+        out[algo] = [r.output_ids for r in res.requests]
+        assert read_trace(tmp_path / f"{algo}.jsonl").header["config"]["deterministic"] is True
+    assert out["eagle3"] == out["none"] == out["standalone"]
+
+
 @pytest.fixture
 def other_vocab_model(tmp_path):
     cfg = LlamaConfig(vocab_size=500, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -119,6 +133,7 @@ def other_vocab_model(tmp_path):
     (["--temperature", "1", "--speculative-accept-threshold-acc", "1.5"], "must lie in [0, 1]"),
     (["--acceptance", "speculative"], "unknown --acceptance"),
     (["--trace-level", "some"], "invalid choice"),
+    (["--deterministic", "--backend", "triton"], "--deterministic runs on --backend explicit"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, other_vocab_model, dflash_dir, args, message):
     args = [{"OTHER": other_vocab_model, "DFLASH": str(dflash_dir)}.get(a, a) for a in args]

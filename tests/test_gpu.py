@@ -336,3 +336,32 @@ def test_gpu_triton_backend_runs_the_explicit_steps(algo, options, tmp_path):
                       device="cuda", dtype="float32", **options))
     for want, got in zip(steps(traces["explicit"]), steps(traces["triton"]), strict=True):
         assert got == want
+
+
+def test_gpu_batch_invariant_verify_equals_one_token_decodes_in_bf16():
+    """--deterministic on the GPU: each tree node's verify logits equal its path's one-token
+    decodes bit for bit; without it, a batched matrix product may reduce in another order."""
+    from test_model import tree_verify_and_decodes
+
+    for j, (verified, decoded) in enumerate(tree_verify_and_decodes("cuda", invariant=True)):
+        assert torch.equal(verified, decoded), j
+    plain = tree_verify_and_decodes("cuda", invariant=False)
+    print(f"without --deterministic: {sum(torch.equal(a, b) for a, b in plain)} of {len(plain)} nodes bit-equal, "
+          f"max |diff| {max((a - b).abs().max().item() for a, b in plain):.2e}")
+
+
+def test_gpu_deterministic_bf16_speculative_output_equals_plain_decoding(tokenizer):
+    """bf16, batch 8, 48 tokens: eagle with --deterministic gives none's tokens (none decoding its
+    rows one at a time too) on every prompt; prints how many the batched verify matched."""
+    from spectrace.run import RunConfig, run
+
+    out = {}
+    for algo in ("none", "eagle"):
+        for det in (False, True):
+            res = run(RunConfig(algo=algo, prompts=HELD_OUT_PROMPTS, batch=8, max_new_tokens=48, device="cuda",
+                                dtype="bfloat16", deterministic=det, trace_level="off"))
+            out[algo, det] = [r.output_ids for r in res.requests]
+    assert out["eagle", True] == out["none", True]
+    print(f"bf16 eagle = none on {sum(a == b for a, b in zip(out['eagle', False], out['none', False]))} of 8 "
+          f"prompts batched, {sum(a == b for a, b in zip(out['eagle', True], out['none', True]))} of 8 with "
+          f"--deterministic")

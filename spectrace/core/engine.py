@@ -61,6 +61,7 @@ class SpecConfig:
     threshold_single: float = 1.0
     threshold_acc: float = 1.0
     adaptive: bool = False  # SGLang's --speculative-adaptive: num_steps follows an EMA of accepted drafts
+    deterministic: bool = False  # batch-invariant verify and decode: each row as a one-token decode
 
     @property
     def sampling(self) -> SamplingParams:
@@ -363,6 +364,9 @@ class Engine:
         read (N, F)."""
         batch = ForwardBatch.build(self.kv, [(row.req.req_pool_idx, row.seq_len, row.candidates) for row in rows],
                                    masks, [row.positions for row in rows])
+        # --deterministic: verify and decode rows each computed alone; prefill (last_only) stays
+        # batched, as it is in the plain decoding a deterministic run is compared with
+        batch.batch_invariant = self.spec.deterministic and not last_only
         first = 0
         for row in rows:
             row.first_row, first = first, first + len(row.candidates)

@@ -114,6 +114,8 @@ def paged_attention(q, k, v, batch: ForwardBatch, kv: KVCache, layer_id: int) ->
         slots = kv.req_to_token[req, :seq_len]  # prefix + the new tokens, in position order
         if mask is None:  # causal: new token j sits at position seq_len - n + j
             mask = torch.ones(n, seq_len, dtype=torch.bool, device=q.device).tril(seq_len - n)
+        if batch.batch_invariant:  # one row: only the keys it sees, the keys a one-token decode reads
+            slots, mask = slots[mask[0]], None
         out[row:row + n] = attend(q[row:row + n], kv.pool.k[layer_id, slots], kv.pool.v[layer_id, slots], mask)
         row += n
     return out
@@ -192,7 +194,19 @@ class CausalLM(nn.Module, KVCacheOwner):
                 last_only: bool = False) -> ForwardOutput:
         """`capture_layers`: ids i whose input (the output of layer i-1) is returned, as SGLang
         captures EAGLE-3's auxiliary hidden states. `last_only`: logits of each request's last
-        row only (bs, V), as SGLang's LogitsProcessor prunes a prefill; else of every row."""
+        row only (bs, V), as SGLang's LogitsProcessor prunes a prefill; else of every row.
+
+        `batch.batch_invariant` (--deterministic): each row gets its own pass, in order, reading
+        only the keys its mask shows, so every operation has the shapes of a one-token decode and
+        a row's numbers do not depend on what it was batched with (a GPU or CPU matrix product
+        picks its reduction order by the number of rows; attention by the number of keys)."""
+        if batch.batch_invariant and len(batch.input_ids) > 1:
+            outs = [self.forward(row, kv, capture_layers) for row in batch.rows()]
+            logits = torch.cat([o.logits for o in outs])
+            if last_only:
+                logits = logits[torch.tensor(batch.extend_lens, device=logits.device).cumsum(0) - 1]
+            return ForwardOutput(logits, torch.cat([o.hidden_states for o in outs]),
+                                 [torch.cat(a) for a in zip(*(o.aux_hidden_states for o in outs))])
         x = self.model.embed_tokens(batch.input_ids)  # (N, H)
         cos, sin = self.model.rotary_emb(batch.positions, x.dtype)
         aux = []
