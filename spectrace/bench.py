@@ -9,6 +9,8 @@
     hf_table      --compare-hf: transformers' own paths on the same prompts and models: plain
                   `generate`, assisted generation with the embedded draft LM (the library's
                   default schedule, and a constant 4 tokens), and prompt lookup (5 tokens)
+    shape_table   --target-shape: a predicted speed-up by batch size at a real model's shape,
+                  from phase costs measured there with random weights and τ from the embedded pair
 
 `config(algo, prompts, batch, trace)` builds the RunConfig of one run from the command's options.
 The first run of each measurement warms up and is not counted.
@@ -23,7 +25,8 @@ from typing import Callable
 import torch
 
 from spectrace.core.metrics import predicted_speedup
-from spectrace.run import DTYPES, RunConfig, RunResult, load_tokenizer, run
+from spectrace.errors import SpectraceError
+from spectrace.run import DTYPES, RunConfig, RunResult, load_tokenizer, resolve, run
 
 Config = Callable[..., RunConfig]
 
@@ -154,4 +157,92 @@ def batch_table(config: Config, algos: list[str], prompts: list[str], batch_size
         none_tps = row["none"][0]
         print(f"{bs:>5} {none_tps:>10.1f}" + "".join(
             f" | {row[a][0]:>14.1f} {row[a][1] or 0:>6.3f} {row[a][0] / none_tps:>7.2f}x" for a in spec_algos))
+    return table
+
+
+# ---- predicted speed-up at real model shapes -------------------------------------------------
+
+# Llama layer shapes (config.json fields) whose costs --target-shape measures with random weights;
+# "embedded" is the embedded target's, for a quick look on any machine
+TARGET_SHAPES = {
+    "llama-3.2-1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                         head_dim=64, intermediate_size=8192, vocab_size=128256, tie_word_embeddings=True),
+    "llama-3.1-8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                         head_dim=128, intermediate_size=14336, vocab_size=128256),
+    "embedded": dict(hidden_size=256, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
+                     head_dim=32, intermediate_size=704, vocab_size=4096),
+}
+# EAGLE-3's paper (SGLang, Llama-3.1-8B, one H100), as issue 13 quotes it: speed-up by batch size
+EAGLE3_PAPER_SGLANG = {2: 1.81, 64: 1.38}
+
+
+def forward_ms(model, kv_len: int, bs: int, rows: int, repeat: int) -> float:
+    """Median ms of one forward of `model` (random weights) over bs requests of `rows` new tokens
+    each (causal) after kv_len cached ones, on the model's device."""
+    from spectrace.core.batch import ForwardBatch
+
+    p = next(model.parameters())
+    kv = model.new_kv_cache("cost", "sglang", bs * (kv_len + rows), bs, kv_len + rows)
+    for req in range(bs):  # a prefix's slots, mapped but never computed: its K/V values do not change the cost
+        kv.prepare(req, 0, kv_len)
+    batch = ForwardBatch.build(kv, [(req, kv_len, [1] * rows) for req in range(bs)])
+    times = []
+    for _ in range(repeat + 1):  # the first call warms up
+        if p.is_cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        model(batch, kv)
+        if p.is_cuda:
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return sorted(times[1:])[len(times[1:]) // 2]
+
+
+def shape_table(config: Config, shape: str, batch_sizes: list[int], repeat: int, kv_len: int = 1024,
+                tau: float | None = None) -> dict[int, dict[str, float]]:
+    """A *predicted* speed-up by batch size at a real model shape: the phase costs measured at
+    that shape with random weights, the acceptance measured on the embedded pair. An EAGLE step
+    (num_steps S, topk K, n verify tokens) costs a draft loop (one row per request, then S-1
+    forwards of K rows, of a one-layer head at the target's width with its lm_head), a verify
+    of n rows, and a draft extend of about τ rows; plain decoding one row. Predicted speed-up
+    = τ * C_AR / (C_draft + C_verify + C_extend); the seed's τ / (1 + r) beside it."""
+    from spectrace.core.config import ModelConfig
+    from spectrace.core.model import CausalLM
+
+    if shape not in TARGET_SHAPES:
+        raise SpectraceError(f"unknown --target-shape {shape!r} (choose from {', '.join(TARGET_SHAPES)})")
+    cfg = config(algo="eagle", prompts=[], batch=None, trace=None)
+    if tau is None:  # acceptance of the embedded pair at the same tree shape, batch 1, the held-out prompts
+        from spectrace.zoo.prompts import HELD_OUT_PROMPTS
+        tokens = verify = 0
+        for prompt in HELD_OUT_PROMPTS:
+            m = run(config(algo="eagle", prompts=[prompt], batch=None, trace=None, trace_level="off")).metrics
+            tokens, verify = tokens + m["completion_tokens"], verify + m["verify_ct"]
+        tau = tokens / verify
+    spec, _ = resolve(cfg)  # SGLang's automatic shape for an EAGLE head over a Llama target
+    S, K, n = spec.num_steps, spec.topk, spec.num_draft_tokens
+    dtype = DTYPES[cfg.dtype] if cfg.dtype else (torch.float32 if cfg.device == "cpu" else torch.bfloat16)
+    raw = dict(model_type="llama", rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=131072,
+               **TARGET_SHAPES[shape])
+    torch.manual_seed(0)
+    with torch.device(cfg.device):  # initialised where they run: an 8B model never visits host memory
+        target = CausalLM(ModelConfig.from_json(raw)).to(dtype).eval()
+        head = CausalLM(ModelConfig.from_json({**raw, "num_hidden_layers": 1})).to(dtype).eval()
+    print(f"predicted, not measured end to end: costs at the {shape} shape (random weights, {kv_len}-token "
+          f"context, {cfg.device} {str(dtype)[6:]}), tau {tau:.3f} of the embedded eagle ({S},{K},{n})")
+    print(f"{'batch':>5} {'C_AR ms':>8} {'draft ms':>8} {'verify ms':>9} {'extend ms':>9} {'r':>6} "
+          f"{'tau/(1+r)':>9} {'predicted':>9} {'EAGLE-3 paper':>13}")
+    table = {}
+    for bs in batch_sizes:
+        c_ar = forward_ms(target, kv_len, bs, 1, repeat)
+        c_draft = forward_ms(head, kv_len, bs, 1, repeat) + (S - 1) * forward_ms(head, kv_len, bs, K, repeat)
+        c_verify = forward_ms(target, kv_len, bs, n, repeat)
+        c_extend = forward_ms(head, kv_len, bs, max(1, round(tau)), repeat)
+        r = c_draft / c_verify
+        predicted = tau * c_ar / (c_draft + c_verify + c_extend)
+        table[bs] = dict(tau=tau, c_ar=c_ar, c_draft=c_draft, c_verify=c_verify, c_extend=c_extend,
+                         predicted=predicted)
+        paper = f"{EAGLE3_PAPER_SGLANG[bs]:.2f}x" if bs in EAGLE3_PAPER_SGLANG and shape == "llama-3.1-8b" else "-"
+        print(f"{bs:>5} {c_ar:>8.2f} {c_draft:>8.2f} {c_verify:>9.2f} {c_extend:>9.2f} {r:>6.3f} "
+              f"{predicted_speedup(tau, r):>8.2f}x {predicted:>8.2f}x {paper:>13}")
     return table

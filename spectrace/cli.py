@@ -115,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeat", type=int, default=3, help="timed repetitions (best is reported)")
     bench.add_argument("--compare-hf", dest="compare_hf", action="store_true",
                        help="also transformers' generate, assisted generation and prompt lookup on the same prompts")
+    bench.add_argument("--target-shape", dest="target_shape", metavar="NAME",
+                       help="llama-3.2-1b, llama-3.1-8b or embedded: with --batch-sizes, eagle's predicted "
+                            "speed-up at that model's shape (random weights, costs only) from the embedded pair's tau")
     bench.add_argument("--batch-sizes", dest="batch_sizes", type=int, nargs="+", default=None, metavar="B",
                        help="the batch-scaling lab: each algorithm and none at each batch size (prompts cycled)")
     bench.add_argument("--prompt-set", dest="prompt_set", choices=["heldout", "repeating"], default="heldout",
@@ -263,6 +266,9 @@ def cmd_bench(args) -> int:
 
     def config(**over):
         return _run_config(args, **over)
+    if args.target_shape:
+        bench.shape_table(config, args.target_shape, args.batch_sizes or [1], args.repeat)
+        return 0
     if args.batch_sizes:
         bench.batch_table(config, args.algos, prompts, args.batch_sizes, args.repeat)
         return 0

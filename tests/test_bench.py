@@ -1,6 +1,6 @@
 """`spectrace bench`: the batch-scaling lab's numbers are the runs' own, and batching changes no
 verdict (fp32 greedy), so τ at batch B is the τ of its B requests run alone."""
-from spectrace.bench import algos_table, batch_table, hf_table
+from spectrace.bench import algos_table, batch_table, hf_table, shape_table
 from spectrace.cli import main
 from spectrace.run import RunConfig, run
 from spectrace.zoo.prompts import HELD_OUT_PROMPTS
@@ -59,3 +59,21 @@ def test_compare_hf_paths_give_spectrace_none_its_tokens(tmp_path, monkeypatch, 
     assert abs(float(predicted.rstrip("x")) - tau / (1 + r)) < 0.011
     assert abs(float(realised.rstrip("x")) - tps / float(none_row[2])) < 0.011
     assert abs(r - float(row[6]) / float(row[7])) < 0.002  # r = draft ms / verify ms
+
+
+def test_shape_lab_predicts_from_its_own_costs(tmp_path, monkeypatch, capsys):
+    """--target-shape: each batch's prediction is τ·C_AR / (C_draft + C_verify + C_extend) from
+    the costs it prints, τ measured on the embedded eagle; the table says it is a prediction."""
+    monkeypatch.chdir(tmp_path)
+
+    def config(**kw):
+        return RunConfig(**{"max_new_tokens": 8, **kw})
+    table = shape_table(config, "embedded", [1, 2], repeat=1, kv_len=32)
+    out = capsys.readouterr().out
+    assert out.startswith("predicted, not measured end to end") and "(5,4,8)" in out
+    for bs, c in table.items():
+        assert f"tau {c['tau']:.3f} of the embedded eagle" in out
+        assert min(c["c_ar"], c["c_draft"], c["c_verify"], c["c_extend"]) > 0
+        assert c["predicted"] == c["tau"] * c["c_ar"] / (c["c_draft"] + c["c_verify"] + c["c_extend"])
+    assert main(["bench", "--target-shape", "llama-9", "--batch-sizes", "1"]) == 2
+    assert "unknown --target-shape 'llama-9'" in capsys.readouterr().err
