@@ -5,7 +5,7 @@ SGLang's test/srt/test_build_eagle_tree.py, and vLLM's tests/v1/sample/test_reje
 (the greedy table, seeded determinism), run on CPU tensors; then the samplers' laws by chi-square."""
 import pytest
 import torch
-from test_acceptance import chi_square
+from spectrace.testing import chi_square
 
 from spectrace.compat.sglang import (build_tree_kernel_efficient, organize_draft_results,
                                      reconstruct_indices_from_tree_mask, tree_speculative_sampling_target_only,
@@ -212,7 +212,7 @@ def test_vllm_greedy_and_random_requests_share_a_batch():
 def test_rejection_sampler_is_lossless_at_the_first_position(with_probs):
     """vLLM's own statistical setup (two drafts per request, bonus column dropped), judged by
     chi-square: every emitted first-position token is a sample of the target."""
-    from test_acceptance import samples_for
+    from spectrace.testing import samples_for
 
     g = torch.Generator().manual_seed(0)
     q = torch.softmax(torch.randn(4, generator=g), -1)

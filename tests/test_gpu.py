@@ -194,7 +194,7 @@ def test_gpu_walk_twins_equal_the_explicit_walks(vocab):
 def test_gpu_walk_twins_keep_the_target_distribution(rule):
     """The synthetic Markov model of tests/test_acceptance.py, every run one request of a batched
     twin call: the two-token law is the target's (chi-square, the N that catches a 2% bias)."""
-    from test_acceptance import V, chi_square, markov, samples_for
+    from spectrace.testing import V, chi_square, markov, samples_for
     from test_compat import outputs
 
     from spectrace.kernels import sglang as kernels

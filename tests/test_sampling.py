@@ -5,7 +5,7 @@ import math
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_acceptance import chi_square, samples_for
+from spectrace.testing import chi_square, samples_for
 
 from spectrace.core.sampling import SamplingParams, exponential_race, probs_from_logits, sample_from_prob
 
