@@ -8,11 +8,11 @@ continuation is the first two tokens a run emits: one step when it emits two or 
 second step rooted at the first token. Exact: P(t1, t2) = p0[t1] * P[t1][t2].
 
 How many samples. A lossless rule must pass; a rule whose output moves BIAS (2%) of probability
-between the two likeliest continuations, the place where a bias is hardest to see, must fail.
-That shift gives Pearson's statistic the noncentrality N * BIAS^2 * (1/p_a + 1/p_b);
-`samples_for` picks the N at which it fails with probability 0.99 at the test's alpha of 0.001,
-and tests/test_acceptance.py's `test_the_test_catches_the_bias` checks that it does. A subtler known failure, a sampled
-tree whose shape depends on its draws, has a test of its own.
+between the two likeliest continuations, the place where a bias is hardest to see, must fail. That
+shift gives Pearson's statistic the noncentrality N * BIAS^2 * (1/p_a + 1/p_b); `samples_for` picks
+the N at which it fails with probability 0.99 at the test's alpha of 0.001, and
+tests/test_acceptance.py's `test_the_test_catches_the_bias` checks that it does. A subtler known
+failure, a sampled tree whose shape depends on its draws, has a test of its own.
 """
 from __future__ import annotations
 

@@ -19,6 +19,8 @@ from spectrace.core.trace import TraceFile
 from spectrace.viz.steptree import step_tree
 from spectrace.viz.tui import panels
 from spectrace.viz.tui.app import HelpScreen, Walkthrough
+from spectrace.viz.tui.snapshot import drive as snapshot_drive
+from spectrace.viz.tui.snapshot import snapshot
 
 DATA = Path(__file__).with_name("data")
 TRACE = DATA / "walkthrough.jsonl"
@@ -26,27 +28,8 @@ SNAPSHOTS = Path(__file__).with_name("snapshots")
 UPDATE = os.environ.get("SPECTRACE_UPDATE_SNAPSHOTS") == "1"
 
 
-def screen_text(app) -> str:
-    """The screen as plain text, as Textual's own screenshot export composes it."""
-    w, h = app.size
-    console = Console(width=w, height=h, file=io.StringIO(), record=True, legacy_windows=False, safe_box=False)
-    console.print(app.screen._compositor.render_update(full=True, screen_stack=app._background_screens))
-    return console.export_text()
-
-
 def drive(keys, size=(100, 30), export_dir=None, trace=TRACE):
-    """Open the walkthrough on `trace`, press `keys`, return (app, screen text); `app.top_screen`
-    keeps the screen on top at the end, read before the app shuts down."""
-    async def go():
-        app = Walkthrough(TraceFile(trace), export_dir=export_dir)
-        async with app.run_test(size=size) as pilot:
-            await pilot.pause()
-            for k in keys:
-                await pilot.press(k)
-                await pilot.pause()
-            app.top_screen = app.screen if app.is_running else None
-            return app, screen_text(app) if app.is_running else ""
-    return asyncio.run(go())
+    return snapshot_drive(trace, keys, size, export_dir)
 
 
 def test_opens_on_the_first_step_with_the_walk_shown():
@@ -247,3 +230,14 @@ def test_every_drafter_and_rule_walks_and_renders(tmp_path, capsys, dflash_dir, 
                 console.print(panels.tree_panel(nodes, phase, node), panels.inspector_panel(t, rec, nodes, phase, node))
             console.print(panels.stream_panel(t, meta.request, i, phase), panels.kv_panel(rec, phase))
         assert "digraph" in step_graph(rec, t.token_text).source
+
+
+def test_snapshot_gives_the_screen_as_text_and_as_svg():
+    """The lessons' helper: the same screen the Pilot flows read, and an SVG of it that parses."""
+    import xml.etree.ElementTree as ET
+
+    keys = ["right", "down"]
+    text = snapshot(TRACE, keys, size=(100, 30))
+    assert text == drive(keys)[1] and "phase" in text
+    root = ET.fromstring(snapshot(TRACE, keys, size=(100, 30), svg=True))
+    assert root.tag.endswith("svg") and "phase" in "".join(root.itertext())

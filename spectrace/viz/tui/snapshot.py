@@ -1,0 +1,48 @@
+"""The walkthrough's screen after some keys, without a terminal: for lessons (text in a terminal,
+SVG in a notebook) and for the tests that drive the walkthrough with Textual's Pilot.
+
+    snapshot(trace, keys=["right", "]"], size=(120, 40))           the screen as plain text
+    snapshot(trace, keys, size, svg=True)                          the screen as an SVG document
+"""
+from __future__ import annotations
+
+import asyncio
+import io
+from pathlib import Path
+
+from rich.console import Console
+
+from spectrace.core.trace import TraceFile
+from spectrace.viz.tui.app import Walkthrough
+
+
+def screen_text(app) -> str:
+    """The screen as plain text, as Textual's own screenshot export composes it."""
+    w, h = app.size
+    console = Console(width=w, height=h, file=io.StringIO(), record=True, legacy_windows=False, safe_box=False)
+    console.print(app.screen._compositor.render_update(full=True, screen_stack=app._background_screens))
+    return console.export_text()
+
+
+def drive(trace: str | Path, keys=(), size=(100, 30), export_dir=None, svg: bool = False):
+    """Open the walkthrough on `trace`, press `keys`, return (app, screen): the screen as text,
+    or as SVG with svg=True ("" if a key quit the app). `app.top_screen` keeps the screen on top
+    at the end, read before the app shuts down."""
+    async def go():
+        app = Walkthrough(TraceFile(trace), export_dir=export_dir)
+        async with app.run_test(size=size) as pilot:
+            await pilot.pause()
+            for k in keys:
+                await pilot.press(k)
+                await pilot.pause()
+            app.top_screen = app.screen if app.is_running else None
+            if not app.is_running:
+                return app, ""
+            return app, app.export_screenshot() if svg else screen_text(app)
+    return asyncio.run(go())
+
+
+def snapshot(trace: str | Path, keys=(), size=(100, 30), svg: bool = False) -> str:
+    """The walkthrough's screen after `keys` (Textual key names: "right", "left_square_bracket",
+    "down", ...), as text or as SVG."""
+    return drive(trace, keys, size, svg=svg)[1]
