@@ -2,7 +2,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spectrace.core.metrics import SpecMetrics, predicted_speedup, vllm_log_line
+from spectrace.core.metrics import SpecMetrics, predicted_speedup, speedup_model, vllm_log_line
 
 
 @given(K=st.integers(1, 6), data=st.data())
@@ -44,3 +44,20 @@ def test_the_seeds_speedup_model(tau, r):
     assert predicted_speedup(tau, r) < tau
     assert predicted_speedup(1.0, r) < 1
     assert abs(predicted_speedup(3.5, 0.2) - 2.9167) < 1e-4  # the seed's table row
+
+
+def test_speedup_model_reads_a_trace_as_the_run_counted_it(tmp_path):
+    """From a trace of a ragged batch: the per-step phase costs the run's own metrics summed
+    (each batch step once), τ from the summary, and τ / (1 + r)."""
+    from spectrace.core.trace import read_trace
+    from spectrace.run import RunConfig, run
+
+    res = run(RunConfig(algo="eagle", batch=3, max_new_tokens=12, trace=str(tmp_path / "t.jsonl")))
+    t = read_trace(tmp_path / "t.jsonl")
+    model = speedup_model(t.steps, t.summary["metrics"])
+    m = res.metrics
+    for phase, total in m["phase_ms"].items():
+        assert abs(model["phase_ms"][phase] - total / m["decode_steps"]) < 1e-6
+    assert model["tau"] == m["accept_length"]
+    assert model["r"] == model["phase_ms"]["draft"] / model["phase_ms"]["verify"]
+    assert model["predicted_speedup"] == predicted_speedup(model["tau"], model["r"])

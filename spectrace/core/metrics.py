@@ -114,6 +114,22 @@ def predicted_speedup(tau: float, r: float) -> float:
     return tau / (1 + r)
 
 
+def speedup_model(steps: list[dict], summary_metrics: dict) -> dict:
+    """The seed's model read from a trace (`read_trace(path).steps`, `.summary["metrics"]`): mean
+    ms per decode step of each phase (a batch's step counted once), τ, r = C_draft / C_verify and
+    the predicted speed-up τ / (1 + r)."""
+    timing = {rec["step"]: rec["timing"] for rec in steps}
+    costs = defaultdict(float)
+    for t in timing.values():
+        for phase, ms in t.items():
+            if phase != "batch_size":
+                costs[phase] += ms / len(timing)
+    tau = summary_metrics["accept_length"]
+    r = costs["draft"] / costs["verify"] if costs["verify"] else None
+    return {"phase_ms": dict(costs), "tau": tau, "r": r,
+            "predicted_speedup": predicted_speedup(tau, r) if tau is not None and r is not None else None}
+
+
 def vllm_log_line(m: dict) -> str:
     """vLLM's `SpecDecodingLogging.log` message for the whole run."""
     v = m["vllm"]
