@@ -5,13 +5,15 @@ SGLang's test/srt/test_build_eagle_tree.py, and vLLM's tests/v1/sample/test_reje
 (the greedy table, seeded determinism), run on CPU tensors; then the samplers' laws by chi-square."""
 import pytest
 import torch
-from spectrace.testing import chi_square
+from hypothesis import given
+from hypothesis import strategies as st
 
 from spectrace.compat.sglang import (build_tree_kernel_efficient, organize_draft_results,
                                      reconstruct_indices_from_tree_mask, tree_speculative_sampling_target_only,
                                      verify_tree_greedy)
 from spectrace.compat.vllm import (GREEDY_TEMPERATURE, PLACEHOLDER_TOKEN_ID, RejectionSampler, SamplingMetadata,
-                                   SpecDecodeMetadata)
+                                   SpecDecodeMetadata, calc_spec_decode_metadata)
+from spectrace.testing import chi_square
 
 # ---- SGLang ------------------------------------------------------------------------------------
 
@@ -226,3 +228,33 @@ def test_rejection_sampler_is_lossless_at_the_first_position(with_probs):
                              else None, target_logits.repeat(2 * B, 1), torch.zeros(B, 1, dtype=torch.long), sm)
     stat, crit = chi_square(torch.bincount(out[:, 0].long(), minlength=4), p)
     assert stat < crit
+
+
+def test_calc_spec_decode_metadata_on_vllms_example():
+    """gpu_model_runner's `_calc_spec_decode_metadata` example (reference/vllm.md §1.2)."""
+    input_ids = torch.arange(1000, 1209)
+    m = calc_spec_decode_metadata([3, 0, 2, 0, 1], [4, 104, 107, 207, 209], input_ids)
+    assert m.logits_indices.tolist() == [0, 1, 2, 3, 103, 104, 105, 106, 206, 207, 208]
+    assert m.bonus_logits_indices.tolist() == [3, 4, 7, 8, 10]
+    assert m.target_logits_indices.tolist() == [0, 1, 2, 5, 6, 9]
+    assert m.draft_token_ids.tolist() == (1000 + torch.tensor([1, 2, 3, 105, 106, 208])).tolist()
+    assert m.cu_num_draft_tokens.tolist() == [3, 3, 5, 5, 6] and m.max_spec_len == 3
+
+
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 20)), min_size=1, max_size=6))
+def test_calc_spec_decode_metadata_finds_each_requests_drafts_and_judges(reqs):
+    """Request i schedules a prefix of p_i tokens, then its last token and its d_i drafts: the
+    logits rows are its last d_i + 1 scheduled tokens, its bonus row the last, and draft j is
+    judged by the row just before it."""
+    num_draft = [d for d, _ in reqs]
+    sched = [d + 1 + p for d, p in reqs]
+    cu = torch.tensor(sched).cumsum(0)
+    input_ids = torch.randperm(int(cu[-1]))  # distinct ids: a row is known by its token
+    m = calc_spec_decode_metadata(num_draft, cu.numpy(), input_ids)
+    want_rows = [r for i, d in enumerate(num_draft) for r in range(int(cu[i]) - d - 1, int(cu[i]))]
+    assert m.logits_indices.tolist() == want_rows
+    assert m.logits_indices[m.bonus_logits_indices.long()].tolist() == (cu - 1).tolist()
+    drafts = [int(input_ids[r]) for i, d in enumerate(num_draft) for r in range(int(cu[i]) - d, int(cu[i]))]
+    assert m.draft_token_ids.tolist() == drafts
+    judges = m.logits_indices[m.target_logits_indices.long()]  # the row before each draft
+    assert (input_ids[judges + 1] == m.draft_token_ids.long()).all()

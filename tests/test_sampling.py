@@ -5,9 +5,9 @@ import math
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from spectrace.testing import chi_square, samples_for
 
 from spectrace.core.sampling import SamplingParams, exponential_race, probs_from_logits, sample_from_prob
+from spectrace.testing import chi_square, samples_for
 
 
 def brute_probs(logits: list[float], temperature: float, top_k: int, top_p: float) -> list[float]:

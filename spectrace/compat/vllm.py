@@ -26,8 +26,9 @@ from spectrace.core.sampling import SamplingParams, probs_from_logits
 GREEDY_TEMPERATURE = -1
 MAX_SPEC_LEN = 32
 
-__all__ = ["RejectionSampler", "SpecDecodeMetadata", "SamplingMetadata", "PLACEHOLDER_TOKEN_ID",
-           "GREEDY_TEMPERATURE", "MAX_SPEC_LEN", "NgramProposer", "_kmp_lps_array", "_find_subarray_kmp"]
+__all__ = ["RejectionSampler", "SpecDecodeMetadata", "calc_spec_decode_metadata", "SamplingMetadata",
+           "PLACEHOLDER_TOKEN_ID", "GREEDY_TEMPERATURE", "MAX_SPEC_LEN", "NgramProposer", "_kmp_lps_array",
+           "_find_subarray_kmp"]
 
 
 @dataclass
@@ -54,6 +55,43 @@ class SpecDecodeMetadata:
                    target_logits_indices=torch.zeros(n, dtype=torch.int32, device=device),
                    bonus_logits_indices=torch.zeros(len(num), dtype=torch.int32, device=device),
                    logits_indices=torch.zeros(n + len(num), dtype=torch.int32, device=device))
+
+
+def calc_spec_decode_metadata(num_draft_tokens: np.ndarray, cu_num_scheduled_tokens: np.ndarray,
+                              input_ids: torch.Tensor) -> SpecDecodeMetadata:
+    """The model runner's `_calc_spec_decode_metadata`: which rows of the flattened batch the
+    target computes logits for, and where each draft's judge and each bonus sit among them.
+    Request i was scheduled num_draft_tokens[i] + 1 tokens at the end of its slice of input_ids;
+    the logits for draft j are those of the token before it.
+
+        num_draft_tokens [3,0,2,0,1], cu_num_scheduled_tokens [4,104,107,207,209]
+        -> logits_indices [0,1,2,3,103,104,105,106,206,207,208], bonus [3,4,7,8,10],
+           target [0,1,2,5,6,9], draft_token_ids input_ids[[1,2,3,105,106,208]]"""
+    num_draft_tokens = np.asarray(num_draft_tokens, dtype=np.int32)
+    cu_num_scheduled_tokens = np.asarray(cu_num_scheduled_tokens, dtype=np.int32)
+    num_sampled_tokens = num_draft_tokens + 1  # the drafts' judges and the bonus
+    cu_num_sampled_tokens = np.cumsum(num_sampled_tokens, dtype=np.int32)
+    # a position's offset within its request's sampled rows: arange(n) for each request
+    arange = np.arange(cu_num_sampled_tokens[-1], dtype=np.int32) - np.repeat(
+        cu_num_sampled_tokens - num_sampled_tokens, num_sampled_tokens)
+    logits_indices = np.repeat(cu_num_scheduled_tokens - num_sampled_tokens, num_sampled_tokens) + arange
+    bonus_logits_indices = cu_num_sampled_tokens - 1
+    cu_num_draft_tokens = np.cumsum(num_draft_tokens, dtype=np.int32)
+    draft_arange = np.arange(cu_num_draft_tokens[-1], dtype=np.int32) - np.repeat(
+        cu_num_draft_tokens - num_draft_tokens, num_draft_tokens)
+    target_logits_indices = np.repeat(cu_num_sampled_tokens - num_sampled_tokens, num_draft_tokens) + draft_arange
+    device = input_ids.device
+
+    def tensor(a):
+        return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+    logits_indices_t = tensor(logits_indices)
+    # the drafts are the scheduled tokens after each judge: input_ids[logits_indices][target + 1]
+    draft_token_ids = input_ids[logits_indices_t.long()][tensor(target_logits_indices).long() + 1]
+    return SpecDecodeMetadata(draft_token_ids=draft_token_ids.to(torch.int32),
+                              num_draft_tokens=num_draft_tokens.tolist(),
+                              cu_num_draft_tokens=tensor(cu_num_draft_tokens),
+                              target_logits_indices=tensor(target_logits_indices),
+                              bonus_logits_indices=tensor(bonus_logits_indices), logits_indices=logits_indices_t)
 
 
 @dataclass
