@@ -1,0 +1,68 @@
+"""What every lesson shares: live runs on the embedded models, the walkthrough's screen, a step's
+tree as a figure, and the goldens the "check yourself" cells compare with.
+
+    run(name, algo=..., ...)    an in-process `spectrace run` (24 new tokens unless told), its
+                                trace in OUT; returns (RunResult, TraceFile)
+    screen(trace, keys, size)   the walkthrough after `keys`, as text (an SVG beside it in OUT)
+    tree_figure(trace, i)       step i's draft tree as an SVG in OUT (`spectrace render`)
+    expect(lesson, key, value)  a value a run produced, against lessons/expected.json
+
+Environment: SPECTRACE_LESSON_OUT (default lessons/_out, git-ignored) takes the figures and
+traces; SPECTRACE_LESSON_CI=1 (the test suite) skips what only a reader needs (figures' files
+are still written; nothing is opened); SPECTRACE_UPDATE_LESSONS=1 rewrites expected.json from
+the runs (read the diff). Values a chapter states (formula tables, worked examples) are computed
+in the lesson and compared there, never taken from expected.json.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from spectrace.core.trace import TraceFile
+from spectrace.run import RunConfig, RunResult
+from spectrace.run import run as spectrace_run
+
+HERE = Path(__file__).parent
+OUT = Path(os.environ.get("SPECTRACE_LESSON_OUT", HERE / "_out"))
+CI = os.environ.get("SPECTRACE_LESSON_CI") == "1"
+EXPECTED = HERE / "expected.json"
+UPDATE = os.environ.get("SPECTRACE_UPDATE_LESSONS") == "1"
+
+
+def run(name: str, **options) -> tuple[RunResult, TraceFile]:
+    """`spectrace run --no-tui` in-process, greedy fp32 on the CPU unless told; 24 new tokens."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    cfg = RunConfig(**{"max_new_tokens": 24, "trace": str(OUT / f"{name}.jsonl"), **options})
+    result = spectrace_run(cfg)
+    return result, TraceFile(result.trace_path)
+
+
+def screen(trace: TraceFile | str, keys=(), size=(110, 32), name: str = "screen") -> str:
+    """The walkthrough's screen after `keys` as text; its SVG goes to OUT/<name>.svg."""
+    from spectrace.viz.tui.snapshot import snapshot
+
+    path = trace.path if isinstance(trace, TraceFile) else trace
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / f"{name}.svg").write_text(snapshot(path, keys, size, svg=True))
+    return snapshot(path, keys, size)
+
+
+def tree_figure(trace: TraceFile, i: int, name: str) -> Path:
+    """Step i's draft tree, as `spectrace render` draws it, in OUT/<name>.svg."""
+    from spectrace.viz.graph import step_graph, write_figure
+
+    return write_figure(step_graph(trace.step(i), trace.token_text), OUT / f"{name}.svg")
+
+
+def expect(lesson: str, key: str, value):
+    """Assert `value` equals the golden recorded for lesson/key (floats to 4 decimals); with
+    SPECTRACE_UPDATE_LESSONS=1, record it instead."""
+    goldens = json.loads(EXPECTED.read_text()) if EXPECTED.exists() else {}
+    value = round(value, 4) if isinstance(value, float) else value
+    if UPDATE:
+        goldens.setdefault(lesson, {})[key] = value
+        EXPECTED.write_text(json.dumps(goldens, indent=1, sort_keys=True) + "\n")
+        return
+    want = goldens.get(lesson, {}).get(key)
+    assert value == want, f"{lesson}/{key}: got {value!r}, expected {want!r} (lessons/expected.json)"
