@@ -1,0 +1,128 @@
+# %% [markdown]
+# # 02 · One step, five phases: draft, verify, accept, commit, extend
+#
+# **Objectives.** Follow one speculative step of an EAGLE run phase by phase, name what each
+# phase reads and writes (and in which KV pool), map the phases onto SGLang's workers and
+# forward modes, and read a step record of a trace field by field.
+#
+# **Chapter sections.** SGLang end to end (`000`) §4, §5, §5.1, §6 (its opening).
+#
+# > Draft → Target VERIFY → Accept + Bonus → Draft extend (000 §1)
+#
+# > 投机挂在每个 decode 步上，不是整次 API 只跑一轮 draft→verify。 (000 §5.1)
+# > *Speculation happens at every decode step, not once per API call.*
+#
+# **Time.** About 15 minutes. Everything here reads the committed trace
+# `tests/data/walkthrough.jsonl` (an EAGLE run, tree 5, 4, 8, two requests, 24 tokens each); no
+# model runs. `spectrace replay tests/data/walkthrough.jsonl` opens it interactively (`[` and `]`
+# move between phases, `←` `→` between steps).
+
+# %%
+from collections import Counter
+
+from _lib import expect, screen
+
+from spectrace.core.trace import TraceFile, read_trace
+
+PATH = "tests/data/walkthrough.jsonl"
+t = read_trace(PATH)
+trace = TraceFile(PATH)
+cfg = t.header["config"]
+print(f"{cfg['resolved_algorithm']} ({cfg['num_steps']}, {cfg['topk']}, {cfg['num_draft_tokens']}), "
+      f"{len(t.summary['requests'])} requests, {len(t.steps)} step records")
+
+# %% [markdown]
+# ## Who runs what (000 §4, §5)
+#
+# SGLang's scheduler calls one facade per decode step; with speculation on, `model_worker` is the
+# draft worker, which runs the whole step and calls the target inside it:
+#
+# | SGLang | forward mode | spectrace |
+# |---|---|---|
+# | `TpModelWorker` prefill | `EXTEND` (target) | `Engine.prefill`, then `draft_extend_for_prefill` |
+# | `EagleDraftWorker.draft()`, num_steps levels | `DECODE` (draft runner) | `Engine.draft` -> `drafter.draft` |
+# | `EAGLEWorkerV2.verify()` | `TARGET_VERIFY` (target) | `Engine.verify`: one target forward over every tree node |
+# | `eagle_sample()`: the acceptance walk | - | `Engine.accept` -> the rule's `walk` |
+# | free rejected slots, keep the path | - | `Engine.commit` -> `KVCache.commit` |
+# | `_draft_extend_for_decode()` | `DRAFT_EXTEND_V2` (draft) | `Engine.extend` -> `drafter.draft_extend` |
+#
+# A request's prefill runs once; every later step runs all five phases. The trace's step record is
+# one request's part of one step.
+
+# %% [markdown]
+# ## The step, phase by phase
+#
+# The walkthrough opens on step 0 at ACCEPT; `[` goes back a phase. Each screen below is the same
+# step at another phase (their SVGs are in the lesson's output folder).
+
+# %%
+phases = {"DRAFT 1": ["left_square_bracket"] * 8, "VERIFY": ["left_square_bracket"],
+          "ACCEPT": [], "COMMIT": ["right_square_bracket"], "EXTEND": ["right_square_bracket"] * 2}
+for phase, keys in phases.items():
+    text = screen(PATH, keys, size=(110, 32), name=f"02_{phase.replace(' ', '_').lower()}")
+    if phase in ("VERIFY", "COMMIT"):
+        print(text)
+    assert f"KV cache · {phase}" in text, phase  # the panels show the step as of that phase
+
+# %% [markdown]
+# ## The record, field by field
+#
+# `correct_drafts` are the drafts the walk accepted, `bonus_token` the target's own token after
+# them, `accept_tokens` both, `committed_tokens` what entered the output (cut at EOS or the token
+# limit). `draft` is the tree (tokens, parents, q, path scores, each node's fate), `verify` the
+# target's rows, `accept` the walk's decisions, `kv` every KV event tagged with its phase.
+
+# %%
+rec = t.steps[0]
+for key in ("correct_drafts", "bonus_token", "accept_tokens", "accept_len", "committed_tokens"):
+    print(f"{key:<17} {rec[key]}")
+print(f"{'accept_nodes':<17} {rec['accept']['accept_nodes']}  (tree nodes of the accepted path, root first)")
+print(f"{'draft.fates':<17} {rec['draft']['fates']}")
+events = Counter((e["phase"], e["pool"], e["op"]) for e in rec["kv"]["events"])
+print("\nKV events of this step (phase, pool, op): count")
+for (phase, pool, op), count in events.items():
+    print(f"  {phase:<7} {pool:<6} {op:<7} {count}")
+
+# %% [markdown]
+# The draft phase allocates scratch slots in the draft's pool, writes its levels there and frees
+# them when the tree is built; verify allocates the target's slots for the tree's nodes; commit
+# keeps the accepted path's slots and frees the rest; extend writes the accepted tokens into the
+# draft's own KV, so its next draft starts from the committed prefix.
+#
+# The chapter says the decode loop "extends only after verify succeeds" (000 §5). In SGLang and
+# here, every step that leaves its request running extends the draft, whatever the verify
+# accepted (even the bonus alone must enter the draft's KV); the steps that do not extend are the
+# ones that finish their request.
+
+# %%
+extended = [any(e["phase"] == "extend" for e in r["kv"]["events"]) for r in t.steps]
+print(f"steps that extend: {sum(extended)} of {len(t.steps)}; those that do not finish their request: "
+      f"{[(r['request'], r['finish_reason']) for r, x in zip(t.steps, extended) if not x]}")
+per_request = Counter(r["request"] for r in t.steps)
+cut = sum(r["accept_len"] for r in t.steps) - sum(len(r["committed_tokens"]) for r in t.steps)
+print(f"steps per request {dict(per_request)}; tokens accepted but cut at the limit: {cut}")
+
+# %% [markdown]
+# ## Check yourself
+
+# %%
+# one prefill record per request, then one step record per request per step (= its verifies)
+assert len(t.prefills) == len(t.summary["requests"]) == 2
+assert sum(per_request.values()) == t.summary["metrics"]["verify_ct"]
+# accept_len = correct + bonus; the accepted path starts at the root
+assert rec["accept_len"] == len(rec["correct_drafts"]) + 1 and rec["accept"]["accept_nodes"][0] == 0
+# the five phases each left their events: draft (scratch), verify (alloc), commit, extend
+assert {phase for phase, _, _ in events} == {"draft", "verify", "commit", "extend"}
+# scratch is given back within the draft phase: as many draft-pool slots freed as allocated
+draft_ev = [e for e in rec["kv"]["events"] if e["phase"] == "draft"]
+assert sum(len(e["slots"]) for e in draft_ev if e["op"] == "alloc") == \
+    sum(len(e["slots"]) for e in draft_ev if e["op"] == "free")
+# only a finishing step skips the draft extend
+assert all(x or r["finish_reason"] for r, x in zip(t.steps, extended))
+# the fixture's step 0 (a committed trace: these move only when it is remade)
+expect("02", "step0_correct_drafts", rec["correct_drafts"])
+expect("02", "step0_bonus_token", rec["bonus_token"])
+expect("02", "step0_accept_nodes", rec["accept"]["accept_nodes"])
+expect("02", "step0_kv_events", len(rec["kv"]["events"]))
+expect("02", "cut_at_the_limit", cut)
+print("all checks passed")
