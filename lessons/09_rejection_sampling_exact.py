@@ -77,10 +77,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 fig, ax = plt.subplots(figsize=(6, 2.6))
-xs = torch.arange(5)
-ax.bar(xs - 0.27, pt, width=0.27, label="p (target)")
-ax.bar(xs, right / n, width=0.27, label="speculative")
-ax.bar(xs + 0.27, buggy / n, width=0.27, label="bug: redraw from p")
+xs = range(5)
+for shift, heights, label in ((-0.27, pt, "p (target)"), (0.0, right / n, "speculative"),
+                              (0.27, buggy / n, "bug: redraw from p")):
+    ax.bar([x + shift for x in xs], heights.tolist(), width=0.27, label=label)
 ax.set_xlabel("token")
 ax.legend(fontsize=7)
 fig.tight_layout()
