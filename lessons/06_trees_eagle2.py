@@ -1,0 +1,96 @@
+# %% [markdown]
+# # 06 · EAGLE-2 trees: top-k expansion, path scores, and the n - 1 best
+#
+# **Objectives.** Grow a draft tree the way SGLang's EAGLE worker does (each level expands the
+# topk best paths by their topk best next tokens), score a path by the product of its drafts'
+# q, keep the num_draft_tokens - 1 best, and see what a tree buys over a chain.
+#
+# **Chapter sections.** SGLang end to end (`000`) §6, §6.2, §6.3.
+#
+# > Tree 在每一层保留 topk 个 sibling：draft 不是赌一条路，而是长出一棵候选树。 (000 §6.2)
+# > *A tree keeps topk siblings at each level: the draft does not bet on one path, it grows a tree.*
+#
+# **Time.** About 15 minutes.
+
+# %% [markdown]
+# ## How many candidates, and how many are kept
+#
+# With topk K and num_steps S, the draft loop scores K candidates at the first level and K x K
+# at each later one (the K best paths so far, each with its K best next tokens): K + (S - 1) K²
+# candidates, not the K + K² + ... + K^S of a full tree, because only K paths are expanded per
+# level. Of these, the num_draft_tokens - 1 with the best path scores become the tree
+# (`organize_draft_results`).
+
+# %%
+from _lib import expect, run, tree_figure
+
+from spectrace.core.trace import TraceFile, read_trace
+from spectrace.core.tree import tree_capacity
+
+def full_tree(K, S):
+    """Nodes of a complete K-ary tree of depth S, what expanding every path would score."""
+    return sum(K ** i for i in range(1, S + 1))
+
+
+for K, S in ((2, 2), (4, 5), (8, 8)):
+    print(f"topk {K}, num_steps {S}: {tree_capacity(K, S)} candidates scored; a full tree: {full_tree(K, S)} nodes")
+
+# %% [markdown]
+# ## A real tree: step 0 of the walkthrough's trace (tree 5, 4, 8)
+#
+# Every node carries its q (the draft's probability of its token after its parent) and its path
+# score, the product of q along the path from the root. Since each q is at most 1, a child never
+# scores above its parent, so the best n - 1 candidates always form a tree: no kept node is
+# missing its parent.
+
+# %%
+t = read_trace("tests/data/walkthrough.jsonl")
+d = t.steps[0]["draft"]
+print(f"{'node':>4} {'parent':>6} {'depth':>5} {'q':>9} {'score':>9}  token")
+for j, (par, depth, q, score, tok) in enumerate(zip(d["parents"], d["depths"], d["q"], d["scores"], d["tokens"]),
+                                                 start=1):
+    print(f"{j:>4} {par:>6} {depth:>5} {q:>9.6f} {score:>9.6f}  {t.token_text(tok)!r}")
+print("figure:", tree_figure(TraceFile("tests/data/walkthrough.jsonl"), 0, "06_step0_tree"))
+
+# %% [markdown]
+# The root's four children are its top 4 by q; node 3's and node 4's children come next because
+# their path scores (q of the parent times q of the child) beat every other candidate of the
+# second level; nothing deeper made the 7. With SGLang's Llama shape (5, 4, 8) the 7 best paths
+# here sit at depth 2 or less: five levels are drafted, few are kept.
+
+# %% [markdown]
+# ## A chain against a tree on the same prompts
+#
+# The same EAGLE head, as a chain (topk 1, 5 drafts) and as SGLang's tree (topk 4, 8 nodes), on
+# two held-out prompts: the tree tries alternatives at each level, so a step accepts more.
+
+# %%
+from spectrace.zoo.prompts import HELD_OUT_PROMPTS  # noqa: E402
+
+tau = {}
+for name, shape in (("chain", dict(topk=1, num_steps=5)), ("tree", dict(topk=4, num_steps=5, num_draft_tokens=8))):
+    tokens = verify = 0
+    for i, prompt in enumerate(HELD_OUT_PROMPTS[:2]):
+        result, _ = run(f"06_{name}_{i}", algo="eagle", prompts=[prompt], **shape)
+        tokens, verify = tokens + result.metrics["completion_tokens"], verify + result.metrics["verify_ct"]
+    tau[name] = tokens / verify
+    print(f"{name}: τ {tau[name]:.3f}")
+
+# %% [markdown]
+# ## Check yourself
+
+# %%
+assert tree_capacity(4, 5) == 68 and full_tree(4, 5) == 1364 and tree_capacity(2, 2) == full_tree(2, 2) == 6
+# path score = product of q along the path (the trace rounds to 6 decimals)
+for j, (par, q, score) in enumerate(zip(d["parents"], d["q"], d["scores"]), start=1):
+    parent_score = 1.0 if par == 0 else d["scores"][par - 1]
+    assert abs(score - parent_score * q) < 2e-6, j
+    assert par < j and (par == 0 or d["depths"][j - 1] == d["depths"][par - 1] + 1)  # parents come first
+# no kept node outscores its parent, so the kept set is closed under parents
+assert all(par == 0 or d["scores"][j - 1] <= d["scores"][par - 1] for j, par in enumerate(d["parents"], start=1))
+# the root's children are the draft's top candidates after the root, best first
+root_children = [tok for tok, par in zip(d["tokens"], d["parents"]) if par == 0]
+assert root_children == [tok for tok, _ in d["draft_topk"][0][:len(root_children)]]
+expect("06", "chain_tau", tau["chain"])
+expect("06", "tree_tau", tau["tree"])
+print("all checks passed")
