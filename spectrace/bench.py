@@ -26,7 +26,7 @@ import torch
 
 from spectrace.core.metrics import predicted_speedup
 from spectrace.errors import SpectraceError
-from spectrace.run import DTYPES, RunConfig, RunResult, load_tokenizer, resolve, run
+from spectrace.run import RunConfig, RunResult, load_tokenizer, resolve, run
 
 Config = Callable[..., RunConfig]
 
@@ -97,7 +97,8 @@ def hf_table(config: Config, prompts: list[str], repeat: int) -> dict[str, list[
 
     logging.set_verbosity_error()  # assisted generation warns about its own internal call
     cfg = config(algo="standalone", prompts=prompts[:1], batch=None, trace=None)
-    dtype = DTYPES[cfg.dtype] if cfg.dtype else (torch.float32 if cfg.device == "cpu" else torch.bfloat16)
+    cfg.check()
+    dtype = cfg.torch_dtype
     tok = load_tokenizer(cfg.target_model)
     target = LlamaForCausalLM.from_pretrained(cfg.target_model, dtype=dtype).to(cfg.device).eval()
     draft = LlamaForCausalLM.from_pretrained(cfg.draft_path, dtype=dtype).to(cfg.device).eval()
@@ -212,6 +213,7 @@ def shape_table(config: Config, shape: str, batch_sizes: list[int], repeat: int,
     if shape not in TARGET_SHAPES:
         raise SpectraceError(f"unknown --target-shape {shape!r} (choose from {', '.join(TARGET_SHAPES)})")
     cfg = config(algo="eagle", prompts=[], batch=None, trace=None)
+    cfg.check()
     if tau is None:  # acceptance of the embedded pair at the same tree shape, batch 1, the held-out prompts
         from spectrace.zoo.prompts import HELD_OUT_PROMPTS
         tokens = verify = 0
@@ -221,7 +223,7 @@ def shape_table(config: Config, shape: str, batch_sizes: list[int], repeat: int,
         tau = tokens / verify
     spec, _ = resolve(cfg)  # SGLang's automatic shape for an EAGLE head over a Llama target
     S, K, n = spec.num_steps, spec.topk, spec.num_draft_tokens
-    dtype = DTYPES[cfg.dtype] if cfg.dtype else (torch.float32 if cfg.device == "cpu" else torch.bfloat16)
+    dtype = cfg.torch_dtype
     raw = dict(model_type="llama", rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=131072,
                **TARGET_SHAPES[shape])
     torch.manual_seed(0)

@@ -105,6 +105,11 @@ class RunConfig:
             raise SpectraceError(f"--batch {self.batch} is smaller than the {len(self.prompts)} prompts given")
 
     @property
+    def torch_dtype(self) -> torch.dtype:
+        """--dtype, else float32 on the CPU and bfloat16 on a GPU."""
+        return DTYPES[self.dtype] if self.dtype else (torch.float32 if self.device == "cpu" else torch.bfloat16)
+
+    @property
     def draft_path(self) -> str | None:
         """The drafter's directory: --draft-model, else the algorithm's embedded drafter."""
         embedded = ALGOS[self.algo].embedded if self.algo in ALGOS else None  # SpecConfig names a bad algo
@@ -364,7 +369,7 @@ def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = N
     header_written = False
     try:
         (progress or (lambda m: None))("loading the models")
-        dtype = DTYPES[cfg.dtype] if cfg.dtype else (torch.float32 if cfg.device == "cpu" else torch.bfloat16)
+        dtype = cfg.torch_dtype
         target = load_model(cfg.target_model, dtype, cfg.device)
         draft = load_drafter_model(cfg.algo, cfg.draft_path, target, tok, dtype, cfg.device) if cfg.draft_path else None
         ids = [tok.encode(p) for p in prompts]
