@@ -78,8 +78,10 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-model", default=None, metavar="DIR", help="HF checkpoint directory")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default=None, help="float32 (CPU default), bfloat16 (GPU default), float16")
-    p.add_argument("--backend", choices=["explicit", "triton"], default="explicit",
-                   help="triton: the hot operations through the Triton twins (CPU: needs TRITON_INTERPRET=1)")
+    p.add_argument("--backend", choices=["explicit", "triton", "fast"], default="explicit",
+                   help="triton: the hot operations through the Triton twins; fast: the whole batch's step on "
+                        "the twins, CUDA graphs on a GPU (greedy; none, standalone and the EAGLE heads). "
+                        "On a CPU both need TRITON_INTERPRET=1")
     p.add_argument("--deterministic", action="store_true",
                    help="batch-invariant verify: every node computed as a one-token decode computes it, so "
                         "greedy output is bit-identical to plain decoding's in any dtype (slower)")
@@ -273,11 +275,18 @@ def cmd_bench(args) -> int:
         bench.batch_table(config, args.algos, prompts, args.batch_sizes, args.repeat)
         return 0
     hf = bench.hf_table(config, prompts, args.repeat) if args.compare_hf else None
-    ours = bench.algos_table(config, args.algos, prompts, args.repeat)
+    tables = {}
+    if hf and args.backend != "explicit":  # the reference engine beside the kernels, in the same run
+        print("spectrace, --backend explicit:")
+        tables["explicit"] = bench.algos_table(lambda **o: _run_config(args, **{"backend": "explicit", **o}),
+                                               args.algos, prompts, args.repeat)
+        print(f"spectrace, --backend {args.backend}:")
+    tables[args.backend] = bench.algos_table(config, args.algos, prompts, args.repeat)
     if hf:
-        for algo, outs in ours.items():
-            same = sum(a == b for a, b in zip(outs, hf["hf generate"]))
-            print(f"spectrace {algo}: same tokens as hf generate on {same} of {len(prompts)} prompts")
+        for backend, ours in tables.items():
+            for algo, outs in ours.items():
+                same = sum(a == b for a, b in zip(outs, hf["hf generate"]))
+                print(f"spectrace {algo} ({backend}): same tokens as hf generate on {same} of {len(prompts)} prompts")
     return 0
 
 

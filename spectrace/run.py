@@ -43,7 +43,9 @@ from spectrace.zoo import MODELS_DIR, TARGET_DIR
 from spectrace.zoo.prompts import HELD_OUT_PROMPTS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-BACKENDS = ("explicit", "triton")  # triton: the Triton twins of spectrace/kernels; explicit stays the reference
+# explicit: the reference; triton: the same engine, its hot operations through the Triton twins
+# (kernels/backend.py); fast: the batched engine on the twins with CUDA graphs (kernels/engine.py)
+BACKENDS = ("explicit", "triton", "fast")
 # What the trace keeps: full, every step record with the target's and drafter's top-k at each tree
 # node; steps, the same records without the top-k lists; off, no trace file at all.
 TRACE_LEVELS = {"full": 5, "steps": 0, "off": 0}  # -> SpecConfig.trace_topk
@@ -89,7 +91,7 @@ class RunConfig:
             raise SpectraceError("--device cuda asked for, but torch sees no GPU")
         if self.backend not in BACKENDS:
             raise SpectraceError(f"unknown --backend {self.backend!r} (choose from {', '.join(BACKENDS)})")
-        if self.backend == "triton":
+        if self.backend in ("triton", "fast"):
             from spectrace.kernels import require
             require(self.device)
         if self.deterministic and self.backend != "explicit":
@@ -358,6 +360,9 @@ def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = N
         check_model_dir(cfg.draft_path, "--draft-model")
     spec, options = resolve(cfg)
     prompts = resolve_prompts(cfg.prompts, cfg.batch)
+    if cfg.backend == "fast":  # before any model is loaded
+        from spectrace.kernels.engine import check_fast
+        check_fast(spec, len(prompts))
     trace_path = Path(cfg.trace or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.algo}.jsonl")
     tok = load_tokenizer(cfg.target_model)
     writer = None
@@ -375,7 +380,13 @@ def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = N
         ids = [tok.encode(p) for p in prompts]
         check_prompts(ids, spec, _context(target, draft))
         eos = target.config.eos_token_ids or ((tok.eos_token_id,) if tok.eos_token_id is not None else ())
-        engine = build_engine(target, draft, spec, ids, eos, writer, on_step=on_step, backend=cfg.backend, **options)
+        if cfg.backend == "fast":
+            import spectrace.kernels.backend  # noqa: F401  (the model's attention through the twins)
+            from spectrace.kernels.engine import FastEngine
+            engine = FastEngine(target, draft, spec, ids, eos, writer, on_step=on_step)
+        else:
+            engine = build_engine(target, draft, spec, ids, eos, writer, on_step=on_step, backend=cfg.backend,
+                                  **options)
         threads = choose_threads(target, cfg.device)
         if writer:
             writer.write(header(cfg, spec, prompts, target, draft, engine, threads), [t for p in ids for t in p])

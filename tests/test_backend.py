@@ -45,7 +45,7 @@ def steps(path):
             out.append({"kind": rec["kind"], "request": rec["request"], "kv": kv,
                         **{k: rec.get(k) for k in ("step", "committed_tokens", "correct_drafts", "bonus_token",
                                                    "first_token")},
-                        "draft_tokens": (rec.get("draft") or {}).get("draft_tokens")})
+                        "draft_tokens": (rec.get("draft") or {}).get("tokens")})
     return out
 
 

@@ -5,6 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_backend import CASES as BACKEND_CASES
+from test_fast_engine import CASES as FAST_CASES
+from test_fast_engine import assert_same_steps, run_both
 from test_tree import run_draft_loop  # at import: hypothesis refuses @given tests defined inside one
 from transformers import AutoModelForCausalLM
 
@@ -365,3 +367,40 @@ def test_gpu_deterministic_bf16_speculative_output_equals_plain_decoding(tokeniz
     print(f"bf16 eagle = none on {sum(a == b for a, b in zip(out['eagle', False], out['none', False]))} of 8 "
           f"prompts batched, {sum(a == b for a, b in zip(out['eagle', True], out['none', True]))} of 8 with "
           f"--deterministic")
+
+
+# ---- the fast engine (kernels/engine.py) ------------------------------------------------------
+
+@pytest.mark.parametrize("batch", [1, 8])
+@pytest.mark.parametrize("algo,options", FAST_CASES, ids=[a for a, _ in FAST_CASES])
+def test_gpu_fast_engine_decides_every_step_as_the_explicit_one(algo, options, batch, tmp_path):
+    """fp32, compiled, CUDA graphs replayed: the explicit engine's trees, walks and tokens."""
+    runs = run_both(algo, {**options, "batch": batch}, tmp_path, max_new_tokens=32, device="cuda", dtype="float32")
+    assert runs["fast"][0].texts == runs["explicit"][0].texts
+    assert_same_steps(runs["explicit"][1], runs["fast"][1], batch, 1e-5)
+
+
+@pytest.mark.parametrize("algo,options", FAST_CASES, ids=[a for a, _ in FAST_CASES])
+def test_gpu_fast_engine_graph_replay_equals_eager(algo, options):
+    """bf16, batch 8: every step's record (tree, q, path scores, p, walk, tokens) from replayed
+    CUDA graphs equals the eager run's, bit for bit."""
+    from spectrace.kernels.engine import FastEngine
+    from spectrace.run import RunConfig, load_drafter_model, resolve, resolve_prompts
+
+    cfg = RunConfig(algo=algo, **{**options, "batch": 8}, max_new_tokens=32, device="cuda", dtype="bfloat16")
+    spec, _ = resolve(cfg)
+    tok = load_tokenizer(cfg.target_model)
+    target = load_model(cfg.target_model, torch.bfloat16, "cuda")
+    draft = load_drafter_model(algo, cfg.draft_path, target, tok, torch.bfloat16, "cuda") if cfg.draft_path else None
+    ids = [tok.encode(p) for p in resolve_prompts(cfg.prompts, cfg.batch)]
+    records = {}
+    for graphs in (False, True):
+        seen = records[graphs] = []
+        engine = FastEngine(target, draft, spec, ids, (0,), on_step=seen.append, graphs=graphs)
+        assert (engine.graphs is not None) == graphs
+        reqs, _ = engine.generate(ids)
+        seen.append([r.output_ids for r in reqs])
+    strip = lambda recs: [{k: v for k, v in r.items() if k != "timing"} if isinstance(r, dict) else r  # noqa: E731
+                          for r in recs]
+    assert strip(records[True]) == strip(records[False])
+    assert len(records[True]) > 8

@@ -41,26 +41,33 @@ class SpecMetrics:
         self.completion[request] += 1  # the first token comes from prefill
 
     def observe_step(self, rec: dict) -> None:
-        r = rec["request"]
-        if rec["step"] not in self.timed_steps:  # a batch's requests share their step's timing
-            self.timed_steps.add(rec["step"])
-            for phase, ms in rec["timing"].items():
+        drafted = rec["draft"] is not None
+        self.observe(rec["request"], rec["step"], rec["timing"], len(rec["committed_tokens"]),
+                     len(rec["correct_drafts"]), len(rec["draft"]["tokens"]) if drafted else None, rec["accept_len"],
+                     rec["adaptive"]["num_steps"] if "adaptive" in rec else None)
+
+    def observe(self, r: int, step: int, timing: dict, committed: int, n_correct: int, n_drafts: int | None,
+                accept_len: int, adaptive_steps: int | None = None) -> None:
+        """One request's step: tokens committed, correct drafts, drafts verified (None: a plain
+        decode step), accept_len; what a step record says, for engines that write none."""
+        if step not in self.timed_steps:  # a batch's requests share their step's timing
+            self.timed_steps.add(step)
+            for phase, ms in timing.items():
                 if phase != "batch_size":
                     self.phase_ms[phase] += ms
-        self.completion[r] += len(rec["committed_tokens"])
-        if rec["draft"] is None:  # a plain decode step: no drafts
+        self.completion[r] += committed
+        if n_drafts is None:  # a plain decode step: no drafts
             if self.num_steps:  # in a speculative run (n-gram found no match) it is still a target forward
                 self.verify_ct[r] += 1
-                self.accept_len_hist[rec["accept_len"]] += 1
+                self.accept_len_hist[accept_len] += 1
             return
-        n_correct = len(rec["correct_drafts"])
         self.verify_ct[r] += 1
         # adaptive runs change the chain length step by step; others propose num_draft_tokens - 1
-        self.proposed[r] += rec["adaptive"]["num_steps"] if "adaptive" in rec else self.num_draft_tokens - 1
+        self.proposed[r] += adaptive_steps if adaptive_steps is not None else self.num_draft_tokens - 1
         self.correct[r] += n_correct
-        self.accept_len_hist[rec["accept_len"]] += 1
+        self.accept_len_hist[accept_len] += 1
         self.num_drafts += 1
-        self.num_draft_tokens_vllm += len(rec["draft"]["tokens"])
+        self.num_draft_tokens_vllm += n_drafts
         self.num_accepted += n_correct
         for i in range(n_correct):
             self.accepted_per_pos[i] += 1

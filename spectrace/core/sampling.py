@@ -84,10 +84,11 @@ def topk_pairs(probs: torch.Tensor, k: int) -> list:
     """[[token, prob], ...] of the k most likely tokens: what a trace records of a distribution.
     probs (V,) gives one such list, (..., V) one per row."""
     p, i = torch.topk(probs.float(), min(k, probs.shape[-1]))
-    return _pairs(i.tolist(), p.tolist())
+    return as_pairs(i.tolist(), p.tolist())
 
 
-def _pairs(ids: list, ps: list) -> list:
+def as_pairs(ids: list, ps: list) -> list:
+    """Token ids and their probabilities as the trace's [[token, prob], ...] lists (nested alike)."""
     if ids and isinstance(ids[0], list):
-        return [_pairs(a, b) for a, b in zip(ids, ps)]
+        return [as_pairs(a, b) for a, b in zip(ids, ps)]
     return [[a, round(b, 6)] for a, b in zip(ids, ps)]

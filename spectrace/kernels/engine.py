@@ -1,0 +1,511 @@
+"""The fast engine (`--backend fast`): core/engine.py's speculative step with the whole batch on
+the device at once, the Triton twins for attention, tree build and the walk, and CUDA graphs as
+SGLang captures them.
+
+The phases and names are the explicit engine's; what differs is where a step's state lives:
+
+    explicit engine (core/engine.py)           fast engine (here)
+    a StepRow per request: Python lists        tensors over the batch, (bs, ...), on the device
+    KVCache: allocator, per-request commit,     StaticKV: each request owns one row of req_to_token
+      KV events for the trace                     and its slots for the whole run; COMMIT reorders
+                                                  the row's verify columns, accepted path first
+                                                  (SGLang's remap, with no allocator and no events)
+    each phase eager, synced to time it         DRAFT (the draft loop and the tree build), VERIFY
+                                                  (target forward, walk, commit) and EXTEND each
+                                                  one CUDA graph for the run's batch bucket, timed
+                                                  with CUDA events; one host sync per step, for the
+                                                  accepted tokens
+    finished requests leave the batch           they stay in their bucket row, frozen: `live`
+                                                  masks their commits
+
+Every forward is the explicit model's own (core/model.py and the drafter heads), given a
+ForwardBatch whose attention metadata (kv_indptr, kv_indices, the packed tree mask) is computed
+on the device from the step's tensors, so a graph replays it without the host:
+
+    DRAFT   level i of the draft loop: K paths per request, each its own sequence for
+            decode_attention_fwd (the committed draft KV, then its path's scratch columns,
+            drafters/scratch.py's [topk][step] layout); select_top_k_tokens and
+            organize_draft_results as the explicit drafters run them; the tree by sglang.build_tree
+    VERIFY  extend_attention_fwd over each request's n nodes, the FULL_MASK from build_tree;
+            argmax; sglang.verify_tree_greedy; the commit
+    EXTEND  the accepted tokens, padded to num_steps + 1 per request (causal: a real row never
+            sees a padding row), as SGLang's draft-extend graph runs them
+
+What it runs: none, standalone, eagle, eagle3, nextn/mtp, chains and trees, greedy acceptance.
+The other drafters (n-gram, Medusa, DFLASH, FROZEN_KV_MTP), the sampling rules and adaptive
+steps run on --backend explicit or triton. Prefill is eager. On a CPU (TRITON_INTERPRET=1) the
+same code runs eagerly, which is how the parity tests check it against the explicit engine.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+from spectrace.algos import ALGOS
+from spectrace.core.acceptance import AcceptResult
+from spectrace.core.acceptance.greedy import greedy_walk
+from spectrace.core.batch import ForwardBatch
+from spectrace.core.drafters.eagle_worker import draft_forward
+from spectrace.core.engine import Request, SpecConfig, StepRow
+from spectrace.core.kv import TokenToKVPool
+from spectrace.core.metrics import SpecMetrics
+from spectrace.core.model import CausalLM, RotaryEmbedding
+from spectrace.core.sampling import as_pairs
+from spectrace.core.step_record import prefill_record, record_token_ids, step_record
+from spectrace.core.trace import TraceWriter
+from spectrace.core.tree import DraftTree, TreeMaskMode, organize_draft_results
+from spectrace.errors import SpectraceError
+from spectrace.kernels import attention, sglang
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # batch sizes a run is padded up to, one set of graphs each
+FAST_ALGOS = ("none", "standalone", "eagle", "eagle3", "nextn", "mtp")
+
+
+def check_fast(spec: SpecConfig, batch: int) -> None:
+    """One line for what the fast engine does not run."""
+    if spec.algo not in FAST_ALGOS:
+        raise SpectraceError(f"--backend fast runs --algo {', '.join(FAST_ALGOS)}; run {spec.algo} on "
+                             "--backend explicit or triton")
+    if spec.acceptance != "greedy":
+        raise SpectraceError(f"--backend fast runs greedy acceptance (temperature 0); run --acceptance "
+                             f"{spec.acceptance} on --backend explicit or triton")
+    if spec.adaptive:
+        raise SpectraceError("--backend fast keeps one tree shape per run; run --speculative-adaptive on "
+                             "--backend explicit or triton")
+    if batch > BUCKETS[-1]:
+        raise SpectraceError(f"--backend fast captures batches of at most {BUCKETS[-1]} requests, not {batch}")
+
+
+def bucket(batch: int) -> int:
+    return next(b for b in BUCKETS if b >= batch)
+
+
+class StaticKV:
+    """One model's KV for the fast engine: the explicit pool, and a req_to_token in which request
+    b owns row b and the slots b * columns ... for the whole run. Only the order of a row's
+    entries changes (COMMIT), so no allocator is needed and no slot leaves its request.
+    `backend` routes the model's attention to kernels/backend.py's paged_attention."""
+
+    backend = "triton"
+
+    def __init__(self, model, bs: int, columns: int):
+        cfg, p = model.config, next(model.parameters())
+        self.pool = TokenToKVPool(len(model.layers), bs * columns, cfg.num_key_value_heads, cfg.head_dim, p.dtype,
+                                  p.device)
+        self.identity = torch.arange(bs * columns, device=p.device).view(bs, columns)
+        self.req_to_token = self.identity.clone()
+        self.seq_lens = torch.zeros(bs, dtype=torch.int64, device=p.device)  # committed KV per request
+
+    def reset(self) -> None:
+        self.req_to_token.copy_(self.identity)
+        self.seq_lens.zero_()
+
+    def slots(self, starts: torch.Tensor, width: int) -> torch.Tensor:
+        """(bs, width) slots of columns starts[b] .. starts[b] + width - 1 of each row."""
+        return self.req_to_token.gather(1, starts[:, None] + torch.arange(width, device=starts.device))
+
+
+def extend_batch(kv: StaticKV, input_ids, positions, width: int, tree_mask=None) -> ForwardBatch:
+    """A forward adding `width` tokens to every request after its seq_lens, with
+    extend_attention_fwd's metadata computed on the device: tree_mask (FULL_MASK from
+    build_tree) for a verify, else causal. Shapes are fixed by (bs, width): graph-safe."""
+    bs, device = kv.seq_lens.shape[0], kv.seq_lens.device
+    prefix = kv.seq_lens
+    kv_indptr = F.pad(prefix.cumsum(0), (1, 0))
+    kv_indices = torch.empty(kv.req_to_token.numel(), dtype=torch.int64, device=device)  # room for any prefixes
+    attention.create_kv_indices(kv.req_to_token, torch.arange(bs, device=device), prefix, kv_indptr, None, kv_indices)
+    meta = dict(qo_indptr=torch.arange(bs + 1, device=device) * width, kv_indptr=kv_indptr, kv_indices=kv_indices,
+                custom_mask=tree_mask, mask_indptr=None, max_len_extend=width)
+    if tree_mask is not None:  # request b's rows (width, prefix + width) start where build_tree wrote them
+        meta["mask_indptr"] = F.pad((width * (prefix + width)).cumsum(0), (1, 0))
+    return ForwardBatch(input_ids=input_ids, positions=positions, req_pool_indices=list(range(bs)),
+                        seq_lens=[], extend_lens=[width] * bs, out_cache_loc=kv.slots(prefix, width).flatten(),
+                        custom_masks=[], attn_metadata={"extend": meta})
+
+
+class DraftModel:
+    """What the draft loop needs of a drafter's model: one forward and q after its outputs.
+    Heads (EAGLE, EAGLE-3, MTP) read (token, target feature) pairs shifted by one and feed their
+    own output to deeper levels; a draft LM reads tokens at their own positions."""
+
+    def __init__(self, algo: str, model, target: CausalLM):
+        self.model, self.target = model, target
+        self.is_head = ALGOS[algo].checkpoint != "lm"
+        self.capture_layers = model.capture_layers if self.is_head else ()
+
+    def forward(self, batch: ForwardBatch, kv: StaticKV, features) -> torch.Tensor:
+        return self.model(batch, kv, features) if self.is_head else self.model(batch, kv).hidden_states
+
+    def probs(self, h: torch.Tensor) -> torch.Tensor:  # q at temperature 1: greedy drafts
+        logits = self.model.compute_logits(h, self.target.lm_head) if self.is_head else self.model.lm_head(h).float()
+        return torch.softmax(logits, dim=-1)
+
+
+class PhaseClock:
+    """Phase times without a sync: CUDA events read after the step's one sync; on a CPU, the clock."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: dict[str, tuple] = {}
+
+    def run(self, name: str, fn) -> None:
+        if self.cuda:
+            start, end = self.marks.setdefault(name, (torch.cuda.Event(enable_timing=True),
+                                                      torch.cuda.Event(enable_timing=True)))
+            start.record()
+            fn()
+            end.record()
+        else:
+            t0 = time.perf_counter()
+            fn()
+            self.marks[name] = (t0, time.perf_counter())
+
+    def read(self) -> dict[str, float]:
+        if self.cuda:
+            return {k: round(s.elapsed_time(e), 3) for k, (s, e) in self.marks.items()}
+        return {k: round((e - s) * 1000, 3) for k, (s, e) in self.marks.items()}
+
+
+class FastEngine:
+    def __init__(self, target: CausalLM, draft, spec: SpecConfig, prompt_ids: list[list[int]], eos_token_ids,
+                 trace: TraceWriter | None = None, on_step=None, graphs: bool | None = None,
+                 fused: bool | None = None):
+        """graphs: capture CUDA graphs; fused: the models' layers through kernels/fused.py (both
+        default to on a GPU; on a CPU the interpreter makes more kernels slower, not faster).
+        Fusing changes the models in place (their modules' forwards), wherever they run next."""
+        check_fast(spec, len(prompt_ids))
+        self.target, self.spec, self.trace, self.on_step = target, spec, trace, on_step
+        self.recording = trace is not None or on_step is not None
+        self.eos = set(eos_token_ids)
+        self.device = target.lm_head.weight.device
+        self.bs = bucket(len(prompt_ids))
+        S = spec.num_steps if spec.algo != "none" else 0
+        self.S, self.K, self.n = S, spec.topk, spec.num_draft_tokens
+        # a request's last step may commit up to S tokens past max_new_tokens, and a finished
+        # request still runs every phase, frozen: its row holds that and one more step's columns
+        committed = max(len(p) for p in prompt_ids) + spec.max_new_tokens + S + 1
+        self.kv = StaticKV(target, self.bs, committed + self.n)
+        self.drafter = DraftModel(spec.algo, draft, target) if draft is not None else None
+        if self.drafter is not None:  # + the draft loop's scratch or the padded extend
+            self.draft_kv = StaticKV(draft, self.bs, committed + max(S + 1, self.K * max(S - 1, 0)))
+            H = draft.config.hidden_size
+            self.next_probs = torch.zeros(self.bs, target.config.vocab_size, device=self.device)  # q after the root
+            self.last_hidden = torch.zeros(self.bs, H, dtype=target.lm_head.weight.dtype, device=self.device)
+        if fused if fused is not None else self.device.type == "cuda":
+            from spectrace.kernels.fused import fuse
+            for model in (target, draft):
+                if model is not None:
+                    fuse(model)
+        for m in [*target.modules(), *(draft.modules() if draft is not None else [])]:
+            if isinstance(m, RotaryEmbedding):  # a plain attribute kept in float32; a graph cannot copy from the host
+                m.inv_freq = m.inv_freq.to(self.device)
+        self.roots = torch.zeros(self.bs, dtype=torch.int64, device=self.device)  # each request's last token
+        self.live = torch.zeros(self.bs, dtype=torch.bool, device=self.device)
+        self.metrics = SpecMetrics(S, spec.num_draft_tokens)
+        self.step_count = 0
+        self.clock = PhaseClock(self.device)
+        self.phases = [("draft", self.draft)] if self.drafter else []
+        self.phases += [("verify", self.verify)] + ([("extend", self.extend)] if self.drafter else [])
+        self.graphs = None
+        if graphs if graphs is not None else self.device.type == "cuda":
+            self.capture()
+
+    # ---- CUDA graphs -----------------------------------------------------------------------
+    def capture(self) -> None:
+        """One graph per phase at this run's bucket, as SGLang captures the draft loop, the verify
+        and the draft extend. The warm-up runs (Triton compiles there) and the captures change the
+        state, so it is reset afterwards; each graph's outputs are the tensors its capture left,
+        which the next phase's graph reads."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                for _, fn in self.phases:
+                    fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graphs = {}
+        for name, fn in self.phases:
+            self.graphs[name] = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graphs[name]):
+                fn()
+        self.kv.reset()
+        if self.drafter:
+            self.draft_kv.reset()
+
+    def run_phases(self) -> dict[str, float]:
+        for name, fn in self.phases:
+            self.clock.run(name, self.graphs[name].replay if self.graphs else fn)
+        return self.clock.read  # read after the step's sync
+
+    # ---- the loop --------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]]) -> tuple[list[Request], dict]:
+        reqs = [Request(i, list(p)) for i, p in enumerate(prompts)]
+        t0 = time.perf_counter()
+        self.prefill(reqs)
+        while any(not r.finish_reason for r in reqs):
+            self.step(reqs)
+        metrics = self.metrics.summary(time.perf_counter() - t0)
+        metrics["per_request"] = [self.metrics.per_request(r.req_pool_idx) for r in reqs]
+        return reqs, metrics
+
+    @torch.no_grad()
+    def prefill(self, reqs: list[Request]) -> None:
+        """Eager: the target over every prompt (padding rows of the bucket get the first prompt's
+        first token), each request's first token its argmax; then the drafter over the prompt
+        (heads: shifted by one, with the target's features; an LM: prompt and first token)."""
+        prompts = [r.prompt_ids for r in reqs] + [reqs[0].prompt_ids[:1]] * (self.bs - len(reqs))
+        t0 = time.perf_counter()
+        out = self.target(self.prompt_batch(self.kv, prompts), self.kv,
+                          self.drafter.capture_layers if self.drafter else ())
+        lens = torch.tensor([len(p) for p in prompts], device=self.device)
+        first = torch.argmax(out.logits[lens.cumsum(0) - 1], dim=-1)
+        self.kv.seq_lens.copy_(lens)
+        self.roots.copy_(first)
+        if self.drafter:
+            features = torch.cat(out.aux_hidden_states, dim=-1) if out.aux_hidden_states else out.hidden_states
+            firsts = first.tolist()
+            if self.drafter.is_head:  # pairs (f_t, x_{t+1}): the prompt shifted by one, ending with the first token
+                tokens, features = [p[1:] + [t] for p, t in zip(prompts, firsts)], features
+            else:
+                tokens, features = [p + [t] for p, t in zip(prompts, firsts)], None
+            h = self.drafter.forward(self.prompt_batch(self.draft_kv, tokens), self.draft_kv, features)
+            dlens = torch.tensor([len(t) for t in tokens], device=self.device)
+            last = dlens.cumsum(0) - 1
+            self.next_probs.copy_(self.drafter.probs(h[last]))
+            self.last_hidden.copy_(h[last])
+            self.draft_kv.seq_lens.copy_(dlens)
+        ms = round((time.perf_counter() - t0) * 1000, 3)
+        for r, t in zip(reqs, first.tolist()):
+            self.append(r, [t])
+            self.metrics.observe_prefill(r.req_pool_idx)
+            if self.trace:
+                kv = {"style": "sglang", "target_seq_len": [0, len(r.prompt_ids)], "events": [], "free_slots": None}
+                rec = prefill_record(StepRow(r, 0, None, None), t, kv, {"prefill": ms})
+                self.trace.write(rec, r.prompt_ids + r.output_ids)
+        self.live.copy_(torch.tensor([not r.finish_reason for r in reqs] + [False] * (self.bs - len(reqs))))
+
+    def prompt_batch(self, kv: StaticKV, prompts: list[list[int]]) -> ForwardBatch:
+        """A prefill over a fresh cache: request b's tokens at positions 0.. in row b. The
+        attention metadata is left to kernels/backend.py (eager, host syncs allowed)."""
+        lens = [len(p) for p in prompts]
+        return ForwardBatch(
+            input_ids=torch.tensor([t for p in prompts for t in p], device=self.device),
+            positions=torch.cat([torch.arange(n, device=self.device) for n in lens]),
+            req_pool_indices=list(range(len(prompts))), seq_lens=lens, extend_lens=lens,
+            out_cache_loc=torch.cat([kv.req_to_token[b, :n] for b, n in enumerate(lens)]),
+            custom_masks=[None] * len(prompts))
+
+    @torch.no_grad()
+    def step(self, reqs: list[Request]) -> None:
+        """The phases (graph replays), one sync for the accepted tokens, then the host's part:
+        EOS and max_new_tokens, metrics, the trace."""
+        recording = self.trace is not None or self.on_step is not None
+        before = self.kv.seq_lens.tolist() if recording else None
+        read_timing = self.run_phases()
+        tokens, num = self.accept_tokens.tolist(), self.accept_num.tolist()  # the step's one sync
+        timing = {**read_timing(), "batch_size": sum(not r.finish_reason for r in reqs)}
+        host = self.step_tensors() if recording else None
+        finished = False
+        for b, r in enumerate(reqs):
+            if r.finish_reason:
+                continue
+            committed = self.append(r, tokens[b][:num[b] + 1])
+            finished |= r.finish_reason is not None
+            drafted = self.n - 1 if self.drafter else None
+            self.metrics.observe(b, self.step_count, timing, len(committed), num[b], drafted, num[b] + 1)
+            if recording:
+                rec = self.record(b, r, host, committed, before[b], timing)
+                if self.trace:
+                    self.trace.write(rec, record_token_ids(rec))
+                if self.on_step:
+                    self.on_step(rec)
+        if finished:
+            self.live.copy_(torch.tensor([not r.finish_reason for r in reqs] + [False] * (self.bs - len(reqs))))
+        self.step_count += 1
+
+    # ---- the phases: device work only, graph-safe ------------------------------------------
+    def draft(self) -> None:
+        """DRAFT: num_steps levels of K paths (select_top_k_tokens), the n - 1 best candidates
+        (organize_draft_results), the tree with its FULL_MASK over each prefix (build_tree)."""
+        K, S, n = self.K, self.S, self.n
+        hidden = self.last_hidden if self.drafter.is_head else None
+        levels = draft_forward(self.draft_level, self.next_probs, hidden, S, K)
+        parent_list, top_scores_index, draft_tokens = organize_draft_results(
+            levels.score_list, levels.token_list, levels.parents_list, n)
+        (self.tree_mask, positions, self.retrive_index, self.retrive_next_token,
+         self.retrive_next_sibling) = sglang.build_tree(parent_list, top_scores_index, self.kv.seq_lens, K, n,
+                                                        TreeMaskMode.FULL_MASK, seq_lens_sum=self.kv.req_to_token.numel())
+        self.positions = positions.view(self.bs, n)
+        self.draft_tokens = torch.cat([self.roots[:, None], draft_tokens], dim=1)  # (bs, n) root first
+        if self.recording:
+            self.keep_for_trace(levels, top_scores_index)
+
+    def keep_for_trace(self, levels, top_scores_index) -> None:
+        """What the trace keeps of each node: its q, path score, the draft's top tokens where it
+        was drawn, and the tree part of the mask (recording runs only: a dozen kernels more)."""
+        K, n = self.K, self.n
+        seq, r = self.kv.seq_lens[:, None, None], torch.arange(n, device=self.device)
+        start = F.pad((n * (self.kv.seq_lens + n)).cumsum(0), (1, 0))[:-1, None, None]
+        self.tree_rows = self.tree_mask[start + r[:, None] * (seq + n) + seq + r]  # (bs, n, n)
+        self.q = torch.gather(torch.cat(levels.q_list, dim=1), 1, top_scores_index)
+        self.scores = torch.gather(torch.cat([s.flatten(1) for s in levels.score_list], dim=1), 1, top_scores_index)
+        dists = torch.cat([p.view(self.bs, -1, p.shape[-1]) for p in levels.probs_list], dim=1)
+        k = min(max(K, self.spec.trace_topk, 1), dists.shape[-1])
+        top = torch.topk(dists, k, dim=-1)  # (bs, rows, k), gathered at each node's parent row
+        rows = (top_scores_index // K)[..., None].expand(-1, -1, k)
+        self.draft_top = (torch.gather(top.values, 1, rows), torch.gather(top.indices, 1, rows))
+
+    def draft_level(self, i: int, input_ids, hidden_states, parents):
+        """One forward of the draft loop (draft_forward's `forward`): level i's K kept paths per
+        request, path k writing scratch column k * (S - 1) + i after the committed draft KV and
+        reading that KV and its own path's columns (drafters/scratch.py)."""
+        K, S, kv, device = self.K, self.S, self.draft_kv, self.device
+        bs, T = self.bs, self.draft_kv.seq_lens
+        own = torch.arange(K, device=device) * (S - 1) + i  # (K,)
+        if i == 0:
+            self.paths = own.view(1, K, 1).expand(bs, K, 1)
+        else:  # a kept path extends path (parents // K - 1) % K of level i - 1
+            beam = (parents // K - 1 - K * (i - 1))[..., None].expand(-1, -1, i)
+            self.paths = torch.cat([torch.gather(self.paths, 1, beam), own.view(1, K, 1).expand(bs, K, 1)], dim=2)
+        rows_T = T.repeat_interleave(K)  # (bs*K,) committed draft KV of each path's request
+        kv_indptr = F.pad((rows_T + i + 1).cumsum(0), (1, 0))
+        kv_indices = torch.empty(bs * K * kv.req_to_token.shape[1], dtype=torch.int64, device=device)
+        attention.create_kv_indices(kv.req_to_token, torch.arange(bs, device=device).repeat_interleave(K), rows_T,
+                                    kv_indptr, None, kv_indices)
+        path_slots = kv.req_to_token.gather(1, T[:, None] + self.paths.flatten(1))  # (bs, K*(i+1))
+        at = kv_indptr[:-1, None] + rows_T[:, None] + torch.arange(i + 1, device=device)  # (bs*K, i+1)
+        kv_indices[at.flatten()] = path_slots.flatten()
+        batch = ForwardBatch(input_ids=input_ids, positions=rows_T + i, req_pool_indices=[], seq_lens=[],
+                             extend_lens=[K] * bs, out_cache_loc=kv.req_to_token.gather(1, T[:, None] + own).flatten(),
+                             custom_masks=[], attn_metadata={"branch": dict(kv_indptr=kv_indptr, kv_indices=kv_indices)})
+        h = self.drafter.forward(batch, kv, hidden_states)
+        return self.drafter.probs(h), h if self.drafter.is_head else None
+
+    def verify(self) -> None:
+        """VERIFY: the target over every node (plain decoding: the root alone, causal), the
+        target's argmax after each node, the greedy walk, then ACCEPT's tokens and COMMIT."""
+        bs, n, S, device = self.bs, self.n, self.S, self.device
+        if self.drafter is None:
+            batch = extend_batch(self.kv, self.roots, self.kv.seq_lens, 1)
+            candidates, tree_mask = self.roots[:, None], None
+            retrive_index = torch.arange(bs, device=device)[:, None]
+            next_token = next_sibling = torch.full((bs, 1), -1, device=device)
+        else:
+            batch = extend_batch(self.kv, self.draft_tokens.flatten(), self.positions.flatten(), n, self.tree_mask)
+            candidates, retrive_index = self.draft_tokens, self.retrive_index
+            next_token, next_sibling = self.retrive_next_token, self.retrive_next_sibling
+        out = self.target(batch, self.kv, self.drafter.capture_layers if self.drafter else ())
+        self.logits = out.logits  # (bs*n, V)
+        self.features = torch.cat(out.aux_hidden_states, dim=-1) if out.aux_hidden_states else out.hidden_states
+        self.target_predict = torch.argmax(self.logits, dim=-1)  # ties to the lowest id, as plain decoding
+        predicts = torch.full((bs * n,), -1, device=device)
+        self.accept_index = torch.full((bs, S + 1), -1, device=device)
+        self.accept_num = torch.zeros(bs, dtype=torch.int64, device=device)
+        sglang.verify_tree_greedy(predicts, self.accept_index, self.accept_num, candidates, retrive_index,
+                                  next_token, next_sibling, self.target_predict)
+        # accept_tokens (bs, S + 1): the correct drafts, then the bonus at column accept_num; -1 after
+        path = self.accept_index.clamp(min=0)
+        j = torch.arange(S + 1, device=device)
+        drafts = F.pad(candidates.flatten()[path[:, 1:]], (0, 1))
+        bonus = self.target_predict.gather(0, path.gather(1, self.accept_num[:, None]).flatten())
+        self.accept_tokens = torch.where(j < self.accept_num[:, None], drafts,
+                                         torch.where(j == self.accept_num[:, None], bonus[:, None], -1))
+        self.commit(path - (torch.arange(bs, device=device) * n)[:, None], j)
+        self.roots.copy_(torch.where(self.live, bonus, self.roots))
+
+    def commit(self, nodes: torch.Tensor, j: torch.Tensor) -> None:
+        """COMMIT (SGLang's remap): the verify's n columns of each live row reordered so the
+        accepted path's slots come first, in path order, and the rest after them, still owned by
+        the request; seq_lens grows by accept_num + 1 (the root and the correct drafts)."""
+        n = self.n
+        cols = self.kv.seq_lens[:, None] + torch.arange(n, device=self.device)
+        # rank of each node in the new order: its place on the path, else n + its index; entries
+        # past the path (and every entry of a frozen row) rewrite the root's rank 0, a no-op
+        on_path = (j <= self.accept_num[:, None]) & self.live[:, None]
+        rank = (torch.arange(n, device=self.device) + n).repeat(self.bs, 1)
+        rank.scatter_(1, torch.where(on_path, nodes, 0), torch.where(on_path, j, 0))
+        order = torch.argsort(rank, dim=1, stable=True)
+        self.kv.req_to_token.scatter_(1, cols, self.kv.req_to_token.gather(1, cols).gather(1, order))
+        self.kv.seq_lens.add_(torch.where(self.live, self.accept_num + 1, 0))
+
+    def extend(self) -> None:
+        """EXTEND (DRAFT_EXTEND): each request's accept_tokens, padded to num_steps + 1, with the
+        features of the accepted path's rows (root .. last correct draft) for a head; q and the
+        output after the last real row are what the next DRAFT starts from."""
+        E, bs, kv = self.S + 1, self.bs, self.draft_kv
+        cols = kv.seq_lens[:, None] + torch.arange(E, device=self.device)
+        batch = extend_batch(kv, self.accept_tokens.clamp(min=0).flatten(), cols.flatten(), E)
+        features = self.features[self.accept_index.clamp(min=0).flatten()] if self.drafter.is_head else None
+        h = self.drafter.forward(batch, kv, features)
+        last = torch.arange(bs, device=self.device) * E + self.accept_num
+        live = self.live[:, None]
+        self.next_probs.copy_(torch.where(live, self.drafter.probs(h[last]), self.next_probs))
+        self.last_hidden.copy_(torch.where(live, h[last], self.last_hidden))
+        kv.seq_lens.add_(torch.where(self.live, self.accept_num + 1, 0))
+
+    # ---- host side -------------------------------------------------------------------------
+    def append(self, r: Request, tokens: list[int]) -> list[int]:
+        """Commit tokens to the output until EOS or max_new_tokens; returns what entered."""
+        entered = []
+        for t in tokens:
+            r.output_ids.append(t)
+            entered.append(t)
+            if t in self.eos:
+                r.finish_reason = "eos"
+            elif len(r.output_ids) >= self.spec.max_new_tokens:
+                r.finish_reason = "length"
+            if r.finish_reason:
+                break
+        return entered
+
+    def step_tensors(self) -> dict:
+        """The step's tensors on the host, for the trace (the cost of --trace-level steps/full)."""
+        names = ["target_predict", "accept_index", "accept_num"]
+        if self.drafter:
+            names += ["draft_tokens", "positions", "tree_rows", "retrive_index", "retrive_next_token",
+                      "retrive_next_sibling", "q", "scores"]
+        host = {name: getattr(self, name).cpu() for name in names}
+        host["target_probs"] = torch.softmax(self.logits, dim=-1).view(self.bs, self.n, -1).cpu()
+        host["target_predict"] = host["target_predict"].view(self.bs, self.n)
+        host["req_to_token"], host["seq_lens"] = self.kv.req_to_token.cpu(), self.kv.seq_lens.cpu()
+        if self.drafter:
+            host["draft_seq_lens"] = self.draft_kv.seq_lens.cpu()
+            values, indices = self.draft_top
+            host["draft_topk"] = [as_pairs(ib, vb) for ib, vb in zip(indices.tolist(), values.tolist())]
+        return host
+
+    def record(self, b: int, r: Request, host: dict, committed: list[int], seq_before: int, timing: dict) -> dict:
+        """The explicit engine's step record of request b (core/step_record.py), from the step's
+        tensors; the walk's decisions from the explicit greedy walk, checked against the kernel's."""
+        n, num = self.n, int(host["accept_num"][b])
+        row = StepRow(r, seq_before, None, None, b=b, drafted=self.drafter is not None, committed=committed)
+        row.target_predict = host["target_predict"][b].tolist()
+        row.target_probs = host["target_probs"][b]
+        tree = None
+        if self.drafter is None:
+            row.candidates, row.positions = [r.output_ids[-len(committed) - 1]], [seq_before]
+            row.result = AcceptResult([], row.target_predict[0], [0], [])
+        else:
+            tree = DraftTree(draft_tokens=host["draft_tokens"], tree_mask=host["tree_rows"], positions=host["positions"],
+                             retrive_index=host["retrive_index"], retrive_next_token=host["retrive_next_token"],
+                             retrive_next_sibling=host["retrive_next_sibling"], q=host["q"], scores=host["scores"],
+                             draft_topk=host["draft_topk"])
+            row.candidates, row.positions = tree.draft_tokens[b].tolist(), tree.positions[b].tolist()
+            row.result = greedy_walk(row.candidates, tree.retrive_next_token[b].tolist(),
+                                     tree.retrive_next_sibling[b].tolist(), row.target_predict, None, None, None,
+                                     self.S, None)
+            kernel_path = (host["accept_index"][b, :num + 1] - b * n).tolist()
+            if kernel_path != row.result.accept_nodes:
+                raise SpectraceError(f"--backend fast: the greedy kernel walked {kernel_path} where the explicit "
+                                     f"walk walked {row.result.accept_nodes} (request {b}, step {self.step_count})")
+        after = int(host["seq_lens"][b])
+        kv = {"style": "sglang", "target_seq_len": [seq_before, after],
+              "req_to_token_tail": {"start": max(0, after - 16),
+                                    "slots": host["req_to_token"][b, max(0, after - 16):after].tolist()},
+              "events": [], "free_slots": None}
+        if self.drafter:
+            d_after = int(host["draft_seq_lens"][b])
+            kv["draft_seq_len"] = [d_after - num - 1, d_after]  # EXTEND ran over every accepted token
+        return step_record(self.step_count, row, tree, "greedy", kv, timing, self.spec.trace_topk)

@@ -1,0 +1,160 @@
+"""Fused twins of core/model.py's layer pieces, for the fast engine: fewer kernels per layer.
+
+A tiny model's forward on a GPU is bound by how many kernels it launches, not by arithmetic:
+the explicit decoder layer issues about 45 (RMSNorm alone is seven element-wise ops, RoPE six per
+tensor), and a CUDA graph only removes the launch cost, not the kernels. `fuse(model)` gives each
+layer's modules a fused forward, as vLLM's CustomOp gives a module a `forward_cuda` beside its
+`forward_native`:
+
+    RMSNorm    rms_norm: one kernel per row
+    Attention  one GEMM over [q; k; v] weights, then split_rope: the split and RoPE of q and k in
+               one kernel (v copied out contiguous, as the attention twins read it)
+    MLP        one GEMM over [gate; up] weights, silu_mul in one kernel, then down
+
+Each kernel rounds where the explicit ops round (to the model dtype after each torch op), so in
+float32 they agree to the ulp of exp/sqrt, and in bfloat16 almost always bit for bit
+(tests/test_fused.py). The fused weights are the old ones' storage: q_proj.weight and the rest
+become views into [q; k; v], so the explicit forward still reads the same numbers.
+"""
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from spectrace.core.model import MLP, Attention, RMSNorm
+
+
+@triton.jit
+def _rms_norm_kernel(x, weight, out, eps, H: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    ok = offs < H
+    v = tl.load(x + row * H + offs, mask=ok, other=0.0).to(tl.float32)
+    normed = v * tl.rsqrt(tl.sum(v * v, axis=0) / H + eps)
+    normed = normed.to(out.dtype.element_ty).to(tl.float32)  # x.to(dtype), as RMSNorm rounds before the weight
+    w = tl.load(weight + offs, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out + row * H + offs, (w * normed).to(out.dtype.element_ty), mask=ok)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm.forward: x (..., H) -> weight * (x / rms(x)), normalised in float32."""
+    shape = x.shape
+    x = x.reshape(-1, shape[-1]).contiguous()
+    out = torch.empty_like(x)
+    if x.shape[0]:
+        _rms_norm_kernel[(x.shape[0],)](x, weight, out, eps, H=x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]))
+    return out.view(shape)
+
+
+@triton.jit
+def _split_rope_kernel(qkv, cos, sin, q, k, v, NQ: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    t, head = tl.program_id(0), tl.program_id(1)  # one token's one head of q, k or v
+    j = tl.arange(0, BLOCK)
+    ok = j < D
+    width: tl.constexpr = (NQ + 2 * NKV) * D
+    x = tl.load(qkv + t * width + head * D + j, mask=ok, other=0.0)
+    if head >= NQ + NKV:  # v: copied as is
+        tl.store(v + (t * NKV + head - NQ - NKV) * D + j, x, mask=ok)
+    else:  # x * cos + rotate_half(x) * sin, rounded after each op as the explicit tensors are
+        half: tl.constexpr = D // 2
+        partner = tl.load(qkv + t * width + head * D + (j + half) % D, mask=ok, other=0.0)
+        rotated = tl.where(j < half, -partner, partner)
+        c = tl.load(cos + t * D + j, mask=ok, other=0.0)
+        s = tl.load(sin + t * D + j, mask=ok, other=0.0)
+        y = ((x * c).to(x.dtype) + (rotated * s).to(x.dtype)).to(x.dtype)
+        if head < NQ:
+            tl.store(q + (t * NQ + head) * D + j, y, mask=ok)
+        else:
+            tl.store(k + (t * NKV + head - NQ) * D + j, y, mask=ok)
+
+
+def split_rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int,
+               head_dim: int):
+    """qkv (N, (h + 2 kvh) d) -> q (N, h, d), k (N, kvh, d) with RoPE applied (cos, sin (N, 1, d)),
+    v (N, kvh, d): core/model.py's apply_rope on q_proj and k_proj outputs, and v_proj's."""
+    N = qkv.shape[0]
+    q = qkv.new_empty(N, num_heads, head_dim)
+    k, v = qkv.new_empty(2, N, num_kv_heads, head_dim)
+    if N:
+        _split_rope_kernel[(N, num_heads + 2 * num_kv_heads)](
+            qkv.contiguous(), cos.contiguous(), sin.contiguous(), q, k, v, NQ=num_heads, NKV=num_kv_heads, D=head_dim,
+            BLOCK=triton.next_power_of_2(head_dim))
+    return q, k, v
+
+
+@triton.jit
+def _silu_mul_kernel(gate_up, out, I: tl.constexpr, BLOCK: tl.constexpr):
+    row, block = tl.program_id(0), tl.program_id(1)
+    offs = block * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < I
+    g = tl.load(gate_up + row * 2 * I + offs, mask=ok, other=0.0)
+    u = tl.load(gate_up + row * 2 * I + I + offs, mask=ok, other=0.0)
+    gf = g.to(tl.float32)
+    silu = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)  # F.silu, in float32, rounded to the dtype
+    tl.store(out + row * I + offs, (silu * u).to(g.dtype), mask=ok)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up (N, 2I) = [gate | up] -> silu(gate) * up (N, I): the SwiGLU between MLP's GEMMs."""
+    N, I = gate_up.shape[0], gate_up.shape[1] // 2
+    out = gate_up.new_empty(N, I)
+    if N:
+        _silu_mul_kernel[(N, triton.cdiv(I, 1024))](gate_up.contiguous(), out, I=I, BLOCK=1024)
+    return out
+
+
+# ---- the modules' fused forwards ----------------------------------------------------------------
+
+def _rms_norm_forward(self: RMSNorm, x):
+    return rms_norm(x, self.weight, self.eps)
+
+
+def _attention_forward(self: Attention, x, cos, sin, batch, kv):
+    from spectrace.core.model import ATTENTION
+
+    N = x.shape[0]
+    q, k, v = split_rope(F.linear(x, self.qkv_weight, self.qkv_bias), cos, sin, self.num_heads, self.num_kv_heads,
+                         self.head_dim)
+    kv.pool.write(self.layer_id, batch.out_cache_loc, k, v)
+    out = ATTENTION[kv.backend](q, k, v, batch, kv, self.layer_id)
+    return self.o_proj(out.view(N, self.num_heads * self.head_dim))
+
+
+def _mlp_forward(self: MLP, x):
+    return self.down_proj(silu_mul(F.linear(x, self.gate_up_weight, self.gate_up_bias)))
+
+
+def _concat(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One weight (and bias) over the linears' outputs; each linear's parameters become views of it."""
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    bias = torch.cat([lin.bias.detach() for lin in linears]) if linears[0].bias is not None else None
+    start = 0
+    for lin in linears:
+        rows = lin.weight.shape[0]
+        lin.weight = nn.Parameter(weight[start:start + rows], requires_grad=False)
+        if bias is not None:
+            lin.bias = nn.Parameter(bias[start:start + rows], requires_grad=False)
+        start += rows
+    return weight, bias
+
+
+def fuse(model: nn.Module) -> nn.Module:
+    """Give every RMSNorm, Attention and MLP of `model` its fused forward (once; in place)."""
+    for m in model.modules():
+        if "forward" in vars(m):
+            continue
+        if isinstance(m, RMSNorm):
+            m.forward = types.MethodType(_rms_norm_forward, m)
+        elif isinstance(m, Attention):
+            m.qkv_weight, m.qkv_bias = _concat([m.q_proj, m.k_proj, m.v_proj])
+            m.forward = types.MethodType(_attention_forward, m)
+        elif isinstance(m, MLP):
+            m.gate_up_weight, m.gate_up_bias = _concat([m.gate_proj, m.up_proj])
+            m.forward = types.MethodType(_mlp_forward, m)
+    return model

@@ -1,0 +1,105 @@
+"""`--backend fast` (spectrace/kernels/engine.py) decides every step as the explicit engine does:
+for each algorithm it runs, chains and trees, batch 1 and ragged batches padded to a bucket, the
+same draft trees, the same walk, the same committed tokens, correct_drafts and bonus_token, the
+same sequence lengths; its numbers (q, path scores, p) equal to float32 rounding. On the CPU it
+runs eagerly with the kernels interpreted, so runs are a few tokens long; tests/test_gpu.py checks
+it compiled, its CUDA graphs against eager, bit for bit."""
+import json
+
+import pytest
+import torch
+
+from spectrace.errors import SpectraceError
+from spectrace.run import RunConfig, run
+
+pytest.importorskip("triton")
+
+CASES = [  # (algo, options): batch 3 is a ragged batch in a bucket of 4 (one padding row)
+    ("none", dict(batch=2)),
+    ("standalone", dict(batch=1)),
+    ("eagle", dict(topk=4, batch=1)),
+    ("eagle3", dict(topk=2, num_steps=3, num_draft_tokens=6, batch=3)),
+    ("mtp", dict(topk=1, num_steps=3, batch=2)),
+]
+EXACT_DRAFT = ("tokens", "parents", "depths", "tree_mask", "retrive_next_token", "retrive_next_sibling", "fates")
+CLOSE_DRAFT = ("q", "scores")
+
+
+def step_records(path) -> list[dict]:
+    return [r for r in map(json.loads, open(path)) if r["kind"] == "step"]
+
+
+def assert_close_pairs(got, want, tol: float):
+    """[[token, p], ...] lists (nested): the same tokens, p within tol."""
+    if want and isinstance(want[0], list) and want[0] and isinstance(want[0][0], list):
+        for g, w in zip(got, want, strict=True):
+            assert_close_pairs(g, w, tol)
+        return
+    assert [t for t, _ in got] == [t for t, _ in want]
+    assert [p for _, p in got] == pytest.approx([p for _, p in want], abs=tol)
+
+
+def assert_same_steps(explicit_trace, fast_trace, batch: int, tol: float) -> None:
+    """Every step record of the fast run decides what the explicit run's does: the same tree, walk,
+    tokens and lengths; its numbers within `tol`."""
+    explicit, fast = step_records(explicit_trace), step_records(fast_trace)
+    assert len(explicit) >= batch
+    for want, got in zip(explicit, fast, strict=True):
+        for key in ("step", "request", "correct_drafts", "bonus_token", "accept_tokens", "committed_tokens",
+                    "finish_reason"):
+            assert got[key] == want[key], key
+        assert got["accept"] == want["accept"]
+        assert got["kv"]["target_seq_len"] == want["kv"]["target_seq_len"]
+        for key in ("tokens", "positions", "target_predict"):
+            assert got["verify"][key] == want["verify"][key], key
+        assert got["verify"]["p_draft"] == pytest.approx(want["verify"]["p_draft"], abs=tol)
+        assert_close_pairs(got["verify"]["target_topk"], want["verify"]["target_topk"], tol)
+        if want["draft"] is None:
+            assert got["draft"] is None
+            continue
+        for key in EXACT_DRAFT:
+            assert got["draft"][key] == want["draft"][key], key
+        for key in CLOSE_DRAFT:
+            assert got["draft"][key] == pytest.approx(want["draft"][key], abs=tol), key
+        assert_close_pairs(got["draft"]["draft_topk"], want["draft"]["draft_topk"], tol)
+
+
+def run_both(algo: str, options: dict, tmp_path, **kw) -> dict:
+    """The same run on --backend explicit and fast, each with a full trace: {backend: (result, trace)}."""
+    out = {}
+    for backend in ("explicit", "fast"):
+        trace = tmp_path / f"{backend}.jsonl"
+        out[backend] = run(RunConfig(algo=algo, trace=str(trace), backend=backend, **options, **kw)), trace
+    return out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="tests/test_gpu.py runs these compiled")
+@pytest.mark.parametrize("algo,options", CASES, ids=[a for a, _ in CASES])
+def test_fast_engine_decides_every_step_as_the_explicit_one(algo, options, tmp_path):
+    runs = run_both(algo, options, tmp_path, max_new_tokens=6)
+    (explicit, explicit_trace), (fast, fast_trace) = runs["explicit"], runs["fast"]
+    assert fast.texts == explicit.texts
+    assert_same_steps(explicit_trace, fast_trace, options["batch"], 2e-6)
+    for key in ("completion_tokens", "verify_ct", "accept_length", "accept_rate", "accept_len_histogram"):
+        assert fast.metrics[key] == explicit.metrics[key], key
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU runs; tests/test_gpu.py covers the GPU")
+def test_fast_engine_trace_opens_in_the_walkthrough(tmp_path):
+    from spectrace.viz.tui.snapshot import snapshot
+
+    trace = tmp_path / "fast.jsonl"
+    run(RunConfig(algo="eagle", topk=4, max_new_tokens=4, trace=str(trace), backend="fast", trace_level="steps"))
+    screen = snapshot(trace, keys=["right", "right"])
+    assert "VERIFY" in screen or "DRAFT" in screen
+
+
+@pytest.mark.parametrize("options,message", [
+    (dict(algo="ngram"), "--backend fast runs --algo"),
+    (dict(algo="eagle", temperature=1.0), "greedy acceptance"),
+    (dict(algo="eagle", adaptive=True, topk=1, num_steps=3), "one tree shape"),
+    (dict(algo="eagle", batch=65), "at most 64 requests"),
+])
+def test_fast_engine_refuses_what_it_does_not_run(options, message):
+    with pytest.raises(SpectraceError, match=message):
+        run(RunConfig(backend="fast", max_new_tokens=2, trace_level="off", **options))

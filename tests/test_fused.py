@@ -1,0 +1,92 @@
+"""kernels/fused.py: each fused piece equals the explicit ops it replaces (core/model.py), and a
+fused model's forward equals the explicit one. On a CPU the kernels run interpreted, in float32
+only (the interpreter truncates to bfloat16 where a GPU rounds to nearest even); on a GPU in
+float32 and bfloat16, and end to end through the fast engine in tests/test_gpu.py."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("triton")
+
+from spectrace.core.batch import ForwardBatch  # noqa: E402
+from spectrace.core.model import RMSNorm, RotaryEmbedding, apply_rope  # noqa: E402
+from spectrace.kernels import fused  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float32] + ([torch.bfloat16] if DEVICE == "cuda" else [])
+
+
+def assert_equal_or_ulp(got, want):
+    """float32: equal to rounding of exp/rsqrt; bfloat16: equal, or one bf16 ulp in a few elements."""
+    if want.dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-6)
+    else:
+        torch.testing.assert_close(got.float(), want.float(), rtol=8e-3, atol=1e-5)
+        assert (got != want).sum() <= 0.02 * want.numel()
+
+
+@settings(max_examples=10, deadline=None)
+@given(rows=st.integers(0, 5), hidden=st.sampled_from([8, 48, 256]), dtype=st.sampled_from(DTYPES),
+       seed=st.integers(0, 2**16))
+def test_rms_norm_equals_the_explicit_norm(rows, hidden, dtype, seed):
+    torch.manual_seed(seed)
+    norm = RMSNorm(hidden, 1e-5).to(DEVICE, dtype)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = (torch.randn(rows, hidden) * 3).to(DEVICE, dtype)
+    assert_equal_or_ulp(fused.rms_norm(x, norm.weight, norm.eps), norm(x))
+
+
+@settings(max_examples=10, deadline=None)
+@given(tokens=st.integers(1, 5), heads=st.sampled_from([(4, 2), (2, 2), (4, 1)]), head_dim=st.sampled_from([8, 32]),
+       dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**16))
+def test_split_rope_equals_the_explicit_projections_and_rope(tokens, heads, head_dim, dtype, seed):
+    torch.manual_seed(seed)
+    h, kvh = heads
+    qkv = torch.randn(tokens, (h + 2 * kvh) * head_dim).to(DEVICE, dtype)
+    cos, sin = RotaryEmbedding(head_dim, 10000.0)(torch.randint(0, 500, (tokens,), device=DEVICE), dtype)
+    q, k, v = fused.split_rope(qkv, cos, sin, h, kvh, head_dim)
+    want_q, want_k, want_v = qkv.split([h * head_dim, kvh * head_dim, kvh * head_dim], dim=1)
+    assert_equal_or_ulp(q, apply_rope(want_q.reshape(tokens, h, head_dim), cos, sin))
+    assert_equal_or_ulp(k, apply_rope(want_k.reshape(tokens, kvh, head_dim), cos, sin))
+    assert torch.equal(v, want_v.reshape(tokens, kvh, head_dim))
+
+
+@settings(max_examples=10, deadline=None)
+@given(rows=st.integers(0, 4), inner=st.sampled_from([3, 64, 1500]), dtype=st.sampled_from(DTYPES),
+       seed=st.integers(0, 2**16))
+def test_silu_mul_equals_swiglu(rows, inner, dtype, seed):
+    torch.manual_seed(seed)
+    gate_up = (torch.randn(rows, 2 * inner) * 4).to(DEVICE, dtype)
+    gate, up = gate_up.split(inner, dim=1)
+    assert_equal_or_ulp(fused.silu_mul(gate_up), F.silu(gate) * up)
+
+
+@pytest.mark.parametrize("name", ["target", "eagle3"])
+@pytest.mark.skipif(DEVICE == "cuda", reason="the fast engine's GPU tests run fused models end to end")
+def test_a_fused_model_computes_the_explicit_forward(target, drafters, name):
+    """The embedded target (and the EAGLE-3 head, whose q/k/v read 2H) fused: the same logits, and
+    its old q/k/v and gate/up weights are views of the fused ones (no copy)."""
+    from spectrace.core.kv import KVCache
+    from spectrace.kernels.backend import paged_attention  # noqa: F401  (registers the twins)
+
+    model = copy.deepcopy(target if name == "target" else drafters["eagle3"])
+    ids = list(range(5, 17))
+    features = torch.randn(len(ids), len(getattr(model, "capture_layers", ())) * target.config.hidden_size)
+    outs = []
+    for fuse in (False, True):
+        if fuse:
+            fused.fuse(model)
+        kv = model.new_kv_cache("t", "sglang", 32, 1, 32)
+        batch = ForwardBatch.build(kv, [(0, 0, ids)])
+        if name == "target":
+            outs.append(model(batch, kv).logits)
+        else:
+            outs.append(model.compute_logits(model(batch, kv, features)))
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+    attn = next(m for m in model.modules() if hasattr(m, "qkv_weight"))
+    assert attn.q_proj.weight.data_ptr() == attn.qkv_weight.data_ptr()
