@@ -50,11 +50,14 @@ def algos_table(config: Config, algos: list[str], prompts: list[str], repeat: in
     """Prints a row per algorithm (`none` first when asked for); returns each algorithm's output
     ids, prompt by prompt. Beside tokens/s, τ and α: the mean draft, verify and other (accept,
     commit, extend) ms of a decode step, r = C_draft / C_verify, the seed's predicted speed-up
-    τ / (1 + r) and, with `none` in the table, the realised one (tokens/s over none's)."""
+    τ / (1 + r) and, with `none` in the table, the realised one (tokens/s over none's) beside the
+    whole-step model τ C_AR / (C_draft + C_verify + C_other), C_AR = none's ms per step: the seed's
+    formula without its two approximations (C_extend dropped, a verify costing one decode)."""
     algos = sorted(algos, key=lambda a: a != "none")
     print(f"{'algo':<20} {'steps,topk,n':>12} {'tokens/s':>9} {'tau':>6} {'alpha':>6} {'verify_ct':>9} "
-          f"{'draft ms':>8} {'verify ms':>9} {'other ms':>8} {'r':>6} {'tau/(1+r)':>9} {'realised':>8}")
-    outputs, none_tps = {}, None
+          f"{'draft ms':>8} {'verify ms':>9} {'other ms':>8} {'r':>6} {'tau/(1+r)':>9} {'step model':>10} "
+          f"{'realised':>8}")
+    outputs, none_tps, c_ar = {}, None, None
     for algo in algos:
         tokens = wall = verify = correct = proposed = steps = 0
         phase_ms = Counter()
@@ -79,10 +82,12 @@ def algos_table(config: Config, algos: list[str], prompts: list[str], repeat: in
                  f"{correct / proposed:>6.3f}" if proposed else f"{'-':>6}", f"{verify:>9}",
                  f"{c_draft:>8.2f}", f"{c_verify:>9.2f}", f"{c_other:>8.2f}"]
         if algo == "none":
-            cells += [f"{'-':>6}", f"{'-':>9}", f"{'-':>8}"]
+            c_ar = c_verify + c_other
+            cells += [f"{'-':>6}", f"{'-':>9}", f"{'-':>10}", f"{'-':>8}"]
         else:
-            r = c_draft / c_verify
-            cells += [f"{r:>6.3f}", f"{predicted_speedup(tokens / verify, r):>8.2f}x",
+            r, tau = c_draft / c_verify, tokens / verify
+            step_model = f"{tau * c_ar / (c_draft + c_verify + c_other):>9.2f}x" if c_ar else f"{'-':>10}"
+            cells += [f"{r:>6.3f}", f"{predicted_speedup(tau, r):>8.2f}x", step_model,
                       f"{tps / none_tps:>7.2f}x" if none_tps else f"{'-':>8}"]
         print(f"{algo:<20} {shape_of(algo, res):>12} " + " ".join(cells))
     return outputs
@@ -230,16 +235,20 @@ def shape_table(config: Config, shape: str, batch_sizes: list[int], repeat: int,
     with torch.device(cfg.device):  # initialised where they run: an 8B model never visits host memory
         target = CausalLM(ModelConfig.from_json(raw)).to(dtype).eval()
         head = CausalLM(ModelConfig.from_json({**raw, "num_hidden_layers": 1})).to(dtype).eval()
+    cost = forward_ms
+    if cfg.backend == "fast":  # the fast engine's forwards: fused, Triton attention, one CUDA graph each
+        from spectrace.kernels.engine import forward_cost_ms as cost
     print(f"predicted, not measured end to end: costs at the {shape} shape (random weights, {kv_len}-token "
-          f"context, {cfg.device} {str(dtype)[6:]}), tau {tau:.3f} of the embedded eagle ({S},{K},{n})")
+          f"context, {cfg.device} {str(dtype)[6:]}, {cfg.backend} forwards), tau {tau:.3f} of the embedded "
+          f"eagle ({S},{K},{n})")
     print(f"{'batch':>5} {'C_AR ms':>8} {'draft ms':>8} {'verify ms':>9} {'extend ms':>9} {'r':>6} "
           f"{'tau/(1+r)':>9} {'predicted':>9} {'EAGLE-3 paper':>13}")
     table = {}
     for bs in batch_sizes:
-        c_ar = forward_ms(target, kv_len, bs, 1, repeat)
-        c_draft = forward_ms(head, kv_len, bs, 1, repeat) + (S - 1) * forward_ms(head, kv_len, bs, K, repeat)
-        c_verify = forward_ms(target, kv_len, bs, n, repeat)
-        c_extend = forward_ms(head, kv_len, bs, max(1, round(tau)), repeat)
+        c_ar = cost(target, kv_len, bs, 1, repeat)
+        c_draft = cost(head, kv_len, bs, 1, repeat) + (S - 1) * cost(head, kv_len, bs, K, repeat)
+        c_verify = cost(target, kv_len, bs, n, repeat)
+        c_extend = cost(head, kv_len, bs, max(1, round(tau)), repeat)
         r = c_draft / c_verify
         predicted = tau * c_ar / (c_draft + c_verify + c_extend)
         table[bs] = dict(tau=tau, c_ar=c_ar, c_draft=c_draft, c_verify=c_verify, c_extend=c_extend,

@@ -55,9 +55,12 @@ def test_compare_hf_paths_give_spectrace_none_its_tokens(tmp_path, monkeypatch, 
     # eagle's row: the seed's model from its own columns, and the realised speed-up from tokens/s
     none_row = next(line for line in out.splitlines() if line.startswith("none ")).split()
     row = next(line for line in out.splitlines() if line.startswith("eagle ")).split()
-    tps, tau, r, predicted, realised = float(row[2]), float(row[3]), float(row[9]), row[10], row[11]
+    tps, tau, r, predicted, step_model, realised = (float(row[2]), float(row[3]), float(row[9]), row[10], row[11],
+                                                    row[12])
     assert abs(float(predicted.rstrip("x")) - tau / (1 + r)) < 0.011
     assert abs(float(realised.rstrip("x")) - tps / float(none_row[2])) < 0.011
+    c_ar, c_step = float(none_row[7]) + float(none_row[8]), sum(float(c) for c in row[6:9])
+    assert abs(float(step_model.rstrip("x")) - tau * c_ar / c_step) < 0.02  # τ C_AR / C_step
     assert abs(r - float(row[6]) / float(row[7])) < 0.002  # r = draft ms / verify ms
 
 

@@ -125,6 +125,49 @@ def extend_batch(kv: StaticKV, input_ids, positions, width: int, tree_mask=None)
                         custom_masks=[], attn_metadata={"extend": meta})
 
 
+def place_rotary(model, device) -> None:
+    """RoPE's frequencies onto the device: a plain float32 attribute that model.to() leaves on the
+    host, copied at every forward, and a CUDA graph cannot copy from the host."""
+    for m in model.modules():
+        if isinstance(m, RotaryEmbedding):
+            m.inv_freq = m.inv_freq.to(device)
+
+
+def forward_cost_ms(model, kv_len: int, bs: int, rows: int, repeat: int) -> float:
+    """Median ms of one forward as the fast engine runs it (fused layers, Triton attention, replayed
+    from a CUDA graph, timed with CUDA events) over bs requests of `rows` causal new tokens after
+    kv_len cached ones: a decode (rows 1), a verify (rows n; a tree mask costs about the same) or a
+    draft level. For `spectrace bench --target-shape` with --backend fast."""
+    import spectrace.kernels.backend  # noqa: F401  (the attention twins)
+    from spectrace.kernels.fused import fuse
+
+    fuse(model)
+    kv = StaticKV(model, bs, kv_len + rows)
+    device = kv.seq_lens.device
+    place_rotary(model, device)
+    kv.seq_lens.fill_(kv_len)
+    ids = torch.ones(bs * rows, dtype=torch.int64, device=device)
+    positions = (kv_len + torch.arange(rows, device=device)).repeat(bs)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            model(extend_batch(kv, ids, positions, rows), kv)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        model(extend_batch(kv, ids, positions, rows), kv)
+    times = []
+    for _ in range(repeat + 1):  # the first replay warms up
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times[1:])[len(times[1:]) // 2]
+
+
 class DraftModel:
     """What the draft loop needs of a drafter's model: one forward and q after its outputs.
     Heads (EAGLE, EAGLE-3, MTP) read (token, target feature) pairs shifted by one and feed their
@@ -144,28 +187,27 @@ class DraftModel:
 
 
 class PhaseClock:
-    """Phase times without a sync: CUDA events read after the step's one sync; on a CPU, the clock."""
+    """Phase times without a sync: CUDA events, read once the step's tokens have arrived; on a
+    CPU, the clock. `run` returns the phase's marks, `read` their milliseconds."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
-        self.marks: dict[str, tuple] = {}
 
-    def run(self, name: str, fn) -> None:
-        if self.cuda:
-            start, end = self.marks.setdefault(name, (torch.cuda.Event(enable_timing=True),
-                                                      torch.cuda.Event(enable_timing=True)))
-            start.record()
-            fn()
-            end.record()
-        else:
+    def run(self, fn) -> tuple:
+        if not self.cuda:
             t0 = time.perf_counter()
             fn()
-            self.marks[name] = (t0, time.perf_counter())
+            return t0, time.perf_counter()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        return start, end
 
-    def read(self) -> dict[str, float]:
+    def read(self, marks: dict[str, tuple]) -> dict[str, float]:
         if self.cuda:
-            return {k: round(s.elapsed_time(e), 3) for k, (s, e) in self.marks.items()}
-        return {k: round((e - s) * 1000, 3) for k, (s, e) in self.marks.items()}
+            return {k: round(s.elapsed_time(e), 3) for k, (s, e) in marks.items()}
+        return {k: round((e - s) * 1000, 3) for k, (s, e) in marks.items()}
 
 
 class FastEngine:
@@ -183,9 +225,10 @@ class FastEngine:
         self.bs = bucket(len(prompt_ids))
         S = spec.num_steps if spec.algo != "none" else 0
         self.S, self.K, self.n = S, spec.topk, spec.num_draft_tokens
-        # a request's last step may commit up to S tokens past max_new_tokens, and a finished
-        # request still runs every phase, frozen: its row holds that and one more step's columns
-        committed = max(len(p) for p in prompt_ids) + spec.max_new_tokens + S + 1
+        # a request's last step may commit up to S tokens past max_new_tokens, the step launched
+        # ahead of the host's reading (overlap) S + 1 more, and a finished request still runs
+        # every phase, frozen: its row holds that and one more step's columns
+        committed = max(len(p) for p in prompt_ids) + spec.max_new_tokens + 2 * (S + 1)
         self.kv = StaticKV(target, self.bs, committed + self.n)
         self.drafter = DraftModel(spec.algo, draft, target) if draft is not None else None
         if self.drafter is not None:  # + the draft loop's scratch or the padded extend
@@ -198,13 +241,13 @@ class FastEngine:
             for model in (target, draft):
                 if model is not None:
                     fuse(model)
-        for m in [*target.modules(), *(draft.modules() if draft is not None else [])]:
-            if isinstance(m, RotaryEmbedding):  # a plain attribute kept in float32; a graph cannot copy from the host
-                m.inv_freq = m.inv_freq.to(self.device)
+        for model in (target, draft):
+            if model is not None:
+                place_rotary(model, self.device)
         self.roots = torch.zeros(self.bs, dtype=torch.int64, device=self.device)  # each request's last token
         self.live = torch.zeros(self.bs, dtype=torch.bool, device=self.device)
         self.metrics = SpecMetrics(S, spec.num_draft_tokens)
-        self.step_count = 0
+        self.step_count = 0  # steps the host has read
         self.clock = PhaseClock(self.device)
         self.phases = [("draft", self.draft)] if self.drafter else []
         self.phases += [("verify", self.verify)] + ([("extend", self.extend)] if self.drafter else [])
@@ -234,18 +277,22 @@ class FastEngine:
         if self.drafter:
             self.draft_kv.reset()
 
-    def run_phases(self) -> dict[str, float]:
-        for name, fn in self.phases:
-            self.clock.run(name, self.graphs[name].replay if self.graphs else fn)
-        return self.clock.read  # read after the step's sync
-
     # ---- the loop --------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]]) -> tuple[list[Request], dict]:
+        """Prefill, then steps until every request is finished. Without a trace (nothing reads the
+        device state after a step) the next step is launched before the last one is read, so the
+        GPU runs it while the host checks EOS and lengths (SGLang's overlap scheduler); a request
+        that finished runs one step more, frozen, whose tokens nobody reads."""
         reqs = [Request(i, list(p)) for i, p in enumerate(prompts)]
         t0 = time.perf_counter()
         self.prefill(reqs)
-        while any(not r.finish_reason for r in reqs):
-            self.step(reqs)
+        pending = self.launch() if any(not r.finish_reason for r in reqs) else None
+        while pending is not None:
+            ahead = self.launch() if not self.recording else None
+            self.finish_step(reqs, pending)
+            pending = None if all(r.finish_reason for r in reqs) else ahead or self.launch()
+        if self.device.type == "cuda":  # a step launched ahead of the end finishes inside the measured time
+            torch.cuda.synchronize()
         metrics = self.metrics.summary(time.perf_counter() - t0)
         metrics["per_request"] = [self.metrics.per_request(r.req_pool_idx) for r in reqs]
         return reqs, metrics
@@ -284,7 +331,7 @@ class FastEngine:
                 kv = {"style": "sglang", "target_seq_len": [0, len(r.prompt_ids)], "events": [], "free_slots": None}
                 rec = prefill_record(StepRow(r, 0, None, None), t, kv, {"prefill": ms})
                 self.trace.write(rec, r.prompt_ids + r.output_ids)
-        self.live.copy_(torch.tensor([not r.finish_reason for r in reqs] + [False] * (self.bs - len(reqs))))
+        self.set_live(reqs)
 
     def prompt_batch(self, kv: StaticKV, prompts: list[list[int]]) -> ForwardBatch:
         """A prefill over a fresh cache: request b's tokens at positions 0.. in row b. The
@@ -297,33 +344,51 @@ class FastEngine:
             out_cache_loc=torch.cat([kv.req_to_token[b, :n] for b, n in enumerate(lens)]),
             custom_masks=[None] * len(prompts))
 
+    def launch(self) -> dict:
+        """Enqueue one step: each phase (a graph replay, or eager), then the accepted tokens'
+        copy to the host. Returns what finish_step reads."""
+        before = self.kv.seq_lens.tolist() if self.recording else None
+        marks = {name: self.clock.run(self.graphs[name].replay if self.graphs else fn) for name, fn in self.phases}
+        if self.device.type != "cuda":
+            return {"marks": marks, "out": self.step_out.clone(), "done": None, "before": before}
+        out = torch.empty(self.step_out.shape, dtype=self.step_out.dtype, pin_memory=True)
+        out.copy_(self.step_out, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return {"marks": marks, "out": out, "done": done, "before": before}
+
     @torch.no_grad()
-    def step(self, reqs: list[Request]) -> None:
-        """The phases (graph replays), one sync for the accepted tokens, then the host's part:
-        EOS and max_new_tokens, metrics, the trace."""
-        recording = self.trace is not None or self.on_step is not None
-        before = self.kv.seq_lens.tolist() if recording else None
-        read_timing = self.run_phases()
-        tokens, num = self.accept_tokens.tolist(), self.accept_num.tolist()  # the step's one sync
-        timing = {**read_timing(), "batch_size": sum(not r.finish_reason for r in reqs)}
-        host = self.step_tensors() if recording else None
+    def finish_step(self, reqs: list[Request], launched: dict) -> None:
+        """The host's part of a launched step, once its tokens have arrived (the step's one
+        sync): EOS and max_new_tokens, metrics, the trace."""
+        if launched["done"] is not None:
+            launched["done"].synchronize()
+        rows = launched["out"].tolist()  # (bs, S + 2): accept_tokens, then accept_num
+        timing = {**self.clock.read(launched["marks"]), "batch_size": sum(not r.finish_reason for r in reqs)}
+        host = self.step_tensors() if self.recording else None
         finished = False
         for b, r in enumerate(reqs):
             if r.finish_reason:
                 continue
-            committed = self.append(r, tokens[b][:num[b] + 1])
+            num = rows[b][-1]
+            committed = self.append(r, rows[b][:num + 1])
             finished |= r.finish_reason is not None
             drafted = self.n - 1 if self.drafter else None
-            self.metrics.observe(b, self.step_count, timing, len(committed), num[b], drafted, num[b] + 1)
-            if recording:
-                rec = self.record(b, r, host, committed, before[b], timing)
+            self.metrics.observe(b, self.step_count, timing, len(committed), num, drafted, num + 1)
+            if self.recording:
+                rec = self.record(b, r, host, committed, launched["before"][b], timing)
                 if self.trace:
                     self.trace.write(rec, record_token_ids(rec))
                 if self.on_step:
                     self.on_step(rec)
         if finished:
-            self.live.copy_(torch.tensor([not r.finish_reason for r in reqs] + [False] * (self.bs - len(reqs))))
+            self.set_live(reqs)
         self.step_count += 1
+
+    def set_live(self, reqs: list[Request]) -> None:
+        """Which bucket rows still commit; copied without waiting for the steps already enqueued."""
+        live = torch.tensor([not r.finish_reason for r in reqs] + [False] * (self.bs - len(reqs)))
+        self.live.copy_(live.pin_memory() if self.device.type == "cuda" else live, non_blocking=True)
 
     # ---- the phases: device work only, graph-safe ------------------------------------------
     def draft(self) -> None:
@@ -412,6 +477,7 @@ class FastEngine:
         bonus = self.target_predict.gather(0, path.gather(1, self.accept_num[:, None]).flatten())
         self.accept_tokens = torch.where(j < self.accept_num[:, None], drafts,
                                          torch.where(j == self.accept_num[:, None], bonus[:, None], -1))
+        self.step_out = torch.cat([self.accept_tokens, self.accept_num[:, None]], dim=1)  # what the host reads
         self.commit(path - (torch.arange(bs, device=device) * n)[:, None], j)
         self.roots.copy_(torch.where(self.live, bonus, self.roots))
 

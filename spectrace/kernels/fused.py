@@ -65,9 +65,13 @@ def _split_rope_kernel(qkv, cos, sin, q, k, v, NQ: tl.constexpr, NKV: tl.constex
         half: tl.constexpr = D // 2
         partner = tl.load(qkv + t * width + head * D + (j + half) % D, mask=ok, other=0.0)
         rotated = tl.where(j < half, -partner, partner)
-        c = tl.load(cos + t * D + j, mask=ok, other=0.0)
-        s = tl.load(sin + t * D + j, mask=ok, other=0.0)
-        y = ((x * c).to(x.dtype) + (rotated * s).to(x.dtype)).to(x.dtype)
+        c = tl.load(cos + t * D + j, mask=ok, other=0.0).to(tl.float32)
+        s = tl.load(sin + t * D + j, mask=ok, other=0.0).to(tl.float32)
+        # in float32, each product rounded to the dtype and back, so the compiler cannot fuse
+        # them into one FMA (torch rounds x * cos and rotate_half(x) * sin before adding)
+        xc = (x.to(tl.float32) * c).to(x.dtype).to(tl.float32)
+        rs = (rotated.to(tl.float32) * s).to(x.dtype).to(tl.float32)
+        y = (xc + rs).to(x.dtype)
         if head < NQ:
             tl.store(q + (t * NQ + head) * D + j, y, mask=ok)
         else:
@@ -96,8 +100,8 @@ def _silu_mul_kernel(gate_up, out, I: tl.constexpr, BLOCK: tl.constexpr):
     g = tl.load(gate_up + row * 2 * I + offs, mask=ok, other=0.0)
     u = tl.load(gate_up + row * 2 * I + I + offs, mask=ok, other=0.0)
     gf = g.to(tl.float32)
-    silu = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)  # F.silu, in float32, rounded to the dtype
-    tl.store(out + row * I + offs, (silu * u).to(g.dtype), mask=ok)
+    silu = (gf / (1.0 + tl.exp(-gf))).to(g.dtype).to(tl.float32)  # F.silu, in float32, rounded to the dtype
+    tl.store(out + row * I + offs, (silu * u.to(tl.float32)).to(g.dtype), mask=ok)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
