@@ -90,3 +90,21 @@ def test_a_fused_model_computes_the_explicit_forward(target, drafters, name):
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
     attn = next(m for m in model.modules() if hasattr(m, "qkv_weight"))
     assert attn.q_proj.weight.data_ptr() == attn.qkv_weight.data_ptr()
+
+
+def test_rounded_is_torchs_round_to_nearest_even():
+    """The kernels' bfloat16 rounding by hand equals torch's cast, ties to even included."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def kernel(x, out, N: tl.constexpr):
+        i = tl.arange(0, N)
+        tl.store(out + i, fused.rounded(tl.load(x + i), tl.bfloat16))
+
+    torch.manual_seed(0)
+    x = torch.randn(4096, device=DEVICE) * 10
+    x[:4] = torch.tensor([1.0 + 2**-8, 1.0 + 3 * 2**-8, -1.0 - 2**-8, 0.0])  # halfway: down, up, down, zero
+    out = torch.empty_like(x)
+    kernel[(1,)](x, out, N=4096)
+    assert torch.equal(out, x.to(torch.bfloat16).float())

@@ -245,6 +245,11 @@ class FastEngine:
             if model is not None:
                 place_rotary(model, self.device)
         self.roots = torch.zeros(self.bs, dtype=torch.int64, device=self.device)  # each request's last token
+        # prefill's inputs: every prompt padded to the longest, L rows a request (+ 1 for a draft LM,
+        # which reads the first token too); padding rows write KV past the prompt, overwritten later
+        self.L = max(len(p) for p in prompt_ids)
+        self.prompt_ids = torch.zeros(self.bs, self.L, dtype=torch.int64, device=self.device)
+        self.prompt_lens = torch.ones(self.bs, dtype=torch.int64, device=self.device)
         self.live = torch.zeros(self.bs, dtype=torch.bool, device=self.device)
         self.metrics = SpecMetrics(S, spec.num_draft_tokens)
         self.step_count = 0  # steps the host has read
@@ -253,23 +258,24 @@ class FastEngine:
         self.phases += [("verify", self.verify)] + ([("extend", self.extend)] if self.drafter else [])
         self.graphs = None
         if graphs if graphs is not None else self.device.type == "cuda":
-            self.capture()
+            self.capture([("prefill", self.prefill_forward)] + self.phases)
 
     # ---- CUDA graphs -----------------------------------------------------------------------
-    def capture(self) -> None:
+    def capture(self, phases) -> None:
         """One graph per phase at this run's bucket, as SGLang captures the draft loop, the verify
-        and the draft extend. The warm-up runs (Triton compiles there) and the captures change the
-        state, so it is reset afterwards; each graph's outputs are the tensors its capture left,
-        which the next phase's graph reads."""
+        and the draft extend, and here the prefill too (at the run's prompt length: eager, its
+        launches cost more than the steps' GPU time). The warm-up runs (Triton compiles there) and
+        the captures change the state, so it is reset afterwards; each graph's outputs are the
+        tensors its capture left, which the next phase's graph reads."""
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
-                for _, fn in self.phases:
+                for _, fn in phases:
                     fn()
         torch.cuda.current_stream().wait_stream(stream)
         self.graphs = {}
-        for name, fn in self.phases:
+        for name, fn in phases:
             self.graphs[name] = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graphs[name]):
                 fn()
@@ -299,32 +305,23 @@ class FastEngine:
 
     @torch.no_grad()
     def prefill(self, reqs: list[Request]) -> None:
-        """Eager: the target over every prompt (padding rows of the bucket get the first prompt's
-        first token), each request's first token its argmax; then the drafter over the prompt
-        (heads: shifted by one, with the target's features; an LM: prompt and first token)."""
-        prompts = [r.prompt_ids for r in reqs] + [reqs[0].prompt_ids[:1]] * (self.bs - len(reqs))
-        t0 = time.perf_counter()
-        out = self.target(self.prompt_batch(self.kv, prompts), self.kv,
-                          self.drafter.capture_layers if self.drafter else ())
-        lens = torch.tensor([len(p) for p in prompts], device=self.device)
-        first = torch.argmax(out.logits[lens.cumsum(0) - 1], dim=-1)
-        self.kv.seq_lens.copy_(lens)
-        self.roots.copy_(first)
+        """The prompts into the static buffers (padding rows of the bucket: one token), the
+        prefill graph (or eager), each request's first token back."""
+        if len(reqs) > self.bs or max(len(r.prompt_ids) for r in reqs) > self.L:
+            raise SpectraceError("FastEngine.generate takes the prompts the engine was built for")
+        lens = [len(r.prompt_ids) for r in reqs] + [1] * (self.bs - len(reqs))
+        ids = [r.prompt_ids + [0] * (self.L - len(r.prompt_ids)) for r in reqs]
+        ids += [[reqs[0].prompt_ids[0]] + [0] * (self.L - 1)] * (self.bs - len(reqs))
+        self.kv.reset()
         if self.drafter:
-            features = torch.cat(out.aux_hidden_states, dim=-1) if out.aux_hidden_states else out.hidden_states
-            firsts = first.tolist()
-            if self.drafter.is_head:  # pairs (f_t, x_{t+1}): the prompt shifted by one, ending with the first token
-                tokens, features = [p[1:] + [t] for p, t in zip(prompts, firsts)], features
-            else:
-                tokens, features = [p + [t] for p, t in zip(prompts, firsts)], None
-            h = self.drafter.forward(self.prompt_batch(self.draft_kv, tokens), self.draft_kv, features)
-            dlens = torch.tensor([len(t) for t in tokens], device=self.device)
-            last = dlens.cumsum(0) - 1
-            self.next_probs.copy_(self.drafter.probs(h[last]))
-            self.last_hidden.copy_(h[last])
-            self.draft_kv.seq_lens.copy_(dlens)
+            self.draft_kv.reset()
+        self.prompt_ids.copy_(torch.tensor(ids))
+        self.prompt_lens.copy_(torch.tensor(lens))
+        t0 = time.perf_counter()
+        (self.graphs["prefill"].replay if self.graphs else self.prefill_forward)()
+        first = self.roots.tolist()
         ms = round((time.perf_counter() - t0) * 1000, 3)
-        for r, t in zip(reqs, first.tolist()):
+        for r, t in zip(reqs, first):
             self.append(r, [t])
             self.metrics.observe_prefill(r.req_pool_idx)
             if self.trace:
@@ -333,16 +330,36 @@ class FastEngine:
                 self.trace.write(rec, r.prompt_ids + r.output_ids)
         self.set_live(reqs)
 
-    def prompt_batch(self, kv: StaticKV, prompts: list[list[int]]) -> ForwardBatch:
-        """A prefill over a fresh cache: request b's tokens at positions 0.. in row b. The
-        attention metadata is left to kernels/backend.py (eager, host syncs allowed)."""
-        lens = [len(p) for p in prompts]
-        return ForwardBatch(
-            input_ids=torch.tensor([t for p in prompts for t in p], device=self.device),
-            positions=torch.cat([torch.arange(n, device=self.device) for n in lens]),
-            req_pool_indices=list(range(len(prompts))), seq_lens=lens, extend_lens=lens,
-            out_cache_loc=torch.cat([kv.req_to_token[b, :n] for b, n in enumerate(lens)]),
-            custom_masks=[None] * len(prompts))
+    def prefill_forward(self) -> None:
+        """Target EXTEND over every prompt (causal, L rows a request); each request's first token
+        is the argmax after its last real row. Then the drafter aligns itself with the prompt, as
+        SGLang's forward_draft_extend: heads read pairs (f_t, x_{t+1}), the prompt shifted by one
+        ending with the first token; a draft LM reads the prompt and the first token."""
+        bs, L, device = self.bs, self.L, self.device
+        rows = torch.arange(L, device=device)
+        out = self.target(extend_batch(self.kv, self.prompt_ids.flatten(), rows.repeat(bs), L), self.kv,
+                          self.drafter.capture_layers if self.drafter else ())
+        last = torch.arange(bs, device=device) * L + self.prompt_lens - 1
+        self.roots.copy_(torch.argmax(out.logits[last], dim=-1))
+        self.kv.seq_lens.copy_(self.prompt_lens)
+        if not self.drafter:
+            return
+        width = L if self.drafter.is_head else L + 1
+        tokens = self.prompt_ids[:, 1:] if self.drafter.is_head else self.prompt_ids
+        tokens = F.pad(tokens, (0, width - tokens.shape[1]))  # (bs, width), the first token scattered in:
+        tokens.scatter_(1, (self.prompt_lens - 1 if self.drafter.is_head else self.prompt_lens)[:, None],
+                        self.roots[:, None])
+        features = None
+        if self.drafter.is_head:
+            features = torch.cat(out.aux_hidden_states, dim=-1) if out.aux_hidden_states else out.hidden_states
+        width_rows = torch.arange(width, device=device)
+        h = self.drafter.forward(extend_batch(self.draft_kv, tokens.flatten(), width_rows.repeat(bs), width),
+                                 self.draft_kv, features)
+        d_lens = self.prompt_lens if self.drafter.is_head else self.prompt_lens + 1
+        d_last = torch.arange(bs, device=device) * width + d_lens - 1
+        self.next_probs.copy_(self.drafter.probs(h[d_last]))
+        self.last_hidden.copy_(h[d_last])
+        self.draft_kv.seq_lens.copy_(d_lens)
 
     def launch(self) -> dict:
         """Enqueue one step: each phase (a graph replay, or eager), then the accepted tokens'

@@ -30,13 +30,25 @@ from spectrace.core.model import MLP, Attention, RMSNorm
 
 
 @triton.jit
+def rounded(x, dtype: tl.constexpr):
+    """float32 x rounded to `dtype` and kept in float32, as a torch op's result is rounded before
+    the next op reads it. bfloat16 by hand (round to nearest even on the bit pattern): the compiler
+    folds a cast there and back, and then contracts a product and a sum into one FMA."""
+    if dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+    return x.to(dtype).to(tl.float32)
+
+
+@triton.jit
 def _rms_norm_kernel(x, weight, out, eps, H: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     ok = offs < H
     v = tl.load(x + row * H + offs, mask=ok, other=0.0).to(tl.float32)
     normed = v * tl.rsqrt(tl.sum(v * v, axis=0) / H + eps)
-    normed = normed.to(out.dtype.element_ty).to(tl.float32)  # x.to(dtype), as RMSNorm rounds before the weight
+    normed = rounded(normed, out.dtype.element_ty)  # x.to(dtype), as RMSNorm rounds before the weight
     w = tl.load(weight + offs, mask=ok, other=0.0).to(tl.float32)
     tl.store(out + row * H + offs, (w * normed).to(out.dtype.element_ty), mask=ok)
 
@@ -67,10 +79,9 @@ def _split_rope_kernel(qkv, cos, sin, q, k, v, NQ: tl.constexpr, NKV: tl.constex
         rotated = tl.where(j < half, -partner, partner)
         c = tl.load(cos + t * D + j, mask=ok, other=0.0).to(tl.float32)
         s = tl.load(sin + t * D + j, mask=ok, other=0.0).to(tl.float32)
-        # in float32, each product rounded to the dtype and back, so the compiler cannot fuse
-        # them into one FMA (torch rounds x * cos and rotate_half(x) * sin before adding)
-        xc = (x.to(tl.float32) * c).to(x.dtype).to(tl.float32)
-        rs = (rotated.to(tl.float32) * s).to(x.dtype).to(tl.float32)
+        # torch rounds x * cos and rotate_half(x) * sin to the dtype before adding them
+        xc = rounded(x.to(tl.float32) * c, x.dtype)
+        rs = rounded(rotated.to(tl.float32) * s, x.dtype)
         y = (xc + rs).to(x.dtype)
         if head < NQ:
             tl.store(q + (t * NQ + head) * D + j, y, mask=ok)
@@ -100,7 +111,7 @@ def _silu_mul_kernel(gate_up, out, I: tl.constexpr, BLOCK: tl.constexpr):
     g = tl.load(gate_up + row * 2 * I + offs, mask=ok, other=0.0)
     u = tl.load(gate_up + row * 2 * I + I + offs, mask=ok, other=0.0)
     gf = g.to(tl.float32)
-    silu = (gf / (1.0 + tl.exp(-gf))).to(g.dtype).to(tl.float32)  # F.silu, in float32, rounded to the dtype
+    silu = rounded(gf / (1.0 + tl.exp(-gf)), g.dtype)  # F.silu, in float32, rounded to the dtype
     tl.store(out + row * I + offs, (silu * u.to(tl.float32)).to(g.dtype), mask=ok)
 
 
