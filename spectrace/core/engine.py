@@ -127,6 +127,21 @@ class Request:
     gen: torch.Generator | None = None  # this request's random numbers (sampling only)
 
 
+def append_tokens(r: Request, tokens: list[int], eos: set[int], max_new_tokens: int) -> list[int]:
+    """Commit tokens to a request's output until EOS or max_new_tokens; returns what entered."""
+    entered = []
+    for t in tokens:
+        r.output_ids.append(t)
+        entered.append(t)
+        if t in eos:
+            r.finish_reason = "eos"
+        elif len(r.output_ids) >= max_new_tokens:
+            r.finish_reason = "length"
+        if r.finish_reason:
+            break
+    return entered
+
+
 @dataclass
 class StepRow:
     """One request's part of one step: what each phase reads and leaves for the next."""
@@ -397,18 +412,7 @@ class Engine:
         return AcceptResult([], token, [0], [], bonus_from("target", 0, row.target_probs[0], self.spec.trace_topk))
 
     def append(self, r: Request, tokens: list[int]) -> list[int]:
-        """Commit tokens to the output until EOS or max_new_tokens; returns what entered."""
-        entered = []
-        for t in tokens:
-            r.output_ids.append(t)
-            entered.append(t)
-            if t in self.eos:
-                r.finish_reason = "eos"
-            elif len(r.output_ids) >= self.spec.max_new_tokens:
-                r.finish_reason = "length"
-            if r.finish_reason:
-                break
-        return entered
+        return append_tokens(r, tokens, self.eos, self.spec.max_new_tokens)
 
     def siblings(self, r: Request) -> SiblingStats:
         """What a tree_rejection request's j-th sibling draw has been worth so far."""

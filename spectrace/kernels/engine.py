@@ -18,8 +18,8 @@ The phases and names are the explicit engine's; what differs is where a step's s
     finished requests leave the batch           they stay in their bucket row, frozen: `live`
                                                   masks their commits
 
-Every forward is the explicit model's own (core/model.py and the drafter heads), given a
-ForwardBatch whose attention metadata (kv_indptr, kv_indices, the packed tree mask) is computed
+Every forward is the explicit model's own (core/model.py and the drafter heads; on a GPU with
+kernels/fused.py's fused layer pieces), given a ForwardBatch whose attention metadata (kv_indptr, kv_indices, the packed tree mask) is computed
 on the device from the step's tensors, so a graph replays it without the host:
 
     DRAFT   level i of the draft loop: K paths per request, each its own sequence for
@@ -33,8 +33,9 @@ on the device from the step's tensors, so a graph replays it without the host:
 
 What it runs: none, standalone, eagle, eagle3, nextn/mtp, chains and trees, greedy acceptance.
 The other drafters (n-gram, Medusa, DFLASH, FROZEN_KV_MTP), the sampling rules and adaptive
-steps run on --backend explicit or triton. Prefill is eager. On a CPU (TRITON_INTERPRET=1) the
-same code runs eagerly, which is how the parity tests check it against the explicit engine.
+steps run on --backend explicit or triton. Prefill is a graph too, every prompt padded to the
+run's longest. On a CPU (TRITON_INTERPRET=1) the same code runs eagerly, which is how the parity
+tests check it against the explicit engine.
 """
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ from spectrace.core.acceptance import AcceptResult
 from spectrace.core.acceptance.greedy import greedy_walk
 from spectrace.core.batch import ForwardBatch
 from spectrace.core.drafters.eagle_worker import draft_forward
-from spectrace.core.engine import Request, SpecConfig, StepRow
+from spectrace.core.engine import Request, SpecConfig, StepRow, append_tokens
 from spectrace.core.kv import TokenToKVPool
 from spectrace.core.metrics import SpecMetrics
 from spectrace.core.model import CausalLM, RotaryEmbedding
@@ -416,9 +417,9 @@ class FastEngine:
         levels = draft_forward(self.draft_level, self.next_probs, hidden, S, K)
         parent_list, top_scores_index, draft_tokens = organize_draft_results(
             levels.score_list, levels.token_list, levels.parents_list, n)
-        (self.tree_mask, positions, self.retrive_index, self.retrive_next_token,
-         self.retrive_next_sibling) = sglang.build_tree(parent_list, top_scores_index, self.kv.seq_lens, K, n,
-                                                        TreeMaskMode.FULL_MASK, seq_lens_sum=self.kv.req_to_token.numel())
+        (self.tree_mask, positions, self.retrive_index, self.retrive_next_token, self.retrive_next_sibling) = \
+            sglang.build_tree(parent_list, top_scores_index, self.kv.seq_lens, K, n, TreeMaskMode.FULL_MASK,
+                              seq_lens_sum=self.kv.req_to_token.numel())  # a bound on the prefixes: no sync
         self.positions = positions.view(self.bs, n)
         self.draft_tokens = torch.cat([self.roots[:, None], draft_tokens], dim=1)  # (bs, n) root first
         if self.recording:
@@ -461,7 +462,8 @@ class FastEngine:
         kv_indices[at.flatten()] = path_slots.flatten()
         batch = ForwardBatch(input_ids=input_ids, positions=rows_T + i, req_pool_indices=[], seq_lens=[],
                              extend_lens=[K] * bs, out_cache_loc=kv.req_to_token.gather(1, T[:, None] + own).flatten(),
-                             custom_masks=[], attn_metadata={"branch": dict(kv_indptr=kv_indptr, kv_indices=kv_indices)})
+                             custom_masks=[],
+                             attn_metadata={"branch": dict(kv_indptr=kv_indptr, kv_indices=kv_indices)})
         h = self.drafter.forward(batch, kv, hidden_states)
         return self.drafter.probs(h), h if self.drafter.is_head else None
 
@@ -471,7 +473,7 @@ class FastEngine:
         bs, n, S, device = self.bs, self.n, self.S, self.device
         if self.drafter is None:
             batch = extend_batch(self.kv, self.roots, self.kv.seq_lens, 1)
-            candidates, tree_mask = self.roots[:, None], None
+            candidates = self.roots[:, None]
             retrive_index = torch.arange(bs, device=device)[:, None]
             next_token = next_sibling = torch.full((bs, 1), -1, device=device)
         else:
@@ -530,18 +532,7 @@ class FastEngine:
 
     # ---- host side -------------------------------------------------------------------------
     def append(self, r: Request, tokens: list[int]) -> list[int]:
-        """Commit tokens to the output until EOS or max_new_tokens; returns what entered."""
-        entered = []
-        for t in tokens:
-            r.output_ids.append(t)
-            entered.append(t)
-            if t in self.eos:
-                r.finish_reason = "eos"
-            elif len(r.output_ids) >= self.spec.max_new_tokens:
-                r.finish_reason = "length"
-            if r.finish_reason:
-                break
-        return entered
+        return append_tokens(r, tokens, self.eos, self.spec.max_new_tokens)
 
     def step_tensors(self) -> dict:
         """The step's tensors on the host, for the trace (the cost of --trace-level steps/full)."""
@@ -571,8 +562,9 @@ class FastEngine:
             row.candidates, row.positions = [r.output_ids[-len(committed) - 1]], [seq_before]
             row.result = AcceptResult([], row.target_predict[0], [0], [])
         else:
-            tree = DraftTree(draft_tokens=host["draft_tokens"], tree_mask=host["tree_rows"], positions=host["positions"],
-                             retrive_index=host["retrive_index"], retrive_next_token=host["retrive_next_token"],
+            tree = DraftTree(draft_tokens=host["draft_tokens"], tree_mask=host["tree_rows"],
+                             positions=host["positions"], retrive_index=host["retrive_index"],
+                             retrive_next_token=host["retrive_next_token"],
                              retrive_next_sibling=host["retrive_next_sibling"], q=host["q"], scores=host["scores"],
                              draft_topk=host["draft_topk"])
             row.candidates, row.positions = tree.draft_tokens[b].tolist(), tree.positions[b].tolist()
