@@ -24,6 +24,7 @@ from spectrace.run import RunConfig, RunResult
 from spectrace.run import run as spectrace_run
 
 HERE = Path(__file__).parent
+ROOT = HERE.parent  # the repository: tests/data holds the fixture traces lessons read
 OUT = Path(os.environ.get("SPECTRACE_LESSON_OUT", HERE / "_out"))
 CI = os.environ.get("SPECTRACE_LESSON_CI") == "1"
 EXPECTED = HERE / "expected.json"

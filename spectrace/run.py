@@ -381,7 +381,6 @@ def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = N
         check_prompts(ids, spec, _context(target, draft))
         eos = target.config.eos_token_ids or ((tok.eos_token_id,) if tok.eos_token_id is not None else ())
         if cfg.backend == "fast":
-            import spectrace.kernels.backend  # noqa: F401  (the model's attention through the twins)
             from spectrace.kernels.engine import FastEngine
             engine = FastEngine(target, draft, spec, ids, eos, writer, on_step=on_step)
         else:

@@ -59,6 +59,7 @@ from spectrace.core.trace import TraceWriter
 from spectrace.core.tree import DraftTree, TreeMaskMode, organize_draft_results
 from spectrace.errors import SpectraceError
 from spectrace.kernels import attention, sglang
+from spectrace.kernels import backend  # noqa: F401  (registers the twins: the models' attention runs through them)
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # batch sizes a run is padded up to, one set of graphs each
 FAST_ALGOS = ("none", "standalone", "eagle", "eagle3", "nextn", "mtp")
@@ -139,7 +140,6 @@ def forward_cost_ms(model, kv_len: int, bs: int, rows: int, repeat: int) -> floa
     from a CUDA graph, timed with CUDA events) over bs requests of `rows` causal new tokens after
     kv_len cached ones: a decode (rows 1), a verify (rows n; a tree mask costs about the same) or a
     draft level. For `spectrace bench --target-shape` with --backend fast."""
-    import spectrace.kernels.backend  # noqa: F401  (the attention twins)
     from spectrace.kernels.fused import fuse
 
     fuse(model)

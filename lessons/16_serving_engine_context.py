@@ -1,0 +1,144 @@
+# %% [markdown]
+# # 16 · Around the loop: CUDA graphs, overlap, buckets and wasted rows
+#
+# **Objectives.** See what a serving engine wraps around the speculative step, using spectrace's
+# fast engine (`--backend fast`, `spectrace/kernels/engine.py`), which does it the way SGLang does:
+# each phase a fixed-shape CUDA graph per batch bucket, the next step launched before the last one
+# is read (overlap), finished requests frozen in their rows. Count what the fixed shapes cost:
+# padded rows and verify rows that are thrown away.
+#
+# **Chapter sections.** SGLang end to end (`000`) §3, §4, §10 (10.1-10.3), §14; vLLM's chapter
+# (`002`) §12.1.2, §12.3.5, §12.6; SGLang's ModelRunner section (`004`) §3.
+#
+# > 三个 CUDA Graph runner：draft decode、target verify、draft extend，各自按 batch size 分桶捕获。 (000 §10.3)
+# > *Three CUDA-graph runners, draft decode, target verify and draft extend, each captured per
+# > batch-size bucket.*
+#
+# **Time.** About 15 minutes.
+
+# %% [markdown]
+# ## SGLang's automatic shape (000 §3, §14)
+#
+# With no shape given, SGLang picks (5, 4, 8) for an EAGLE-family head on a Llama target, and a
+# (3, 1, 4) chain otherwise (STANDALONE among them):
+
+# %%
+import os
+
+import torch
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # the fast engine's kernels, interpreted on this CPU's tensors
+from _lib import OUT, ROOT  # noqa: E402
+
+from spectrace.core.engine import Request
+from spectrace.core.trace import read_trace
+from spectrace.kernels.engine import BUCKETS, FastEngine, bucket
+from spectrace.run import RunConfig, load_drafter_model, load_tokenizer, resolve
+from spectrace.core.model import load_model
+from spectrace.zoo.prompts import HELD_OUT_PROMPTS
+
+shapes = {algo: tuple(getattr(resolve(RunConfig(algo=algo))[0], k) for k in ("num_steps", "topk", "num_draft_tokens"))
+          for algo in ("eagle", "eagle3", "mtp", "standalone")}
+print(shapes)
+
+# %% [markdown]
+# ## Fixed shapes per phase (000 §10.3)
+#
+# A CUDA graph replays the same kernels on the same buffers, so every phase has one shape per
+# batch bucket. For a batch of 3 requests (bucket 4) of an EAGLE (5, 4, 8) tree:
+# - DRAFT: num_steps - 1 forwards of bs x topk rows (the kept paths of each level);
+# - VERIFY: bs x num_draft_tokens rows, the whole tree of every request;
+# - EXTEND: bs x (num_steps + 1) rows, each request's accepted tokens padded to the longest a step
+#   can accept (SGLang's draft-extend graph pads the same way; the explicit engine extends only the
+#   accepted rows).
+# The fast engine runs here on the CPU, eagerly, with the Triton kernels interpreted: the same
+# code as on a GPU, where each phase is replayed from a graph. We count the rows each forward
+# reads by wrapping the models' forwards:
+
+# %%
+cfg = RunConfig(algo="eagle", batch=3, max_new_tokens=8)
+spec, _ = resolve(cfg)
+tok = load_tokenizer(cfg.target_model)
+target = load_model(cfg.target_model, torch.float32)
+draft = load_drafter_model("eagle", cfg.draft_path, target, tok, torch.float32, "cpu")
+prompts = [tok.encode(p) for p in HELD_OUT_PROMPTS[:3]]
+rows = []
+for name, model in (("target", target), ("draft", draft)):
+    forward = model.forward
+    model.forward = (lambda batch, *a, _f=forward, _n=name, **k:
+                     rows.append((_n, len(batch.input_ids))) or _f(batch, *a, **k))
+engine = FastEngine(target, draft, spec, prompts, [])
+engine.prefill([Request(i, p) for i, p in enumerate(prompts)])
+rows.clear()
+for _, phase in engine.phases:  # one step's DRAFT, VERIFY and EXTEND
+    phase()
+print("bucket for 3 requests:", engine.bs, " forwards of one step (model, rows):", rows)
+
+# %% [markdown]
+# ## Wasted verify rows (002 §12.6)
+#
+# Every verify computes all n rows of every tree; only accept_len of them are kept. On the
+# walkthrough's trace (eagle (5, 4, 8), 2 requests):
+
+# %%
+trace = read_trace(ROOT / "tests/data/walkthrough.jsonl")
+verified = sum(len(s["verify"]["tokens"]) for s in trace.steps)
+kept = sum(s["accept_len"] for s in trace.steps)
+print(f"{len(trace.steps)} step records: {verified} verify rows, {kept} kept, {verified - kept} thrown away "
+      f"({(verified - kept) / verified:.0%})")
+
+# %% [markdown]
+# At batch 1 those rows are nearly free: the GPU is waiting on memory, not arithmetic (lesson 01).
+# As the batch grows the verify becomes compute-bound and the wasted rows start to cost what they
+# compute, the reason speculation pays less at large batch (vLLM §12.6; README's batch-scaling lab
+# measures it on the H200).
+#
+# ## Overlap (000 §10.1-10.2)
+#
+# SGLang publishes a step's results right after VERIFY and schedules the next step while the GPU
+# still runs this one's DRAFT_EXTEND. spectrace's fast engine does the same, one step ahead: with
+# no trace to write it launches step t+1's graphs, then reads step t's tokens, so the host's EOS
+# checks and bookkeeping run while the GPU works. A request that finished runs one step more,
+# frozen (its `live` flag is cleared only after its tokens are read). A timeline of a synced step
+# against an overlapped one, from the phase times of the walkthrough's trace and a host cost per
+# step (illustrative, not measured):
+
+# %%
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+t = trace.steps[0]["timing"]
+phases = [(p, t[p]) for p in ("draft", "verify", "accept", "commit", "extend") if p in t]
+host = 0.3 * sum(ms for _, ms in phases)
+fig, ax = plt.subplots(figsize=(6.5, 1.8))
+for lane, overlapped in ((1, False), (0, True)):
+    x = 0.0
+    for step in range(3):
+        for p, ms in phases:
+            ax.barh(lane, ms, left=x, color=f"C{[q for q, _ in phases].index(p)}", edgecolor="white")
+            x += ms
+        if not overlapped:
+            ax.barh(lane, host, left=x, color="lightgrey", edgecolor="white")
+            x += host
+ax.set_yticks([0, 1], ["overlapped", "synced"])
+ax.set_xlabel("ms (three steps; grey: the host's part)")
+fig.tight_layout()
+fig.savefig(OUT / "16_overlap.png", dpi=120)
+print("figure:", OUT / "16_overlap.png")
+
+# %% [markdown]
+# ## Check yourself
+
+# %%
+# SGLang's automatic shapes
+assert shapes == {"eagle": (5, 4, 8), "eagle3": (5, 4, 8), "mtp": (5, 4, 8), "standalone": (3, 1, 4)}
+# buckets: a batch of 3 runs in the bucket of 4; the largest is 64
+assert bucket(3) == 4 and engine.bs == 4 and BUCKETS[-1] == 64
+# the step's forwards: 4 draft levels of bs x topk rows, one verify of bs x n, one extend of bs x (S + 1)
+S, K, n = shapes["eagle"]
+assert rows == [("draft", 4 * K)] * (S - 1) + [("target", 4 * n), ("draft", 4 * (S + 1))]
+# the walkthrough's wasted rows: every step verified its 8 nodes
+assert verified == 8 * len(trace.steps) and verified - kept == sum(8 - s["accept_len"] for s in trace.steps)
+print("all checks passed")
