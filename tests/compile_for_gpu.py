@@ -42,7 +42,7 @@ JITFunction.run = compile_only
 
 from spectrace.compat.vllm import SamplingMetadata, SpecDecodeMetadata  # noqa: E402
 from spectrace.core.tree import TreeMaskMode  # noqa: E402
-from spectrace.kernels import attention, kv, sglang, vllm  # noqa: E402
+from spectrace.kernels import attention, fused, kv, sglang, vllm  # noqa: E402
 from spectrace.kernels.bench import attention_inputs, chain_inputs, draft_tree_inputs, walk_outputs  # noqa: E402
 
 gen = torch.Generator().manual_seed(0)
@@ -90,6 +90,12 @@ kv.fill_accept_out_cache_loc(torch.tensor([[0, 2, -1], [3, -1, -1]]), torch.aran
 for dtype in (torch.float32, torch.bfloat16):
     pool = torch.zeros(2, 16, 2, 80, dtype=dtype)
     kv.move_kv_cache(pool, pool.clone(), torch.tensor([1, 2]), torch.tensor([3, 5]))
+
+for dtype in (torch.float32, torch.bfloat16):  # the fast engine's fused layer pieces
+    fused.rms_norm(torch.randn(3, 256, dtype=dtype), torch.ones(256, dtype=dtype), 1e-5)
+    cos, sin = torch.ones(2, 3, 1, 32, dtype=dtype)
+    fused.split_rope(torch.randn(3, (4 + 2 * 2) * 32, dtype=dtype), cos, sin, 4, 2, 32)
+    fused.silu_mul(torch.randn(3, 2 * 704, dtype=dtype))
 
 print("\n".join(sorted(compiled)))
 sys.exit(0)
