@@ -5,6 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_backend import CASES as BACKEND_CASES
+from test_fast_engine import CASE_IDS as FAST_IDS
 from test_fast_engine import CASES as FAST_CASES
 from test_fast_engine import assert_same_steps, run_both
 from test_tree import run_draft_loop  # at import: hypothesis refuses @given tests defined inside one
@@ -372,7 +373,7 @@ def test_gpu_deterministic_bf16_speculative_output_equals_plain_decoding(tokeniz
 # ---- the fast engine (kernels/engine.py) ------------------------------------------------------
 
 @pytest.mark.parametrize("batch", [1, 8])
-@pytest.mark.parametrize("algo,options", FAST_CASES, ids=[a for a, _ in FAST_CASES])
+@pytest.mark.parametrize("algo,options", FAST_CASES, ids=FAST_IDS)
 def test_gpu_fast_engine_decides_every_step_as_the_explicit_one(algo, options, batch, tmp_path):
     """fp32, compiled, CUDA graphs replayed: the explicit engine's trees, walks and tokens."""
     runs = run_both(algo, {**options, "batch": batch}, tmp_path, max_new_tokens=32, device="cuda", dtype="float32")
@@ -380,7 +381,7 @@ def test_gpu_fast_engine_decides_every_step_as_the_explicit_one(algo, options, b
     assert_same_steps(runs["explicit"][1], runs["fast"][1], batch, 1e-5)
 
 
-@pytest.mark.parametrize("algo,options", FAST_CASES, ids=[a for a, _ in FAST_CASES])
+@pytest.mark.parametrize("algo,options", FAST_CASES, ids=FAST_IDS)
 def test_gpu_fast_engine_graph_replay_equals_eager(algo, options):
     """bf16, batch 8: every step's record (tree, q, path scores, p, walk, tokens) from replayed
     CUDA graphs equals the eager run's, bit for bit; and overlapped steps give the same tokens."""

@@ -19,8 +19,9 @@ The phases and names are the explicit engine's; what differs is where a step's s
                                                   masks their commits
 
 Every forward is the explicit model's own (core/model.py and the drafter heads; on a GPU with
-kernels/fused.py's fused layer pieces), given a ForwardBatch whose attention metadata (kv_indptr, kv_indices, the packed tree mask) is computed
-on the device from the step's tensors, so a graph replays it without the host:
+kernels/fused.py's fused layer pieces), given a ForwardBatch whose attention metadata
+(kv_indptr, kv_indices, the packed tree mask) is computed on the device from the step's tensors,
+so a graph replays it without the host:
 
     DRAFT   level i of the draft loop: K paths per request, each its own sequence for
             decode_attention_fwd (the committed draft KV, then its path's scratch columns,
@@ -31,9 +32,11 @@ on the device from the step's tensors, so a graph replays it without the host:
     EXTEND  the accepted tokens, padded to num_steps + 1 per request (causal: a real row never
             sees a padding row), as SGLang's draft-extend graph runs them
 
-What it runs: none, standalone, eagle, eagle3, nextn/mtp, chains and trees, greedy acceptance.
-The other drafters (n-gram, Medusa, DFLASH, FROZEN_KV_MTP), the sampling rules and adaptive
-steps run on --backend explicit or triton. Prefill is a graph too, every prompt padded to the
+What it runs: none, standalone, eagle, eagle3, nextn/mtp, chains and trees; greedy acceptance,
+and at temperature > 0 SGLang's target_only over the deterministic top-k tree (each request's
+coins drawn on the host from its generator in the explicit engine's order, copied in before the
+launch). The other drafters (n-gram, Medusa, DFLASH, FROZEN_KV_MTP), the rules that sample drafts
+(rejection, tree_rejection, vllm), typical and adaptive steps run on --backend explicit or triton. Prefill is a graph too, every prompt padded to the
 run's longest. On a CPU (TRITON_INTERPRET=1) the same code runs eagerly, which is how the parity
 tests check it against the explicit engine.
 """
@@ -45,15 +48,14 @@ import torch
 import torch.nn.functional as F
 
 from spectrace.algos import ALGOS
-from spectrace.core.acceptance import AcceptResult
-from spectrace.core.acceptance.greedy import greedy_walk
+from spectrace.core.acceptance import RULES, AcceptResult, bonus_from, sglang_coins
 from spectrace.core.batch import ForwardBatch
 from spectrace.core.drafters.eagle_worker import draft_forward
 from spectrace.core.engine import Request, SpecConfig, StepRow, append_tokens
 from spectrace.core.kv import TokenToKVPool
 from spectrace.core.metrics import SpecMetrics
 from spectrace.core.model import CausalLM, RotaryEmbedding
-from spectrace.core.sampling import as_pairs
+from spectrace.core.sampling import as_pairs, probs_from_logits, request_generator
 from spectrace.core.step_record import prefill_record, record_token_ids, step_record
 from spectrace.core.trace import TraceWriter
 from spectrace.core.tree import DraftTree, TreeMaskMode, organize_draft_results
@@ -63,6 +65,7 @@ from spectrace.kernels import backend  # noqa: F401  (registers the twins: the m
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # batch sizes a run is padded up to, one set of graphs each
 FAST_ALGOS = ("none", "standalone", "eagle", "eagle3", "nextn", "mtp")
+FAST_RULES = ("greedy", "target_only")  # target_only verifies the deterministic top-k tree: drafts are not sampled
 
 
 def check_fast(spec: SpecConfig, batch: int) -> None:
@@ -70,9 +73,10 @@ def check_fast(spec: SpecConfig, batch: int) -> None:
     if spec.algo not in FAST_ALGOS:
         raise SpectraceError(f"--backend fast runs --algo {', '.join(FAST_ALGOS)}; run {spec.algo} on "
                              "--backend explicit or triton")
-    if spec.acceptance != "greedy":
-        raise SpectraceError(f"--backend fast runs greedy acceptance (temperature 0); run --acceptance "
-                             f"{spec.acceptance} on --backend explicit or triton")
+    if spec.acceptance not in FAST_RULES:
+        raise SpectraceError(f"--backend fast runs greedy and target_only acceptance (SGLang's defaults at "
+                             f"temperature 0 and above); run --acceptance {spec.acceptance} on --backend "
+                             "explicit or triton")
     if spec.adaptive:
         raise SpectraceError("--backend fast keeps one tree shape per run; run --speculative-adaptive on "
                              "--backend explicit or triton")
@@ -125,6 +129,17 @@ def extend_batch(kv: StaticKV, input_ids, positions, width: int, tree_mask=None)
     return ForwardBatch(input_ids=input_ids, positions=positions, req_pool_indices=list(range(bs)),
                         seq_lens=[], extend_lens=[width] * bs, out_cache_loc=kv.slots(prefix, width).flatten(),
                         custom_masks=[], attn_metadata={"extend": meta})
+
+
+def sample_rows(probs: torch.Tensor, coins: torch.Tensor) -> torch.Tensor:
+    """core/sampling.py's sample_from_prob for every row at once: probs (R, V), one float64 coin
+    per row -> (R,) the smallest i with p_i > 0 and cumsum_i > coin * sum, else the last i with
+    p_i > 0 (float64, as the explicit draw)."""
+    w = probs.double()
+    cdf = w.cumsum(-1)
+    hit = (w > 0) & (cdf > coins[:, None] * cdf[:, -1:])
+    last_positive = (w > 0).int().cumsum(-1).argmax(-1)  # the first index at the final count
+    return torch.where(hit.any(-1), hit.int().argmax(-1), last_positive)
 
 
 def place_rotary(model, device) -> None:
@@ -246,6 +261,12 @@ class FastEngine:
             if model is not None:
                 place_rotary(model, self.device)
         self.roots = torch.zeros(self.bs, dtype=torch.int64, device=self.device)  # each request's last token
+        # sampling: the requests' random numbers, drawn on the host from each request's generator in
+        # the explicit engine's order and copied in before each launch (a graph reads them there)
+        self.sampling = spec.sampling
+        self.coins = torch.zeros(self.bs, self.n, device=self.device)  # target_only: SGLang's coin per node
+        self.coin_final = torch.zeros(self.bs, device=self.device)  # ... and the bonus's
+        self.coin64 = torch.zeros(self.bs, dtype=torch.float64, device=self.device)  # a plain sample (prefill, none)
         # prefill's inputs: every prompt padded to the longest, L rows a request (+ 1 for a draft LM,
         # which reads the first token too); padding rows write KV past the prompt, overwritten later
         self.L = max(len(p) for p in prompt_ids)
@@ -290,14 +311,14 @@ class FastEngine:
         device state after a step) the next step is launched before the last one is read, so the
         GPU runs it while the host checks EOS and lengths (SGLang's overlap scheduler); a request
         that finished runs one step more, frozen, whose tokens nobody reads."""
-        reqs = [Request(i, list(p)) for i, p in enumerate(prompts)]
+        reqs = [Request(i, list(p), gen=request_generator(self.spec.seed, i)) for i, p in enumerate(prompts)]
         t0 = time.perf_counter()
         self.prefill(reqs)
-        pending = self.launch() if any(not r.finish_reason for r in reqs) else None
+        pending = self.launch(reqs) if any(not r.finish_reason for r in reqs) else None
         while pending is not None:
-            ahead = self.launch() if not self.recording else None
+            ahead = self.launch(reqs) if not self.recording else None
             self.finish_step(reqs, pending)
-            pending = None if all(r.finish_reason for r in reqs) else ahead or self.launch()
+            pending = None if all(r.finish_reason for r in reqs) else ahead or self.launch(reqs)
         if self.device.type == "cuda":  # a step launched ahead of the end finishes inside the measured time
             torch.cuda.synchronize()
         metrics = self.metrics.summary(time.perf_counter() - t0)
@@ -318,6 +339,8 @@ class FastEngine:
             self.draft_kv.reset()
         self.prompt_ids.copy_(torch.tensor(ids))
         self.prompt_lens.copy_(torch.tensor(lens))
+        if not self.sampling.greedy:  # the first token's draw, as plain decoding's
+            self.upload(self.coin64, [float(torch.rand((), generator=r.gen, dtype=torch.float64)) for r in reqs])
         t0 = time.perf_counter()
         (self.graphs["prefill"].replay if self.graphs else self.prefill_forward)()
         first = self.roots.tolist()
@@ -341,7 +364,7 @@ class FastEngine:
         out = self.target(extend_batch(self.kv, self.prompt_ids.flatten(), rows.repeat(bs), L), self.kv,
                           self.drafter.capture_layers if self.drafter else ())
         last = torch.arange(bs, device=device) * L + self.prompt_lens - 1
-        self.roots.copy_(torch.argmax(out.logits[last], dim=-1))
+        self.roots.copy_(self.next_tokens(out.logits[last]))
         self.kv.seq_lens.copy_(self.prompt_lens)
         if not self.drafter:
             return
@@ -362,18 +385,45 @@ class FastEngine:
         self.last_hidden.copy_(h[d_last])
         self.draft_kv.seq_lens.copy_(d_lens)
 
-    def launch(self) -> dict:
-        """Enqueue one step: each phase (a graph replay, or eager), then the accepted tokens'
-        copy to the host. Returns what finish_step reads."""
+    def launch(self, reqs: list[Request]) -> dict:
+        """Enqueue one step: the step's random numbers in, each phase (a graph replay, or eager),
+        then the accepted tokens' copy to the host. Returns what finish_step reads."""
         before = self.kv.seq_lens.tolist() if self.recording else None
+        randoms = self.draw(reqs) if not self.sampling.greedy else None
         marks = {name: self.clock.run(self.graphs[name].replay if self.graphs else fn) for name, fn in self.phases}
         if self.device.type != "cuda":
-            return {"marks": marks, "out": self.step_out.clone(), "done": None, "before": before}
+            return {"marks": marks, "out": self.step_out.clone(), "done": None, "before": before, "randoms": randoms}
         out = torch.empty(self.step_out.shape, dtype=self.step_out.dtype, pin_memory=True)
         out.copy_(self.step_out, non_blocking=True)
         done = torch.cuda.Event()
         done.record()
-        return {"marks": marks, "out": out, "done": done, "before": before}
+        return {"marks": marks, "out": out, "done": done, "before": before, "randoms": randoms}
+
+    def draw(self, reqs: list[Request]) -> list:
+        """Each unfinished request's random numbers for one step, from its own generator in the
+        explicit engine's order: SGLang's coins (a tree) or one plain sample's (none)."""
+        if self.drafter is None:
+            draws = [float(torch.rand((), generator=r.gen, dtype=torch.float64)) if not r.finish_reason else 0.0
+                     for r in reqs]
+            self.upload(self.coin64, draws)
+            return draws
+        draws = [sglang_coins(self.n, 0, r.gen) if not r.finish_reason else None for r in reqs]
+        self.upload(self.coins, [d.coins.tolist() if d else [0.0] * self.n for d in draws])
+        self.upload(self.coin_final, [float(d.coin_final) if d else 0.0 for d in draws])
+        return draws
+
+    def upload(self, buffer: torch.Tensor, rows: list) -> None:
+        """Host values into a device buffer (padding rows zero), without waiting for the GPU."""
+        host = torch.zeros(buffer.shape, dtype=buffer.dtype)
+        host[:len(rows)] = torch.tensor(rows, dtype=buffer.dtype)
+        buffer.copy_(host.pin_memory() if self.device.type == "cuda" else host, non_blocking=True)
+
+    def next_tokens(self, logits: torch.Tensor) -> torch.Tensor:
+        """Plain decoding's next token after each row of logits (bs, V): the argmax, or a sample
+        of p with each request's coin."""
+        if self.sampling.greedy:
+            return torch.argmax(logits, dim=-1)
+        return sample_rows(probs_from_logits(logits, self.sampling), self.coin64)
 
     @torch.no_grad()
     def finish_step(self, reqs: list[Request], launched: dict) -> None:
@@ -394,7 +444,8 @@ class FastEngine:
             drafted = self.n - 1 if self.drafter else None
             self.metrics.observe(b, self.step_count, timing, len(committed), num, drafted, num + 1)
             if self.recording:
-                rec = self.record(b, r, host, committed, launched["before"][b], timing)
+                randoms = launched["randoms"][b] if launched["randoms"] else None
+                rec = self.record(b, r, host, rows[b][:num + 1], randoms, committed, launched["before"][b], timing)
                 if self.trace:
                     self.trace.write(rec, record_token_ids(rec))
                 if self.on_step:
@@ -469,7 +520,8 @@ class FastEngine:
 
     def verify(self) -> None:
         """VERIFY: the target over every node (plain decoding: the root alone, causal), the
-        target's argmax after each node, the greedy walk, then ACCEPT's tokens and COMMIT."""
+        target's argmax after each node, the walk (greedy, or target_only with the step's coins),
+        then ACCEPT's tokens and COMMIT."""
         bs, n, S, device = self.bs, self.n, self.S, self.device
         if self.drafter is None:
             batch = extend_batch(self.kv, self.roots, self.kv.seq_lens, 1)
@@ -484,16 +536,26 @@ class FastEngine:
         self.logits = out.logits  # (bs*n, V)
         self.features = torch.cat(out.aux_hidden_states, dim=-1) if out.aux_hidden_states else out.hidden_states
         self.target_predict = torch.argmax(self.logits, dim=-1)  # ties to the lowest id, as plain decoding
-        predicts = torch.full((bs * n,), -1, device=device)
+        predicts = torch.full((bs * n,), -1, device=device)  # the walk leaves the bonus at the last accepted row
         self.accept_index = torch.full((bs, S + 1), -1, device=device)
         self.accept_num = torch.zeros(bs, dtype=torch.int64, device=device)
-        sglang.verify_tree_greedy(predicts, self.accept_index, self.accept_num, candidates, retrive_index,
-                                  next_token, next_sibling, self.target_predict)
+        if self.sampling.greedy:
+            sglang.verify_tree_greedy(predicts, self.accept_index, self.accept_num, candidates, retrive_index,
+                                      next_token, next_sibling, self.target_predict)
+        elif self.drafter is None:  # a plain sample
+            self.accept_index[:, 0] = torch.arange(bs, device=device)
+            predicts = self.next_tokens(self.logits)
+        else:
+            p = probs_from_logits(self.logits.view(bs, n, -1), self.sampling)
+            sglang.tree_speculative_sampling_target_only(
+                predicts, self.accept_index, self.accept_num, candidates, retrive_index, next_token, next_sibling,
+                self.coins, self.coin_final, p, torch.zeros_like(p), self.spec.threshold_single,
+                self.spec.threshold_acc)
         # accept_tokens (bs, S + 1): the correct drafts, then the bonus at column accept_num; -1 after
         path = self.accept_index.clamp(min=0)
         j = torch.arange(S + 1, device=device)
         drafts = F.pad(candidates.flatten()[path[:, 1:]], (0, 1))
-        bonus = self.target_predict.gather(0, path.gather(1, self.accept_num[:, None]).flatten())
+        bonus = predicts.gather(0, path.gather(1, self.accept_num[:, None]).flatten())
         self.accept_tokens = torch.where(j < self.accept_num[:, None], drafts,
                                          torch.where(j == self.accept_num[:, None], bonus[:, None], -1))
         self.step_out = torch.cat([self.accept_tokens, self.accept_num[:, None]], dim=1)  # what the host reads
@@ -541,7 +603,9 @@ class FastEngine:
             names += ["draft_tokens", "positions", "tree_rows", "retrive_index", "retrive_next_token",
                       "retrive_next_sibling", "q", "scores"]
         host = {name: getattr(self, name).cpu() for name in names}
-        host["target_probs"] = torch.softmax(self.logits, dim=-1).view(self.bs, self.n, -1).cpu()
+        greedy = self.sampling.greedy  # p as the trace shows it: softmax at temperature 0, else after T, top-k, top-p
+        p = torch.softmax(self.logits, dim=-1) if greedy else probs_from_logits(self.logits, self.sampling)
+        host["target_probs"] = p.view(self.bs, self.n, -1).cpu()
         host["target_predict"] = host["target_predict"].view(self.bs, self.n)
         host["req_to_token"], host["seq_lens"] = self.kv.req_to_token.cpu(), self.kv.seq_lens.cpu()
         if self.drafter:
@@ -550,17 +614,20 @@ class FastEngine:
             host["draft_topk"] = [as_pairs(ib, vb) for ib, vb in zip(indices.tolist(), values.tolist())]
         return host
 
-    def record(self, b: int, r: Request, host: dict, committed: list[int], seq_before: int, timing: dict) -> dict:
+    def record(self, b: int, r: Request, host: dict, tokens: list[int], randoms, committed: list[int],
+               seq_before: int, timing: dict) -> dict:
         """The explicit engine's step record of request b (core/step_record.py), from the step's
-        tensors; the walk's decisions from the explicit greedy walk, checked against the kernel's."""
-        n, num = self.n, int(host["accept_num"][b])
+        tensors: the walk's decisions from the explicit rule's walk over the same tree, p and coins,
+        checked against what the kernels did (tokens: the step's accept tokens, the bonus last)."""
+        n, num, bonus = self.n, int(host["accept_num"][b]), tokens[-1]
         row = StepRow(r, seq_before, None, None, b=b, drafted=self.drafter is not None, committed=committed)
         row.target_predict = host["target_predict"][b].tolist()
         row.target_probs = host["target_probs"][b]
         tree = None
-        if self.drafter is None:
+        if self.drafter is None:  # core/engine.py: plain_result
             row.candidates, row.positions = [r.output_ids[-len(committed) - 1]], [seq_before]
-            row.result = AcceptResult([], row.target_predict[0], [0], [])
+            row.result = AcceptResult([], bonus, [0], [], None if self.sampling.greedy else
+                                      bonus_from("target", 0, row.target_probs[0], self.spec.trace_topk))
         else:
             tree = DraftTree(draft_tokens=host["draft_tokens"], tree_mask=host["tree_rows"],
                              positions=host["positions"], retrive_index=host["retrive_index"],
@@ -568,13 +635,15 @@ class FastEngine:
                              retrive_next_sibling=host["retrive_next_sibling"], q=host["q"], scores=host["scores"],
                              draft_topk=host["draft_topk"])
             row.candidates, row.positions = tree.draft_tokens[b].tolist(), tree.positions[b].tolist()
-            row.result = greedy_walk(row.candidates, tree.retrive_next_token[b].tolist(),
-                                     tree.retrive_next_sibling[b].tolist(), row.target_predict, None, None, None,
-                                     self.S, None)
+            row.result = RULES[self.spec.acceptance].walk(
+                row.candidates, tree.retrive_next_token[b].tolist(), tree.retrive_next_sibling[b].tolist(),
+                row.target_predict, row.target_probs, None, randoms, self.S, self.spec.rule_params)
             kernel_path = (host["accept_index"][b, :num + 1] - b * n).tolist()
-            if kernel_path != row.result.accept_nodes:
-                raise SpectraceError(f"--backend fast: the greedy kernel walked {kernel_path} where the explicit "
-                                     f"walk walked {row.result.accept_nodes} (request {b}, step {self.step_count})")
+            if (kernel_path, bonus) != (row.result.accept_nodes, row.result.bonus_token):
+                raise SpectraceError(
+                    f"--backend fast: the {self.spec.acceptance} kernel walked {kernel_path} with bonus {bonus} where "
+                    f"the explicit walk walked {row.result.accept_nodes} with bonus {row.result.bonus_token} "
+                    f"(request {b}, step {self.step_count})")
         after = int(host["seq_lens"][b])
         kv = {"style": "sglang", "target_seq_len": [seq_before, after],
               "req_to_token_tail": {"start": max(0, after - 16),
@@ -583,4 +652,4 @@ class FastEngine:
         if self.drafter:
             d_after = int(host["draft_seq_lens"][b])
             kv["draft_seq_len"] = [d_after - num - 1, d_after]  # EXTEND ran over every accepted token
-        return step_record(self.step_count, row, tree, "greedy", kv, timing, self.spec.trace_topk)
+        return step_record(self.step_count, row, tree, self.spec.acceptance, kv, timing, self.spec.trace_topk)
