@@ -15,6 +15,7 @@ import graphviz
 
 from spectrace.errors import SpectraceError
 from spectrace.viz.steptree import ViewNode, step_tree
+from spectrace.viz.tokens import shown
 
 # fate -> (fill, border): the TUI uses the borders as text colours
 FATE_COLORS = {
@@ -27,13 +28,8 @@ FATE_COLORS = {
 RENDERERS = ("dot", "graphviz-pure")
 
 
-def visible(text: str) -> str:
-    """Token text with line breaks and tabs made visible."""
-    return text.replace("\n", "↵").replace("\t", "⇥")
-
-
 def _label(n: ViewNode) -> str:
-    token = visible(n.text).replace("\\", "\\\\")  # DOT reads backslashes as escapes
+    token = shown(n.text).replace("\\", "\\\\")  # DOT reads backslashes as escapes
     lines = [f'"{token}"', f"#{n.index}  id {n.token}"]
     if n.q is not None:
         lines.append(f"q {n.q:.3f}  p {n.p:.3f}" if n.p is not None else f"q {n.q:.3f}")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from spectrace.core.metrics import vllm_log_line
+from spectrace.viz.tokens import shown
 
 
 def _fmt(x, spec="{:.3f}") -> str:
@@ -26,7 +27,7 @@ def run_summary(result, algo: str) -> str:
     for r, text in zip(result.requests, result.texts):
         out.append(f"--- request {r.req_pool_idx} ({len(r.prompt_ids)} prompt tokens, {len(r.output_ids)} generated, "
                    f"finished: {r.finish_reason})")
-        out.append(text)
+        out.append(shown(text, newline="\n"))  # generated text is untrusted: no control character reaches the terminal
     out.append("---")
     out += metrics_lines(result.metrics, algo)
     out.append(f"trace: {result.trace_path}" if result.trace_path is not None else "trace: none (--trace-level off)")

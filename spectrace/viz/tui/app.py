@@ -21,6 +21,7 @@ from spectrace.errors import SpectraceError
 from spectrace.core.trace import TraceError, TraceFile
 from spectrace.viz import graph
 from spectrace.viz.steptree import ViewNode, step_tree
+from spectrace.viz.tokens import shown
 from spectrace.viz.tui import panels
 
 HELP = """[b]spectrace walkthrough[/b]
@@ -167,9 +168,9 @@ class Walkthrough(App):
             self.query_one("#inspector", Panel).show(Text(str(e), style="bold red"))
             return
         title = Text()
-        title.append(f"spectrace {self.algo}", style="bold")
-        title.append(f" ({cfg.get('resolved_algorithm', '?')} {cfg.get('num_steps')},{cfg.get('topk')},"
-                     f"{cfg.get('num_draft_tokens')} {rec['accept']['rule']})  ")
+        title.append(shown(f"spectrace {self.algo}"), style="bold")  # a shared trace's header is untrusted too
+        title.append(shown(f" ({cfg.get('resolved_algorithm', '?')} {cfg.get('num_steps')},{cfg.get('topk')},"
+                           f"{cfg.get('num_draft_tokens')} {rec['accept']['rule']})  "))
         title.append(f"request {self.request} ({self.requests.index(self.request) + 1}/{len(self.requests)})  ",
                      style="bold")
         title.append(f"step {rec['step']} ({self.position + 1}/{len(steps)})  accept_len {rec['accept_len']}",

@@ -16,7 +16,8 @@ from rich.text import Text
 from rich.tree import Tree
 
 from spectrace.core.trace import TraceFile
-from spectrace.viz.graph import FATE_COLORS, visible
+from spectrace.viz.graph import FATE_COLORS
+from spectrace.viz.tokens import shown
 from spectrace.viz.steptree import ViewNode, preorder
 
 MARKS = {"root": "●", "correct": "✓", "rejected": "✗", "unreached": "·", "bonus": "★"}
@@ -50,7 +51,7 @@ def visible_nodes(nodes: list[ViewNode], phase: str) -> list[int]:
 
 
 def tok(text: str) -> str:
-    return f'"{visible(text)}"'
+    return f'"{shown(text)}"'
 
 
 def node_label(n: ViewNode, phase: str, selected: bool) -> Text:
@@ -248,7 +249,7 @@ def stream_panel(trace: TraceFile, request: int, position: int, phase: str) -> T
     prefill = next((p for p in trace.prefills if p["request"] == request), None)
     t = Text()
     if request < len(prompts):
-        t.append(visible(prompts[request][-240:]).replace("↵", "↵\n"), style="grey50")
+        t.append(shown(prompts[request][-240:], newline="↵\n"), style="grey50")
     out = [prefill["first_token"]] if prefill else []
     for m in metas[max(0, position - STREAM_STEPS):position]:
         out += m.committed
@@ -256,14 +257,15 @@ def stream_panel(trace: TraceFile, request: int, position: int, phase: str) -> T
         t = Text("… ", style="grey50")
         out = out[1:]
     for tid in out:
-        t.append(trace.token_text(tid))
+        t.append(shown(trace.token_text(tid), newline="\n"))
     if position < len(metas) and _after(phase, "ACCEPT"):
         m = metas[position]
         correct = m.committed[:max(0, m.accept_len - 1)]
         for tid in correct:
-            t.append(trace.token_text(tid), style=f"bold {FATE_COLORS['correct'][1]} on #1b3320")
+            t.append(shown(trace.token_text(tid), newline="\n"), style=f"bold {FATE_COLORS['correct'][1]} on #1b3320")
         if len(m.committed) == m.accept_len:  # the bonus entered (not cut by EOS / the token limit)
-            t.append(trace.token_text(m.committed[-1]), style=f"bold {FATE_COLORS['bonus'][1]} on #172a3f")
+            t.append(shown(trace.token_text(m.committed[-1]), newline="\n"),
+                     style=f"bold {FATE_COLORS['bonus'][1]} on #172a3f")
     return t
 
 
