@@ -201,7 +201,7 @@ def cmd_run(args) -> int:
             replay(result.trace_path)
     finally:
         progress.done()
-    print(run_summary(result, args.algo))
+    print(run_summary(result, args.algo, args.backend))
     return 0
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -87,6 +88,8 @@ class RunConfig:
 
     def check(self) -> None:
         """What only the run knows: where it runs and how many requests."""
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
+            raise SpectraceError(f"unknown --device {self.device!r} (cpu, or cuda / cuda:N with a GPU)")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise SpectraceError("--device cuda asked for, but torch sees no GPU")
         if self.backend not in BACKENDS:
@@ -101,6 +104,15 @@ class RunConfig:
             raise SpectraceError(f"unknown --trace-level {self.trace_level!r} (choose from {', '.join(TRACE_LEVELS)})")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise SpectraceError(f"unknown --dtype {self.dtype!r} (choose from {', '.join(DTYPES)})")
+        if not 0 <= self.seed < 2 ** 32:
+            raise SpectraceError(f"--seed must lie in [0, 2**32), got {self.seed}")
+        if self.top_k < -1:
+            raise SpectraceError(f"--top-k must be a count, or 0 or -1 for off (the peers' spelling), got {self.top_k}")
+        for i, p in enumerate(self.prompts):
+            try:
+                p.encode("utf-8")
+            except UnicodeEncodeError:
+                raise SpectraceError(f"--prompt {i} is not valid UTF-8 text") from None
         if self.batch is not None and self.batch < 1:
             raise SpectraceError("--batch must be at least 1")
         if self.batch is not None and self.batch < len(self.prompts):
@@ -379,6 +391,7 @@ def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = N
         draft = load_drafter_model(cfg.algo, cfg.draft_path, target, tok, dtype, cfg.device) if cfg.draft_path else None
         ids = [tok.encode(p) for p in prompts]
         check_prompts(ids, spec, _context(target, draft))
+        check_topk(spec, target, draft)
         eos = target.config.eos_token_ids or ((tok.eos_token_id,) if tok.eos_token_id is not None else ())
         if cfg.backend == "fast":
             from spectrace.kernels.engine import FastEngine
@@ -405,6 +418,16 @@ def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = N
             if not header_written:  # refused before the run began: leave no empty trace behind
                 trace_path.unlink(missing_ok=True)
     return RunResult(reqs, texts, metrics, trace_path, spec)
+
+
+def check_topk(spec: SpecConfig, target: CausalLM, draft) -> None:
+    """A draft level takes the topk best of the draft's vocabulary (EAGLE-3's own, smaller one),
+    so topk cannot exceed it: refused before any KV is sized by it."""
+    if not ALGOS[spec.algo].eagle_worker and spec.algo != "standalone":
+        return
+    vocab = len(draft.d2t) if hasattr(draft, "d2t") else target.config.vocab_size
+    if spec.topk > vocab:
+        raise SpectraceError(f"--topk {spec.topk} is more than the draft's vocabulary of {vocab} tokens")
 
 
 def check_prompts(ids: list[list[int]], spec: SpecConfig, context: int) -> None:

@@ -3,6 +3,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from spectrace.cli import main
@@ -28,7 +30,9 @@ def test_every_algorithm_prints_the_same_text_as_none(capsys, tmp_path):
         code, out, err = _run(capsys, "run", "--algo", algo, "--no-tui", "--batch", "2",
                               "--max-new-tokens", "20", "--trace", str(trace), *extra)
         assert code == 0, err
-        texts[algo] = out.split("\n---\n")[0]  # the requests' text, before the metrics
+        first, text = out.split("\n---\n")[0].split("\n", 1)
+        assert first.startswith(f"algo={algo} ") and first.endswith(" backend=explicit")  # what ran
+        texts[algo] = text  # the requests' text, before the metrics
         t = read_trace(trace)
         per_req = {r["request"]: len(r["output_ids"]) for r in t.summary["requests"]}
         if algo == "none":  # one step per generated token after the first
@@ -134,13 +138,87 @@ def other_vocab_model(tmp_path):
     (["--acceptance", "speculative"], "unknown --acceptance"),
     (["--trace-level", "some"], "invalid choice"),
     (["--deterministic", "--backend", "triton"], "--deterministic runs on --backend explicit"),
+    # issue 15's list: each was a traceback, an allocation of many GB, or silently accepted
+    (["--algo", "eagle", "--topk", "100000"], "more than the draft's vocabulary of 4096"),
+    (["--algo", "eagle3", "--topk", "5000"], "more than the draft's vocabulary of 3072"),
+    (["--target-model", "TRUNCATED"], "cannot load model"),
+    (["--algo", "standalone", "--draft-model", "TRUNCATED"], "cannot load model"),
+    (["--prompt", "a\udcffb"], "is not valid UTF-8"),  # what Python makes of the byte 0xff in argv
+    (["--device", "mps"], "unknown --device 'mps'"),
+    (["--seed", str(2 ** 70)], "--seed must lie in"),
+    (["--temperature", "nan"], "finite number >= 0"),
+    (["--temperature", "inf"], "finite number >= 0"),
+    (["--temperature", "-1"], "finite number >= 0"),
+    (["--top-p", "nan"], "--top-p must lie in (0, 1]"),
+    (["--top-k", "-2", "--temperature", "1"], "--top-k must be a count"),
+    (["--algo", "eagle3", "--draft-model", "EAGLE1"], "is an EAGLE-1 head: use --algo eagle"),
+    (["--algo", "eagle", "--draft-model", "MEDUSA"], "holds no model.safetensors"),
 ])
-def test_bad_input_is_one_line_and_exit_2(capsys, other_vocab_model, dflash_dir, args, message):
-    args = [{"OTHER": other_vocab_model, "DFLASH": str(dflash_dir)}.get(a, a) for a in args]
+def test_bad_input_is_one_line_and_exit_2(capsys, other_vocab_model, dflash_dir, truncated_dir, args, message):
+    from spectrace.zoo import EAGLE_DIR, MODELS_DIR
+
+    args = [{"OTHER": other_vocab_model, "DFLASH": str(dflash_dir), "TRUNCATED": str(truncated_dir),
+             "EAGLE1": str(EAGLE_DIR), "MEDUSA": str(MODELS_DIR / "tiny-medusa")}.get(a, a) for a in args]
     code, out, err = _run(capsys, "run", "--no-tui", "--max-new-tokens", "4", *args)
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and message in err
     assert "Traceback" not in err
+
+
+@pytest.fixture(scope="module")
+def truncated_dir(tmp_path_factory):
+    """The embedded target with its weights cut short, as an interrupted download leaves them."""
+    import shutil
+
+    from spectrace.zoo import TARGET_DIR
+
+    d = tmp_path_factory.mktemp("truncated")
+    for f in TARGET_DIR.iterdir():
+        if f.suffix == ".json":
+            shutil.copy(f, d / f.name)
+    (d / "model.safetensors").write_bytes((TARGET_DIR / "model.safetensors").read_bytes()[:1000])
+    return d
+
+
+def test_replay_without_a_terminal_says_so_instead_of_waiting(capsys):
+    """Under pytest stdin is not a terminal: the walkthrough would wait for one forever."""
+    from pathlib import Path
+
+    code, out, err = _run(capsys, "replay", str(Path(__file__).with_name("data") / "walkthrough.jsonl"))
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "needs a terminal" in err and "render" in err
+
+
+OPTIONS = {  # run's options and values a user might type, good and bad
+    "--algo": st.sampled_from(["none", "eagle", "eagle3", "standalone", "ngram", "medusa", "dflash", "mtp", "x"]),
+    "--num-steps": st.sampled_from(["-1", "0", "1", "3", "40", "1e3", "x"]),
+    "--topk": st.sampled_from(["0", "1", "4", "9", "5000", "-3", "2.5"]),
+    "--num-draft-tokens": st.sampled_from(["0", "1", "2", "8", "300"]),
+    "--temperature": st.sampled_from(["0", "0.7", "1", "-0.5", "nan", "inf", "1e9", "x"]),
+    "--top-k": st.sampled_from(["-5", "-1", "0", "3", "99999"]),
+    "--top-p": st.sampled_from(["0", "0.5", "1", "1.5", "nan"]),
+    "--seed": st.sampled_from(["0", "-1", "7", str(2 ** 64)]),
+    "--acceptance": st.sampled_from(["greedy", "target_only", "rejection", "tree_rejection", "vllm", "typical", "y"]),
+    "--batch": st.sampled_from(["0", "1", "3", "-2"]),
+    "--commit-style": st.sampled_from(["sglang", "vllm", "z"]),
+    "--prompt": st.text(max_size=12),
+    "--dtype": st.sampled_from(["float32", "bfloat16", "int8"]),
+    "--device": st.sampled_from(["cpu", "cuda", "cuda:7", "tpu", ""]),
+}
+
+
+@settings(max_examples=30, deadline=None, derandomize=True,  # the same examples in every CI run
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.dictionaries(st.sampled_from(sorted(OPTIONS)), st.just(None), max_size=4).flatmap(
+    lambda d: st.fixed_dictionaries({k: OPTIONS[k] for k in d})))
+def test_fuzzed_options_run_or_fail_in_one_line(capsys, options):
+    """Any mix of options: the run works (exit 0) or is refused in one line with exit 2; never a
+    traceback, never a hang (runs are 2 tokens; the trace is off)."""
+    args = [a for k, v in options.items() for a in (k, v)]
+    code, out, err = _run(capsys, "run", "--no-tui", "--max-new-tokens", "2", "--trace-level", "off", *args)
+    assert code in (0, 2), (args, err)
+    assert "Traceback" not in err
+    if code == 2:
+        assert len(err.strip().splitlines()) == 1, (args, err)
 
 
 def test_console_script_reports_errors_without_traceback():

@@ -17,6 +17,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from safetensors import SafetensorError
+
 from spectrace.core.batch import ForwardBatch
 from spectrace.core.config import ModelConfig, read_config_json
 from spectrace.errors import SpectraceError
@@ -254,7 +256,7 @@ def read_checkpoint(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
     raw = read_config_json(path)
     try:
         state = _read_state_dict(path)
-    except (OSError, ValueError) as e:  # unreadable weights
+    except (OSError, ValueError, SafetensorError) as e:  # unreadable or truncated weights
         raise SpectraceError(f"cannot load model from {path}: {str(e).splitlines()[0]}") from None
     return raw, {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
 

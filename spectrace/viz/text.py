@@ -22,8 +22,15 @@ def metrics_lines(m: dict, algo: str) -> list[str]:
     return lines
 
 
-def run_summary(result, algo: str) -> str:
-    out = []
+def what_ran(spec, backend: str) -> str:
+    """One line naming what ran, the summary's first: the resolved shape, rule and backend."""
+    shape = "" if spec.algo == "none" else \
+        f" num_steps={spec.num_steps} topk={spec.topk} num_draft_tokens={spec.num_draft_tokens}"
+    return f"algo={spec.algo}{shape} acceptance={spec.acceptance} backend={backend}"
+
+
+def run_summary(result, algo: str, backend: str = "explicit") -> str:
+    out = [what_ran(result.spec, backend)] if getattr(result, "spec", None) is not None else []
     for r, text in zip(result.requests, result.texts):
         out.append(f"--- request {r.req_pool_idx} ({len(r.prompt_ids)} prompt tokens, {len(r.output_ids)} generated, "
                    f"finished: {r.finish_reason})")

@@ -127,8 +127,8 @@ def check(rule: str, algo: str, topk: int, temperature: float, threshold_single:
     for name, t in (("single", threshold_single), ("acc", threshold_acc)):
         if not 0.0 <= t <= 1.0:
             raise SpectraceError(f"--speculative-accept-threshold-{name} must lie in [0, 1], got {t}")
-    if temperature < 0:
-        raise SpectraceError(f"--temperature must be >= 0, got {temperature}")
+    if not temperature >= 0 or temperature == float("inf"):  # nan fails the comparison
+        raise SpectraceError(f"--temperature must be a finite number >= 0, got {temperature}")
     if algo == "none":
         return
     r, a = RULES[rule], ALGOS[algo]

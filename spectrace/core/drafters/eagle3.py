@@ -90,8 +90,13 @@ def load_eagle3(path: str | Path, target: CausalLM) -> Eagle3Head:
     want = (cfg.hidden_size, len(capture) * Ht)
     if made_for != Ht or fc is None or tuple(fc.shape) != want:
         shape = None if fc is None else tuple(fc.shape)
-        raise SpectraceError(f"EAGLE-3 checkpoint {path} does not fit the target: made for hidden size {made_for} "
-                             f"(fc.weight {shape}), the target's is {Ht} (fc.weight {want} for {len(capture)} taps)")
+        if made_for != Ht:
+            raise SpectraceError(f"EAGLE-3 checkpoint {path} was made for a target of hidden size {made_for}; "
+                                 f"this target's is {Ht}")
+        eagle1 = shape == (cfg.hidden_size, 2 * Ht)  # fc over [embedding; one feature]
+        raise SpectraceError(f"EAGLE-3 checkpoint {path} does not fit the target: its fc.weight is {shape}, and over "
+                             f"the target's {len(capture)} feature taps of width {Ht} it must be {want}"
+                             + (" (an fc over two hidden widths is an EAGLE-1 head: use --algo eagle)" if eagle1 else ""))
     if cfg.vocab_size != target.config.vocab_size:
         raise SpectraceError(f"EAGLE-3 checkpoint {path} has vocabulary {cfg.vocab_size}, "
                              f"the target {target.config.vocab_size}")

@@ -8,6 +8,8 @@ node) and the layout. Records are read from the trace lazily, one step at a time
 """
 from __future__ import annotations
 
+import sys
+
 from pathlib import Path
 
 from rich.text import Text
@@ -264,8 +266,12 @@ class Walkthrough(App):
 
 
 def replay(path: str | Path) -> None:
-    """Open the walkthrough on a trace file (raises TraceError / SpectraceError for bad input)."""
+    """Open the walkthrough on a trace file (raises TraceError / SpectraceError for bad input,
+    SpectraceError without a terminal: Textual would wait for one forever)."""
     trace = TraceFile(path)
     if not trace.index:
         raise TraceError(f"trace {path} holds no decode steps to replay")
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise SpectraceError("the walkthrough needs a terminal (stdin and stdout); without one, draw a step "
+                             f"with: spectrace render {path} --step N -o tree.svg")
     Walkthrough(trace).run()
