@@ -109,6 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--request", type=int, default=None, help="request of that step (default: the first)")
     render.add_argument("--all", action="store_true", help="every step: OUT's name gets -step<N>-req<R>")
     render.add_argument("-o", "--out", required=True, metavar="FILE", help="FILE.svg, FILE.png or FILE.dot")
+    export = sub.add_parser("export", help="a trace's phases as a Perfetto / chrome://tracing timeline, or CSV")
+    export.add_argument("trace", metavar="TRACE")
+    export.add_argument("--format", choices=["perfetto", "csv"], default="perfetto",
+                        help="perfetto: Chrome trace-event JSON (open in ui.perfetto.dev); csv: a row per step and request")
+    export.add_argument("-o", "--out", required=True, metavar="FILE")
     bench = sub.add_parser("bench", help="tokens/s and tau of algorithms on the held-out prompts, "
                                          "or (bench kernels) the Triton twins against the explicit path")
     bench.add_argument("what", nargs="?", choices=["algos", "kernels"], default="algos")
@@ -129,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _check_supported(args) -> None:
     """Options whose machinery arrives in later work are refused, not ignored."""
-    if args.command in ("replay", "render"):
+    if args.command in ("replay", "render", "export"):
         return
     if args.topk == 1 and args.num_draft_tokens is not None and args.num_steps is not None \
             and args.num_draft_tokens != args.num_steps + 1:
@@ -241,6 +246,21 @@ def cmd_render(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    """spectrace/timeline.py: the trace's phases for Perfetto, or a CSV for pandas."""
+    from pathlib import Path
+
+    from spectrace.core.trace import read_trace
+    from spectrace.timeline import export
+
+    trace = read_trace(args.trace)
+    try:
+        print(export(trace, args.format, Path(args.out)))
+    except OSError as e:
+        raise UsageError(f"cannot write {args.out}: {e.strerror}") from None
+    return 0
+
+
 def cmd_bench(args) -> int:
     """spectrace/bench.py: each prompt of the set alone (batch 1), or every batch size of
     --batch-sizes; best wall time of --repeat runs. `bench kernels`: spectrace/kernels/bench.py."""
@@ -296,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         _check_supported(args)
-        return {"run": cmd_run, "bench": cmd_bench, "replay": cmd_replay, "render": cmd_render}[args.command](args)
+        return {"run": cmd_run, "bench": cmd_bench, "replay": cmd_replay, "render": cmd_render,
+                "export": cmd_export}[args.command](args)
     except (UsageError, SpectraceError, TraceError) as e:
         print(f"spectrace: error: {e}", file=sys.stderr)
         return 2
