@@ -29,7 +29,7 @@ class UsageError(Exception):
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--algo", "--speculative-algorithm", dest="algo", default="standalone",
+    p.add_argument("--algo", "--speculative-algorithm", dest="algo", default=None,
                    type=str.lower, choices=list(ALGOS), metavar="ALGO",
                    help=", ".join(f"{a.name} ({a.about})" for a in ALGOS.values()) + "; default standalone")
     p.add_argument("--num-steps", "--speculative-num-steps", dest="num_steps", type=int, default=None,
@@ -38,6 +38,10 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--topk", "--speculative-eagle-topk", dest="topk", type=int, default=None,
                    help="branching of the draft tree; 1 is a chain")
     p.add_argument("--num-draft-tokens", "--speculative-num-draft-tokens", dest="num_draft_tokens", type=int)
+    p.add_argument("--speculative-config", dest="speculative_config", default=None, metavar="JSON",
+                   help='vLLM\'s form: \'{"method": "eagle", "num_speculative_tokens": 3, "model": DIR}\' (methods '
+                        "eagle, eagle3, mtp, ngram, draft_model, dflash; prompt_lookup_min/max for ngram): a chain "
+                        "of k drafts, instead of --algo and the shape options")
     p.add_argument("--acceptance", default=None, type=str.lower,
                    help="greedy, target_only, rejection, vllm, tree_rejection, typical; default greedy at "
                         "temperature 0, else target_only (SGLang's choice)")
@@ -132,6 +136,26 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+SPECULATIVE_CONFIG_REPLACES = {"algo": "--algo", "num_steps": "--num-steps", "topk": "--topk",
+                               "num_draft_tokens": "--num-draft-tokens", "draft_model": "--draft-model",
+                               "prompt_lookup_min": "--prompt-lookup-min", "prompt_lookup_max": "--prompt-lookup-max"}
+
+
+def _apply_speculative_config(args) -> None:
+    """vLLM's --speculative-config (spectrace/speculative_config.py) sets the algorithm and shape;
+    given beside the options it replaces, it is refused rather than merged."""
+    from spectrace.speculative_config import parse
+
+    options = parse(args.speculative_config)
+    given = [flag for dest, flag in SPECULATIVE_CONFIG_REPLACES.items() if getattr(args, dest, None) is not None]
+    if given:
+        raise UsageError(f"--speculative-config sets the algorithm and its shape: drop {given[0]}")
+    for dest, value in options.items():
+        setattr(args, dest, value)
+    if args.command == "bench":  # the configured drafter against plain decoding
+        args.algos = ["none", options["algo"]]
+
+
 def _check_supported(args) -> None:
     """Options whose machinery arrives in later work are refused, not ignored."""
     if args.command in ("replay", "render", "export"):
@@ -151,7 +175,8 @@ def _run_config(args, **over):
     from spectrace.core.ngram.trie import TrieConfig
     from spectrace.run import RunConfig
 
-    kw = dict(algo=args.algo, num_steps=args.num_steps, topk=args.topk, num_draft_tokens=args.num_draft_tokens,
+    kw = dict(algo=args.algo or "standalone", num_steps=args.num_steps, topk=args.topk,
+              num_draft_tokens=args.num_draft_tokens,
               max_new_tokens=args.max_new_tokens, acceptance=args.acceptance, temperature=args.temperature,
               top_k=args.top_k, top_p=args.top_p, seed=args.seed, threshold_single=args.threshold_single,
               threshold_acc=args.threshold_acc, prompt_lookup_min=args.prompt_lookup_min,
@@ -206,7 +231,7 @@ def cmd_run(args) -> int:
             replay(result.trace_path)
     finally:
         progress.done()
-    print(run_summary(result, args.algo, args.backend))
+    print(run_summary(result, result.spec.algo, args.backend))
     return 0
 
 
@@ -315,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
+        if getattr(args, "speculative_config", None) is not None:
+            _apply_speculative_config(args)
         _check_supported(args)
         return {"run": cmd_run, "bench": cmd_bench, "replay": cmd_replay, "render": cmd_render,
                 "export": cmd_export}[args.command](args)
