@@ -116,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     export = sub.add_parser("export", help="a trace's phases as a Perfetto / chrome://tracing timeline, or CSV")
     export.add_argument("trace", metavar="TRACE")
     export.add_argument("--format", choices=["perfetto", "csv"], default="perfetto",
-                        help="perfetto: Chrome trace-event JSON (open in ui.perfetto.dev); csv: a row per step and request")
+                        help="perfetto: Chrome trace-event JSON (open in ui.perfetto.dev); csv: a row per step "
+                             "and request")
     export.add_argument("-o", "--out", required=True, metavar="FILE")
     bench = sub.add_parser("bench", help="tokens/s and tau of algorithms on the held-out prompts, "
                                          "or (bench kernels) the Triton twins against the explicit path")
