@@ -94,8 +94,18 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                         "off: no trace")
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("spectrace")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="spectrace", description="Step-through speculative decoding.")
+    ap.add_argument("--version", action="version", version=f"spectrace {_version()}")
     sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="generate with a speculative algorithm and write a trace")
     _add_run_options(run)

@@ -232,3 +232,19 @@ def test_triton_backend_on_cpu_without_the_interpreter_says_how(capsys, monkeypa
     for command in (["run", "--no-tui", "--backend", "triton"], ["bench", "kernels"]):
         code, out, err = _run(capsys, *command)
         assert code == 2 and len(err.strip().splitlines()) == 1 and "set TRITON_INTERPRET=1" in err
+
+
+def test_python_m_spectrace_and_version_with_a_bare_environment(tmp_path):
+    """Called by path with PATH=/usr/bin:/bin and the venv not activated (an IDE, cron, pipx): the
+    renderer installed beside this interpreter is found, and `python -m spectrace` works."""
+    import os
+    from pathlib import Path
+
+    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
+    trace = Path(__file__).with_name("data") / "walkthrough.jsonl"
+    version = subprocess.run([sys.executable, "-m", "spectrace", "--version"], env=env, capture_output=True, text=True)
+    assert version.returncode == 0 and version.stdout.startswith("spectrace ")
+    render = subprocess.run([sys.executable, "-m", "spectrace", "render", str(trace), "--step", "1", "-o",
+                             str(tmp_path / "t.svg")], env=env, capture_output=True, text=True)
+    assert render.returncode == 0, render.stderr
+    assert (tmp_path / "t.svg").read_text().lstrip().startswith("<?xml")

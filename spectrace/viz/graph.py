@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
+import sysconfig
 from pathlib import Path
 
 import graphviz
@@ -65,7 +67,15 @@ def step_graph(rec: dict, token_text) -> graphviz.Digraph:
 
 
 def renderer() -> str:
-    """Path of a Graphviz `dot` binary, or a one-line error saying how to get one."""
+    """Path of a Graphviz `dot` binary, or a one-line error saying how to get one. Looked up as
+    Python finds its own tools: first in this environment's scripts directory (where pip put
+    graphviz-pure; a venv called by path, pipx and `uv tool` do not put it on PATH), then on PATH."""
+    scripts = [sysconfig.get_path("scripts"), str(Path(sys.executable).parent)]
+    for name in RENDERERS:
+        for folder in scripts:
+            found = shutil.which(name, path=folder)
+            if found:
+                return found
     for name in RENDERERS:
         found = shutil.which(name)
         if found:
