@@ -29,6 +29,11 @@ from spectrace.errors import SpectraceError
 from spectrace.run import RunConfig, RunResult, load_tokenizer, resolve, run
 
 Config = Callable[..., RunConfig]
+Progress = Callable[[str | None], None]  # a status line: a message, or None to clear it before a row prints
+
+
+def _silent(message: str | None) -> None:
+    pass
 
 
 def best_run(config: Config, repeat: int, **kw) -> RunResult:
@@ -46,7 +51,8 @@ def shape_of(algo: str, res: RunResult) -> str:
     return "-" if algo == "none" else f"{sp.num_steps},{sp.topk},{sp.num_draft_tokens}"
 
 
-def algos_table(config: Config, algos: list[str], prompts: list[str], repeat: int) -> dict[str, list[list[int]]]:
+def algos_table(config: Config, algos: list[str], prompts: list[str], repeat: int,
+                progress: Progress = _silent) -> dict[str, list[list[int]]]:
     """Prints a row per algorithm (`none` first when asked for); returns each algorithm's output
     ids, prompt by prompt. Beside tokens/s, τ and α: the mean draft, verify and other (accept,
     commit, extend) ms of a decode step, r = C_draft / C_verify, the seed's predicted speed-up
@@ -63,6 +69,7 @@ def algos_table(config: Config, algos: list[str], prompts: list[str], repeat: in
         phase_ms = Counter()
         outputs[algo] = []
         for i, prompt in enumerate(prompts):
+            progress(f"bench: {algo}, prompt {i + 1} of {len(prompts)}")
             res = best_run(config, repeat, algo=algo, prompts=[prompt], batch=None,
                            trace=f"runs/bench/{algo}-{i}.jsonl")
             outputs[algo].append(res.requests[0].output_ids)
@@ -89,11 +96,13 @@ def algos_table(config: Config, algos: list[str], prompts: list[str], repeat: in
             step_model = f"{tau * c_ar / (c_draft + c_verify + c_other):>9.2f}x" if c_ar else f"{'-':>10}"
             cells += [f"{r:>6.3f}", f"{predicted_speedup(tau, r):>8.2f}x", step_model,
                       f"{tps / none_tps:>7.2f}x" if none_tps else f"{'-':>8}"]
+        progress(None)
         print(f"{algo:<20} {shape_of(algo, res):>12} " + " ".join(cells))
     return outputs
 
 
-def hf_table(config: Config, prompts: list[str], repeat: int) -> dict[str, list[list[int]]]:
+def hf_table(config: Config, prompts: list[str], repeat: int,
+             progress: Progress = _silent) -> dict[str, list[list[int]]]:
     """transformers' generate on the embedded target (and draft LM), greedy, one prompt at a
     time, best of `repeat` timed calls after a warm-up. Prints a row per path with its tokens/s
     and how many prompts gave plain generate's tokens; returns each path's output ids."""
@@ -120,7 +129,8 @@ def hf_table(config: Config, prompts: list[str], repeat: int) -> dict[str, list[
         draft.generation_config = kw.pop("assistant_config", default_config)
         tokens = wall = 0
         outputs[name] = []
-        for prompt in prompts:
+        for i, prompt in enumerate(prompts):
+            progress(f"bench: {name}, prompt {i + 1} of {len(prompts)}")
             ids = torch.tensor([tok.encode(prompt)], device=cfg.device)
             best = None
             for rep in range(repeat + 1):
@@ -138,12 +148,13 @@ def hf_table(config: Config, prompts: list[str], repeat: int) -> dict[str, list[
             wall += best
         draft.generation_config = default_config
         same = sum(a == b for a, b in zip(outputs[name], outputs["hf generate"]))
+        progress(None)
         print(f"{name:<20} {'-':>12} {tokens / wall:>9.1f}  same tokens as hf generate: {same} of {len(prompts)}")
     return outputs
 
 
 def batch_table(config: Config, algos: list[str], prompts: list[str], batch_sizes: list[int],
-                repeat: int) -> dict[int, dict[str, tuple[float, float | None]]]:
+                repeat: int, progress: Progress = _silent) -> dict[int, dict[str, tuple[float, float | None]]]:
     """At each batch size, one run per algorithm over that many requests (the prompts cycled):
     tokens/s (every request's tokens over the run's wall time), τ, and tokens/s over `none`'s at
     the same batch. Returns {batch: {algo: (tokens/s, τ)}}."""
@@ -156,11 +167,13 @@ def batch_table(config: Config, algos: list[str], prompts: list[str], batch_size
     for bs in batch_sizes:
         row = {}
         for algo in algos:
+            progress(f"bench: batch {bs}, {algo}")
             m = best_run(config, repeat, algo=algo, prompts=[prompts[i % len(prompts)] for i in range(bs)],
                          batch=bs, trace=f"runs/bench/batch{bs}-{algo}.jsonl").metrics
             row[algo] = (m["tokens_per_s"], m["accept_length"] if algo != "none" else None)
         table[bs] = row
         none_tps = row["none"][0]
+        progress(None)
         print(f"{bs:>5} {none_tps:>10.1f}" + "".join(
             f" | {row[a][0]:>14.1f} {row[a][1] or 0:>6.3f} {row[a][0] / none_tps:>7.2f}x" for a in spec_algos))
     return table

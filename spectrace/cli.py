@@ -213,9 +213,10 @@ class Progress:
     def __init__(self, total_tokens: int):
         self.live, self.total, self.tokens = sys.stderr.isatty(), total_tokens, 0
 
-    def say(self, message: str) -> None:
+    def say(self, message: str | None) -> None:
+        """Show `message` on the status line; None clears it (before a table row prints)."""
         if self.live:
-            print(f"\r\x1b[Kspectrace: {message}", end="", file=sys.stderr, flush=True)
+            print("\r\x1b[K" + (f"spectrace: {message}" if message else ""), end="", file=sys.stderr, flush=True)
 
     def step(self, record: dict) -> None:
         self.tokens += len(record["committed_tokens"])
@@ -233,7 +234,10 @@ def cmd_run(args) -> int:
     from spectrace.viz.text import run_summary
 
     try:
-        result = run(_run_config(args, prompts=args.prompt, batch=args.batch, trace=args.trace), progress.step,
+        # counting tokens needs each step's record; the fast engine would then copy every step's
+        # tensors to the host, so it shows its status line without the count
+        on_step = progress.step if progress.live and args.backend != "fast" else None
+        result = run(_run_config(args, prompts=args.prompt, batch=args.batch, trace=args.trace), on_step,
                      progress.say)
         if result.trace_path is not None and not args.no_tui and sys.stdin.isatty() and sys.stdout.isatty():
             progress.say("opening the walkthrough")
@@ -328,16 +332,17 @@ def cmd_bench(args) -> int:
         bench.shape_table(config, args.target_shape, args.batch_sizes or [1], args.repeat)
         return 0
     if args.batch_sizes:
-        bench.batch_table(config, args.algos, prompts, args.batch_sizes, args.repeat)
+        bench.batch_table(config, args.algos, prompts, args.batch_sizes, args.repeat, Progress(0).say)
         return 0
-    hf = bench.hf_table(config, prompts, args.repeat) if args.compare_hf else None
+    progress = Progress(0).say  # prompts x algorithms on stderr, when it is a terminal
+    hf = bench.hf_table(config, prompts, args.repeat, progress) if args.compare_hf else None
     tables = {}
     if hf and args.backend != "explicit":  # the reference engine beside the kernels, in the same run
         print("spectrace, --backend explicit:")
         tables["explicit"] = bench.algos_table(lambda **o: _run_config(args, **{"backend": "explicit", **o}),
-                                               args.algos, prompts, args.repeat)
+                                               args.algos, prompts, args.repeat, progress)
         print(f"spectrace, --backend {args.backend}:")
-    tables[args.backend] = bench.algos_table(config, args.algos, prompts, args.repeat)
+    tables[args.backend] = bench.algos_table(config, args.algos, prompts, args.repeat, progress)
     if hf:
         for backend, ours in tables.items():
             for algo, outs in ours.items():

@@ -44,8 +44,11 @@ def test_compare_hf_paths_give_spectrace_none_its_tokens(tmp_path, monkeypatch, 
     def config(**kw):
         return RunConfig(max_new_tokens=10, **kw)
     prompts = HELD_OUT_PROMPTS[:2]
-    hf = hf_table(config, prompts, repeat=1)
-    ours = algos_table(config, ["none", "eagle"], prompts, repeat=1)
+    status = []  # the status line's messages: prompts x paths, cleared before each row
+    hf = hf_table(config, prompts, repeat=1, progress=status.append)
+    ours = algos_table(config, ["none", "eagle"], prompts, repeat=1, progress=status.append)
+    paths = ["hf generate", "hf assisted", "hf assisted k=4", "hf prompt lookup", "none", "eagle"]
+    assert status == [m for p in paths for m in (f"bench: {p}, prompt 1 of 2", f"bench: {p}, prompt 2 of 2", None)]
     assert set(hf) == {"hf generate", "hf assisted", "hf assisted k=4", "hf prompt lookup"}
     assert all(len(out) == 10 for out in hf["hf generate"])
     for outs in [*hf.values(), *ours.values()]:
