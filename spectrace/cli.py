@@ -251,9 +251,15 @@ def cmd_run(args) -> int:
 
 
 def cmd_replay(args) -> int:
+    progress = Progress(0)  # a large trace takes a moment to index: say so instead of a blank terminal
+    progress.say("loading the walkthrough")
     from spectrace.viz.tui.app import replay
 
-    replay(args.trace)
+    progress.say(f"reading {args.trace}")
+    try:
+        replay(args.trace)
+    finally:
+        progress.done()
     return 0
 
 
