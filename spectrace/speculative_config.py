@@ -1,5 +1,6 @@
 """vLLM's `--speculative-config '{"method": ..., "num_speculative_tokens": k, ...}'` on spectrace's
-options, with vLLM's semantics (reference/vllm.md §7) and its refusals, one line each.
+options, with the semantics of vLLM's SpeculativeConfig (vllm/config/speculative.py) and its
+refusals, one line each.
 
     method         eagle, eagle3, mtp (and every *_mtp name, which vLLM rewrites to mtp), ngram,
                    draft_model (spectrace's standalone), dflash. Missing, vLLM infers it from the

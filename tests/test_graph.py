@@ -72,7 +72,7 @@ def test_render_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, message
 
 
 def test_without_a_renderer_the_error_says_how_to_get_one(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(graph.shutil, "which", lambda name: None)
+    monkeypatch.setattr(graph.shutil, "which", lambda name, path=None: None)  # nowhere: scripts dir nor PATH
     assert main(["render", str(TRACE), "--step", "0", "-o", str(tmp_path / "x.svg")]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "graphviz-pure" in err

@@ -91,8 +91,8 @@ def load_eagle3(path: str | Path, target: CausalLM) -> Eagle3Head:
     if made_for != Ht or fc is None or tuple(fc.shape) != want:
         shape = None if fc is None else tuple(fc.shape)
         if made_for != Ht:
-            raise SpectraceError(f"EAGLE-3 checkpoint {path} was made for a target of hidden size {made_for}; "
-                                 f"this target's is {Ht}")
+            raise SpectraceError(f"EAGLE-3 checkpoint {path} does not fit the target: it was made for a target "
+                                 f"of hidden size {made_for}; this target's is {Ht}")
         eagle1 = shape == (cfg.hidden_size, 2 * Ht)  # fc over [embedding; one feature]
         raise SpectraceError(f"EAGLE-3 checkpoint {path} does not fit the target: its fc.weight is {shape}, and over "
                              f"the target's {len(capture)} feature taps of width {Ht} it must be {want}"
