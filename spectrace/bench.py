@@ -33,7 +33,7 @@ Progress = Callable[[str | None], None]  # a status line: a message, or None to 
 
 
 def _silent(message: str | None) -> None:
-    pass
+    """The default Progress: no status line (tests, and callers that print their own)."""
 
 
 def best_run(config: Config, repeat: int, **kw) -> RunResult:
