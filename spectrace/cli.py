@@ -4,6 +4,9 @@
                                                   its walkthrough (the summary with --no-tui)
     spectrace replay TRACE                        the walkthrough of any trace (no model needed)
     spectrace render TRACE --step N -o tree.svg   a step's draft tree as a Graphviz figure
+    spectrace export TRACE -o run.json            the run's phases for Perfetto (or --format csv)
+    spectrace rejudge TRACE --acceptance RULE -o NEW.jsonl
+                                                  a --record-probs trace's steps judged again
     spectrace bench                               tokens/s and tau on the held-out prompts
     spectrace bench --batch-sizes 1 2 4 8         the same at each batch size, with speed-ups over none
     spectrace bench kernels --device cuda         each Triton twin against the explicit path
@@ -115,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--trace", default=None, metavar="PATH", help="default: runs/<time>-<algo>.jsonl")
     run.add_argument("--no-tui", action="store_true",
                      help="print the text and metrics summary instead of opening the walkthrough")
+    run.add_argument("--record-probs", dest="record_probs", action="store_true",
+                     help="keep every step's target and draft distributions and random numbers in a sidecar "
+                          "beside the trace (TRACE.probs.safetensors), for spectrace rejudge")
     replay = sub.add_parser("replay", help="open the walkthrough of a trace")
     replay.add_argument("trace", metavar="TRACE")
     render = sub.add_parser("render", help="draw a step's draft tree with Graphviz")
@@ -129,6 +135,20 @@ def build_parser() -> argparse.ArgumentParser:
                         help="perfetto: Chrome trace-event JSON (open in ui.perfetto.dev); csv: a row per step "
                              "and request")
     export.add_argument("-o", "--out", required=True, metavar="FILE")
+    rejudge = sub.add_parser("rejudge", help="every recorded step judged again under another acceptance rule, "
+                                             "thresholds, temperature or random numbers (needs --record-probs)")
+    rejudge.add_argument("trace", metavar="TRACE")
+    rejudge.add_argument("--acceptance", required=True, type=str.lower,
+                         help="greedy, target_only, rejection, vllm, tree_rejection, typical")
+    rejudge.add_argument("--speculative-accept-threshold-single", dest="threshold_single", type=float, default=None,
+                         help="target_only (default: the recorded value under target_only, else 1.0)")
+    rejudge.add_argument("--speculative-accept-threshold-acc", dest="threshold_acc", type=float, default=None,
+                         help="target_only (default: the recorded value under target_only, else 1.0)")
+    rejudge.add_argument("--temperature", type=float, default=None, help="default: the recorded temperature")
+    rejudge.add_argument("--seed", type=int, default=None,
+                         help="default: the recorded random numbers where the rule draws the same kind, else "
+                              "fresh ones from the recorded seed; another seed: fresh ones")
+    rejudge.add_argument("-o", "--out", required=True, metavar="NEW.jsonl")
     bench = sub.add_parser("bench", help="tokens/s and tau of algorithms on the held-out prompts, "
                                          "or (bench kernels) the Triton twins against the explicit path")
     bench.add_argument("what", nargs="?", choices=["algos", "kernels"], default="algos")
@@ -169,7 +189,7 @@ def _apply_speculative_config(args) -> None:
 
 def _check_supported(args) -> None:
     """Options whose machinery arrives in later work are refused, not ignored."""
-    if args.command in ("replay", "render", "export"):
+    if args.command in ("replay", "render", "export", "rejudge"):
         return
     if args.topk == 1 and args.num_draft_tokens is not None and args.num_steps is not None \
             and args.num_draft_tokens != args.num_steps + 1:
@@ -186,7 +206,7 @@ def _run_config(args, **over):
     from spectrace.core.ngram.trie import TrieConfig
     from spectrace.run import RunConfig
 
-    kw = dict(algo=args.algo or "standalone", num_steps=args.num_steps, topk=args.topk,
+    kw = dict(record_probs=getattr(args, "record_probs", False), algo=args.algo or "standalone", num_steps=args.num_steps, topk=args.topk,
               num_draft_tokens=args.num_draft_tokens,
               max_new_tokens=args.max_new_tokens, acceptance=args.acceptance, temperature=args.temperature,
               top_k=args.top_k, top_p=args.top_p, seed=args.seed, threshold_single=args.threshold_single,
@@ -307,6 +327,21 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_rejudge(args) -> int:
+    """spectrace/rejudge.py: the recorded steps under another rule; before -> after on stdout."""
+    from pathlib import Path
+
+    from spectrace.rejudge import Rejudge, report
+
+    if args.seed is not None and not 0 <= args.seed < 2 ** 32:
+        raise UsageError(f"--seed must lie in [0, 2**32), got {args.seed}")
+    if Path(args.out).resolve() == Path(args.trace).resolve():
+        raise UsageError("-o would overwrite the trace being re-judged: give another path")
+    job = Rejudge(args.trace, args.acceptance, args.threshold_single, args.threshold_acc, args.temperature, args.seed)
+    print(report(job, job.write(Path(args.out))))
+    return 0
+
+
 def cmd_bench(args) -> int:
     """spectrace/bench.py: each prompt of the set alone (batch 1), or every batch size of
     --batch-sizes; best wall time of --repeat runs. `bench kernels`: spectrace/kernels/bench.py."""
@@ -366,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
             _apply_speculative_config(args)
         _check_supported(args)
         return {"run": cmd_run, "bench": cmd_bench, "replay": cmd_replay, "render": cmd_render,
-                "export": cmd_export}[args.command](args)
+                "export": cmd_export, "rejudge": cmd_rejudge}[args.command](args)
     except (UsageError, SpectraceError, TraceError) as e:
         print(f"spectrace: error: {e}", file=sys.stderr)
         return 2

@@ -38,6 +38,7 @@ from spectrace.core.engine import Engine, Request, SpecConfig
 from spectrace.core.kv import KVCache
 from spectrace.core.model import CausalLM, load_model, weights_digest
 from spectrace.core.ngram.trie import TrieConfig
+from spectrace.core.probs import UNSEALED, ProbsRecorder, seal, sidecar_path
 from spectrace.core.trace import SCHEMA, TraceError, TraceWriter
 from spectrace.errors import SpectraceError
 from spectrace.zoo import MODELS_DIR, TARGET_DIR
@@ -85,6 +86,7 @@ class RunConfig:
     backend: str = "explicit"  # or "triton": the hot operations through spectrace/kernels
     trace_level: str = "full"  # TRACE_LEVELS
     deterministic: bool = False  # batch-invariant verify: output bit-identical to plain decoding's
+    record_probs: bool = False  # a sidecar of every walk's distributions and random numbers (spectrace rejudge)
 
     def check(self) -> None:
         """What only the run knows: where it runs and how many requests."""
@@ -102,6 +104,11 @@ class RunConfig:
                                  "over a verify's keys in its own tiling")
         if self.trace_level not in TRACE_LEVELS:
             raise SpectraceError(f"unknown --trace-level {self.trace_level!r} (choose from {', '.join(TRACE_LEVELS)})")
+        if self.record_probs and (self.trace_level == "off" or self.backend == "fast" or self.algo == "none"):
+            why = ("it is written beside the trace: --trace-level off writes none" if self.trace_level == "off" else
+                   "--backend fast keeps its step tensors on the GPU: record on --backend explicit or triton"
+                   if self.backend == "fast" else "--algo none verifies no drafts: there is nothing to re-judge")
+            raise SpectraceError(f"--record-probs: {why}")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise SpectraceError(f"unknown --dtype {self.dtype!r} (choose from {', '.join(DTYPES)})")
         if not 0 <= self.seed < 2 ** 32:
@@ -325,7 +332,8 @@ def _context(target: CausalLM, draft) -> int:
 
 def build_engine(target: CausalLM, draft, spec: SpecConfig, prompt_ids: list[list[int]], eos_token_ids,
                  trace: TraceWriter | None = None, ngram: NgramConfig | None = None,
-                 medusa_tree: MedusaTree | None = None, on_step=None, backend: str = "explicit") -> Engine:
+                 medusa_tree: MedusaTree | None = None, on_step=None, backend: str = "explicit",
+                 probs: ProbsRecorder | None = None) -> Engine:
     """An engine whose KV pools hold every request at full length at once, with the drafter
     of `spec.algo` around `draft` (the loaded draft model; None for none and ngram). ngram and
     medusa_tree: those drafters' options, checked (NgramConfig.check, MedusaTree.from_choices).
@@ -358,7 +366,7 @@ def build_engine(target: CausalLM, draft, spec: SpecConfig, prompt_ids: list[lis
         draft_kv = draft.new_kv_cache("draft", spec.commit_style, num_slots, len(prompt_ids), columns, cache_class)
         drafter = (StandaloneDrafter(draft, draft_kv, **shape) if fmt == "lm" else
                    EagleDrafter(draft, target, draft_kv, **shape))
-    return Engine(target, kv, spec, eos_token_ids, drafter, trace, on_step)
+    return Engine(target, kv, spec, eos_token_ids, drafter, trace, on_step, probs)
 
 
 # ---- the run ---------------------------------------------------------------------------------
@@ -383,6 +391,7 @@ def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = N
             writer = TraceWriter(trace_path, lambda i: tok.decode([i]))
         except TraceError as e:
             raise SpectraceError(str(e)) from None
+    probs = ProbsRecorder(sidecar_path(trace_path)) if cfg.record_probs else None
     header_written = False
     try:
         (progress or (lambda m: None))("loading the models")
@@ -398,10 +407,11 @@ def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = N
             engine = FastEngine(target, draft, spec, ids, eos, writer, on_step=on_step)
         else:
             engine = build_engine(target, draft, spec, ids, eos, writer, on_step=on_step, backend=cfg.backend,
-                                  **options)
+                                  probs=probs, **options)
         threads = choose_threads(target, cfg.device)
         if writer:
-            writer.write(header(cfg, spec, prompts, target, draft, engine, threads), [t for p in ids for t in p])
+            writer.write(header(cfg, spec, prompts, target, draft, engine, threads, probs),
+                         [t for p in ids for t in p])
             header_written = True
         (progress or (lambda m: None))(f"generating {cfg.max_new_tokens} tokens for {len(ids)} request(s)")
         reqs, metrics = engine.generate(ids)
@@ -417,6 +427,8 @@ def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = N
             writer.close()
             if not header_written:  # refused before the run began: leave no empty trace behind
                 trace_path.unlink(missing_ok=True)
+            elif probs is not None:  # also when interrupted: the steps recorded so far
+                seal(trace_path, probs.save())
     return RunResult(reqs, texts, metrics, trace_path, spec)
 
 
@@ -440,14 +452,17 @@ def check_prompts(ids: list[list[int]], spec: SpecConfig, context: int) -> None:
                                  f"needs {need} positions, more than the model's context of {context}")
 
 
-def header(cfg: RunConfig, spec: SpecConfig, prompts: list[str], target, draft, engine: Engine, threads: int) -> dict:
-    """The trace's first record: the resolved options and the models' identities."""
+def header(cfg: RunConfig, spec: SpecConfig, prompts: list[str], target, draft, engine: Engine, threads: int,
+           probs: ProbsRecorder | None = None) -> dict:
+    """The trace's first record: the resolved options, the models' identities and, with
+    --record-probs, the sidecar (its hash sealed in once it is saved)."""
     models = {"target": model_identity(cfg.target_model, target)}
     if draft is not None:
         models["draft"] = model_identity(cfg.draft_path, draft)
+    extra = {"probs": {"file": probs.path.name, "sha256": UNSEALED}} if probs is not None else {}
     return {"kind": "header", "schema": SCHEMA,
             "config": {**asdict(cfg), "prompts": prompts, "draft_model": cfg.draft_path or "",
                        "num_steps": spec.num_steps, "topk": spec.topk, "num_draft_tokens": spec.num_draft_tokens,
                        "acceptance": spec.acceptance, "resolved_algorithm": ALGOS[cfg.algo].resolved},
             "models": models, "eos_token_ids": sorted(engine.eos), "device": cfg.device, "threads": threads,
-            "torch": torch.__version__}
+            "torch": torch.__version__, **extra}

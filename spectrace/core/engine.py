@@ -33,6 +33,7 @@ from spectrace.core.drafters import Drafter, SampledDrafts
 from spectrace.core.kv import KVCache
 from spectrace.core.metrics import SpecMetrics
 from spectrace.core.model import CausalLM
+from spectrace.core.probs import ProbsRecorder
 from spectrace.core.sampling import SamplingParams, probs_from_logits, request_generator, sample
 from spectrace.core.step_record import prefill_record, record_token_ids, step_record
 from spectrace.core.trace import TraceWriter
@@ -164,13 +165,14 @@ class StepRow:
 
 class Engine:
     def __init__(self, target: CausalLM, kv: KVCache, spec: SpecConfig, eos_token_ids, drafter: Drafter | None = None,
-                 trace: TraceWriter | None = None, on_step=None):
+                 trace: TraceWriter | None = None, on_step=None, probs: ProbsRecorder | None = None):
         """kv: the target's paged KV, sized for every request (spectrace/run.py: build_engine);
-        on_step(record): called with every step record, after the metrics saw it."""
+        on_step(record): called with every step record, after the metrics saw it; probs: keeps
+        each walk's inputs for `spectrace rejudge` (--record-probs)."""
         if (spec.algo == "none") != (drafter is None):
             raise SpectraceError(f"--algo {spec.algo} {'takes no' if spec.algo == 'none' else 'needs a'} drafter")
         self.target, self.kv, self.spec, self.drafter = target, kv, spec, drafter
-        self.trace, self.on_step = trace, on_step
+        self.trace, self.on_step, self.probs = trace, on_step, probs
         self.eos = set(eos_token_ids)
         self.device = target.lm_head.weight.device
         self.rule = acceptance.RULES[spec.acceptance]
@@ -295,6 +297,9 @@ class Engine:
             next_sibling = tree.retrive_next_sibling[b, :n].tolist()
             draft_probs = tree.draft_probs[b].cpu() if tree.draft_probs is not None else None
             randoms = self.rule.draw(n, row.target_probs.shape[-1], row.req.gen)
+            if self.probs is not None:  # before the walk, which may write into q
+                self.probs.add(self.step_count, row.req.req_pool_idx, logits[row.first_row:row.first_row + n],
+                               tree.q_dists[b] if tree.q_dists is not None else None, randoms)
             args = (row.candidates, next_token, next_sibling, row.target_predict, row.target_probs, draft_probs,
                     randoms, self.spec.num_steps, self.spec.rule_params)
             twin = acceptance.TWIN_WALKS[self.kv.backend].get(self.rule.name)

@@ -99,7 +99,8 @@ def build_draft_tree(levels: DraftLevels, root_tokens: torch.Tensor, seq_lens: l
     """SGLang's `organize_draft_results` and `build_tree_kernel_efficient` over the loop's
     candidates. Each node also keeps its q, its path score and the distribution it was drawn
     from: its parent path's, row `top_scores_index // topk` of parent_list (the kernel's
-    parent_tb_idx). The trace keeps that distribution's top tokens; sampling rules read it whole."""
+    parent_tb_idx). The trace keeps that distribution's top tokens; sampling rules and
+    --record-probs read it whole."""
     n, bs = num_draft_tokens, root_tokens.shape[0]
     parent_list, top_scores_index, draft_tokens = organize_draft_results(
         levels.score_list, levels.token_list, levels.parents_list, n)
@@ -109,9 +110,7 @@ def build_draft_tree(levels: DraftLevels, root_tokens: torch.Tensor, seq_lens: l
     dists = torch.cat([p.view(bs, -1, p.shape[-1]) for p in levels.probs_list], dim=1)
     parent_tb_idx = top_scores_index // topk  # (bs, n-1)
     pairs = topk_pairs(dists, min(max(topk, trace_topk), dists.shape[-1]))
-    draft_probs = None
-    if sampled is not None:
-        draft_probs = torch.gather(dists, 1, parent_tb_idx.unsqueeze(-1).expand(-1, -1, dists.shape[-1]))
+    at_parent = torch.gather(dists, 1, parent_tb_idx.unsqueeze(-1).expand(-1, -1, dists.shape[-1]))  # (bs, n-1, V)
     return DraftTree(
         draft_tokens=torch.cat([root_tokens.view(bs, 1), draft_tokens], dim=1),
         tree_mask=tree_mask.view(bs, n, n), positions=positions.view(bs, n), retrive_index=retrive_index,
@@ -119,7 +118,8 @@ def build_draft_tree(levels: DraftLevels, root_tokens: torch.Tensor, seq_lens: l
         q=torch.gather(torch.cat(levels.q_list, dim=1), 1, top_scores_index),
         scores=torch.gather(torch.cat([s.flatten(1) for s in levels.score_list], dim=1), 1, top_scores_index),
         draft_topk=[[pairs[b][row] for row in parent_tb_idx[b].tolist()] for b in range(bs)],
-        draft_probs=draft_probs, sibling_worth=sampled.sibling_worth if sampled is not None else None)
+        draft_probs=at_parent if sampled is not None else None, q_dists=at_parent,
+        sibling_worth=sampled.sibling_worth if sampled is not None else None)
 
 
 class ScratchKVDrafter(ABC):

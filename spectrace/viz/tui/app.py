@@ -160,6 +160,10 @@ class Walkthrough(App):
         self.refresh_panels()
         for notice in self.trace.notices:
             self.notify(notice, title="trace", timeout=6)
+        rejudged = self.trace.header.get("rejudged")
+        if isinstance(rejudged, dict):  # spectrace rejudge: say what the verdicts are
+            self.notify(shown(f"re-judged from {rejudged.get('from')}: {rejudged.get('step_local')}"),
+                        title="re-judged trace", timeout=10)
 
     def refresh_panels(self) -> None:
         cfg = self.trace.header.get("config", {})
@@ -173,6 +177,8 @@ class Walkthrough(App):
         title.append(shown(f"spectrace {self.algo}"), style="bold")  # a shared trace's header is untrusted too
         title.append(shown(f" ({cfg.get('resolved_algorithm', '?')} {cfg.get('num_steps')},{cfg.get('topk')},"
                            f"{cfg.get('num_draft_tokens')} {rec['accept']['rule']})  "))
+        if "rejudged" in self.trace.header:
+            title.append("re-judged  ", style="bold magenta")
         title.append(f"request {self.request} ({self.requests.index(self.request) + 1}/{len(self.requests)})  ",
                      style="bold")
         title.append(f"step {rec['step']} ({self.position + 1}/{len(steps)})  accept_len {rec['accept_len']}",
