@@ -84,6 +84,10 @@ def assert_same_steps(explicit_trace, fast_trace, batch: int, tol: float) -> Non
         for key in CLOSE_DRAFT:
             assert got["draft"][key] == pytest.approx(want["draft"][key], abs=tol), key
         assert_close_pairs(got["draft"]["draft_topk"], want["draft"]["draft_topk"], tol)
+        for key in ("tokens", "levels", "parents", "nodes"):  # every candidate the draft loop scored
+            assert got["draft"]["candidates"][key] == want["draft"]["candidates"][key], key
+        for key in ("q", "scores"):
+            assert got["draft"]["candidates"][key] == pytest.approx(want["draft"]["candidates"][key], abs=tol), key
 
 
 def run_both(algo: str, options: dict, tmp_path, **kw) -> dict:

@@ -68,6 +68,46 @@ def test_draft_phases_grow_the_tree_level_by_level():
     assert seen == sorted(seen) and seen[-1] == len(nodes) - 1  # everything but the bonus at the end
 
 
+def test_every_draft_level_shows_with_the_dropped_candidates_faded(tmp_path):
+    """With num_steps 5 the tree's nodes may stop at depth 3; the DRAFT phases still run 1..5, and
+    each shows the candidates the tree did not keep, faded under their parents with their path
+    scores, every one of them at or below the cut (organize_draft_results keeps the n-1 best)."""
+    from spectrace.viz.steptree import dropped_candidates
+
+    trace = tmp_path / "t.jsonl"
+    assert main(["run", "--no-tui", "--algo", "eagle", "--num-steps", "5", "--topk", "4", "--max-new-tokens", "12",
+                 "--trace", str(trace)]) == 0
+    t = TraceFile(trace)
+    console = Console(width=200, file=io.StringIO(), color_system=None)
+    shallow = 0
+    for i in range(len(t)):
+        rec = t.step(i)
+        c, draft = rec["draft"]["candidates"], rec["draft"]
+        assert len(c["tokens"]) == 4 + 4 * 4 * 4  # K + (S-1)K^2
+        kept = [(j, n) for j, n in enumerate(c["nodes"]) if n != -1]
+        assert sorted(n for _, n in kept) == list(range(1, len(draft["tokens"]) + 1))
+        for cand, node in kept:  # a kept candidate is its node: token, score, parent, depth
+            assert c["tokens"][cand] == draft["tokens"][node - 1] and c["scores"][cand] == draft["scores"][node - 1]
+            assert c["levels"][cand] + 1 == draft["depths"][node - 1]
+            par = c["parents"][cand]
+            assert draft["parents"][node - 1] == (0 if par == -1 else c["nodes"][par])
+        dropped = dropped_candidates(rec, t.token_text)
+        assert max(d.score for d in dropped) <= min(draft["scores"])
+        assert panels.phases_of(rec, "eagle")[:5] == [f"DRAFT {d}" for d in range(1, 6)]
+        shallow += max(draft["depths"]) < 5
+        nodes = step_tree(rec, t.token_text)
+        for d in range(1, 6):
+            console.file = io.StringIO()
+            console.print(panels.tree_panel(nodes, f"DRAFT {d}", 1, dropped))
+            text = console.file.getvalue()
+            assert text.count('✂ "') == sum(x.depth <= d for x in dropped)  # one line each
+            assert f"level {d}: " in text
+        console.file = io.StringIO()
+        console.print(panels.tree_panel(nodes, "VERIFY", 1, dropped))
+        assert "✂" not in console.file.getvalue()  # once drafted, the tree alone is verified
+    assert shallow  # some step's tree stopped above the last level it drafted
+
+
 def test_request_switch_and_help_and_quit():
     app, text = drive(["r"])
     assert app.request == app.requests[1] and f"request {app.request} (2/2)" in text

@@ -3,7 +3,8 @@ spectrace/core/trace.py). The engine hands over a request's StepRow after RECORD
 the result without torch or a model.
 
     draft    the tree: nodes 1..n-1 with token, parent, depth, q, path score, the draft's top
-             tokens at the parent, the node's fate in the walk; the mask rows and linked lists
+             tokens at the parent, the node's fate in the walk; the mask rows and linked lists;
+             for the EAGLE draft loop, every candidate it scored (kept or dropped)
     verify   the rows: tokens, positions, the target's argmax and top tokens after each node, and
              p of each node's token after its parent
     accept   the rule, the accepted path, every decision and where the bonus was drawn from
@@ -45,6 +46,8 @@ def tree_record(tree: DraftTree, b: int, parents: list[int], decisions: list[dic
     }
     if tree.sibling_worth is not None:  # a sampled tree's scores are products of these, not of q
         rec["sibling_worth"] = [round(x, 6) for x in tree.sibling_worth[b].tolist()]
+    if tree.candidates is not None:  # the draft loop's every candidate, kept or dropped
+        rec["candidates"] = tree.candidates[b]
     if tree.proposers is not None and tree.proposers[b] is not None:  # n-gram: the match it copied
         rec["proposer"] = tree.proposers[b]
     return rec
@@ -98,6 +101,7 @@ def record_token_ids(rec: dict) -> set[int]:
     ids |= {t for pairs in rec["verify"]["target_topk"] for t, _ in pairs}
     if rec["draft"] is not None:
         ids |= {t for pairs in rec["draft"]["draft_topk"] for t, _ in pairs}
+        ids |= set(rec["draft"].get("candidates", {}).get("tokens", []))
     if rec["accept"]["bonus_from"] is not None:
         ids |= {t for t, _ in rec["accept"]["bonus_from"]["topk"]}
     return ids

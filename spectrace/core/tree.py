@@ -226,6 +226,7 @@ class DraftTree:
     draft_probs: torch.Tensor | None = None  # sampled drafts: (bs, n-1, V), row j = the q node j+1 was drawn from
     q_dists: torch.Tensor | None = None  # (bs, n-1, V) the draft's q at node j+1's parent, sampled or not (--record-probs)
     sibling_worth: torch.Tensor | None = None  # sampled trees: (bs, K), what ranked the j-th draws
+    candidates: list[dict] | None = None  # per request: every candidate the draft loop scored (eagle_worker.py)
     sizes: list[int] | None = None  # nodes per request, root included, when they differ (n-gram chains)
     proposers: list[dict | None] | None = None  # per request: where a model-free proposal came from
 

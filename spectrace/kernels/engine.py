@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from spectrace.algos import ALGOS
 from spectrace.core.acceptance import RULES, AcceptResult, bonus_from, sglang_coins
 from spectrace.core.batch import ForwardBatch
-from spectrace.core.drafters.eagle_worker import draft_forward
+from spectrace.core.drafters.eagle_worker import draft_candidates, draft_forward, level_tensors
 from spectrace.core.engine import Request, SpecConfig, StepRow, append_tokens
 from spectrace.core.kv import TokenToKVPool
 from spectrace.core.metrics import SpecMetrics
@@ -490,6 +490,7 @@ class FastEngine:
         top = torch.topk(dists, k, dim=-1)  # (bs, rows, k), gathered at each node's parent row
         rows = (top_scores_index // K)[..., None].expand(-1, -1, k)
         self.draft_top = (torch.gather(top.values, 1, rows), torch.gather(top.indices, 1, rows))
+        self.candidates = (*level_tensors(levels), top_scores_index)  # every candidate the loop scored
 
     def draft_level(self, i: int, input_ids, hidden_states, parents):
         """One forward of the draft loop (draft_forward's `forward`): level i's K kept paths per
@@ -612,6 +613,7 @@ class FastEngine:
             host["draft_seq_lens"] = self.draft_kv.seq_lens.cpu()
             values, indices = self.draft_top
             host["draft_topk"] = [as_pairs(ib, vb) for ib, vb in zip(indices.tolist(), values.tolist())]
+            host["candidates"] = draft_candidates(*(t.cpu() for t in self.candidates), self.K)
         return host
 
     def record(self, b: int, r: Request, host: dict, tokens: list[int], randoms, committed: list[int],
@@ -633,7 +635,7 @@ class FastEngine:
                              positions=host["positions"], retrive_index=host["retrive_index"],
                              retrive_next_token=host["retrive_next_token"],
                              retrive_next_sibling=host["retrive_next_sibling"], q=host["q"], scores=host["scores"],
-                             draft_topk=host["draft_topk"])
+                             draft_topk=host["draft_topk"], candidates=host["candidates"])
             row.candidates, row.positions = tree.draft_tokens[b].tolist(), tree.positions[b].tolist()
             row.result = RULES[self.spec.acceptance].walk(
                 row.candidates, tree.retrive_next_token[b].tolist(), tree.retrive_next_sibling[b].tolist(),

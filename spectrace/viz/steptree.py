@@ -58,6 +58,37 @@ def step_tree(rec: dict, token_text) -> list[ViewNode]:
     return nodes
 
 
+@dataclass
+class Candidate:
+    """A candidate the EAGLE draft loop scored that the tree did not keep: organize_draft_results
+    keeps the n-1 best path scores of all levels. Viewers show these faded while drafting."""
+    index: int  # flat candidate index (level 0's K, then K*K per level)
+    token: int
+    text: str
+    depth: int  # as a node's: 1 = a child of the root
+    q: float
+    score: float  # path score: what the cut compared
+    parent_node: int | None  # the tree node it hangs under; None when its parent was dropped too
+    parent_candidate: int  # the parent's flat candidate index, -1 for the root
+
+
+def dropped_candidates(rec: dict, token_text) -> list[Candidate]:
+    """The dropped candidates of a step, parents before children (empty for drafters without the
+    draft loop, and for traces recorded before candidates were)."""
+    c = (rec.get("draft") or {}).get("candidates")
+    if not c:
+        return []
+    out = []
+    for i, node in enumerate(c["nodes"]):
+        if node != -1:
+            continue
+        par = c["parents"][i]
+        parent_node = 0 if par == -1 else (c["nodes"][par] if c["nodes"][par] != -1 else None)
+        out.append(Candidate(i, c["tokens"][i], token_text(c["tokens"][i]), c["levels"][i] + 1, c["q"][i],
+                             c["scores"][i], parent_node, par))
+    return out
+
+
 def children(nodes: list[ViewNode]) -> dict[int, list[int]]:
     """Children of each node in node order (sibling order of the walk)."""
     out: dict[int, list[int]] = {n.index: [] for n in nodes}

@@ -119,7 +119,37 @@ def build_draft_tree(levels: DraftLevels, root_tokens: torch.Tensor, seq_lens: l
         scores=torch.gather(torch.cat([s.flatten(1) for s in levels.score_list], dim=1), 1, top_scores_index),
         draft_topk=[[pairs[b][row] for row in parent_tb_idx[b].tolist()] for b in range(bs)],
         draft_probs=at_parent if sampled is not None else None, q_dists=at_parent,
+        candidates=draft_candidates(*level_tensors(levels), top_scores_index, topk),
         sibling_worth=sampled.sibling_worth if sampled is not None else None)
+
+
+def level_tensors(levels: DraftLevels) -> tuple[torch.Tensor, ...]:
+    """Every candidate the draft loop scored, in SGLang's flat candidate order (level 0's K, then
+    K*K per level): tokens, q, path scores (bs, C), and parent_list (bs, 1 + K(S-1)): the flat
+    candidate index of each kept path, -1 for the root; candidate c's parent is parent_list[c // K]."""
+    return (torch.cat(levels.token_list, dim=1), torch.cat(levels.q_list, dim=1),
+            torch.cat([s.flatten(1) for s in levels.score_list], dim=1), torch.cat(levels.parents_list, dim=1))
+
+
+def draft_candidates(tokens, q, scores, parent_list, top_scores_index, topk: int) -> list[dict]:
+    """For the trace, per request: every candidate the loop scored (level_tensors), with its level
+    (0 = a child of the root), its parent candidate, and the tree node it became (-1: dropped,
+    below the n-1 best path scores that organize_draft_results keeps). The walkthrough draws the
+    dropped ones faded beside the tree, so a learner sees the cut."""
+    out = []
+    for b in range(tokens.shape[0]):
+        kept = {c: j + 1 for j, c in enumerate(top_scores_index[b].tolist())}
+        paths = parent_list[b].tolist()
+        C = tokens.shape[1]
+        out.append({
+            "tokens": tokens[b].tolist(),
+            "q": [round(x, 6) for x in q[b].tolist()],
+            "scores": [round(x, 6) for x in scores[b].tolist()],
+            "levels": [0 if c < topk else 1 + (c - topk) // (topk * topk) for c in range(C)],
+            "parents": [paths[c // topk] for c in range(C)],
+            "nodes": [kept.get(c, -1) for c in range(C)],
+        })
+    return out
 
 
 class ScratchKVDrafter(ABC):

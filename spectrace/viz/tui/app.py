@@ -22,7 +22,7 @@ from textual.widgets import Footer, Static
 from spectrace.errors import SpectraceError
 from spectrace.core.trace import TraceError, TraceFile
 from spectrace.viz import graph
-from spectrace.viz.steptree import ViewNode, step_tree
+from spectrace.viz.steptree import ViewNode, dropped_candidates, step_tree
 from spectrace.viz.tokens import shown
 from spectrace.viz.tui import panels
 
@@ -190,7 +190,8 @@ class Walkthrough(App):
         self.query_one("#phases", Static).update(bar)
         width = max(10, self.size.width - 6)
         self.query_one("#timeline", Panel).show(panels.timeline(self.trace, self.request, self.position, width))
-        self.query_one("#tree", Panel).show(panels.tree_panel(nodes, self.phase_name, self.node),
+        dropped = dropped_candidates(rec, self.trace.token_text)
+        self.query_one("#tree", Panel).show(panels.tree_panel(nodes, self.phase_name, self.node, dropped),
                                             f"draft tree · {self.phase_name}")
         self.query_one("#inspector", Panel).show(
             panels.inspector_panel(self.trace, rec, nodes, self.phase_name, self.node), f"node {self.node}")

@@ -18,7 +18,7 @@ from rich.tree import Tree
 from spectrace.core.trace import TraceFile
 from spectrace.viz.graph import FATE_COLORS
 from spectrace.viz.tokens import shown
-from spectrace.viz.steptree import ViewNode, preorder
+from spectrace.viz.steptree import Candidate, ViewNode, preorder
 
 MARKS = {"root": "●", "correct": "✓", "rejected": "✗", "unreached": "·", "bonus": "★"}
 DRAFTED = "cyan"
@@ -27,8 +27,12 @@ STREAM_STEPS = 200  # steps of committed text the token stream shows before the 
 
 
 def phases_of(rec: dict, algo: str) -> list[str]:
+    """DRAFT 1..the deepest level drafted (the draft loop's, where the trace has its candidates,
+    though no node of the last levels made the tree), then the verify phases."""
     draft = rec.get("draft")
     depth = max(draft["depths"]) if draft and draft["depths"] else 0
+    if draft and draft.get("candidates"):
+        depth = max(depth, 1 + max(draft["candidates"]["levels"]))
     phases = [f"DRAFT {d}" for d in range(1, depth + 1)] + ["VERIFY", "ACCEPT", "COMMIT"]
     return phases + (["EXTEND"] if algo != "none" else [])
 
@@ -71,7 +75,13 @@ def node_label(n: ViewNode, phase: str, selected: bool) -> Text:
     return t
 
 
-def tree_panel(nodes: list[ViewNode], phase: str, selected: int) -> Tree:
+def dropped_label(c: Candidate) -> Text:
+    return Text(f"✂ {tok(c.text)}  q {c.q:.2f}  s {c.score:.3g}  dropped", style="dim strike")
+
+
+def tree_panel(nodes: list[ViewNode], phase: str, selected: int, dropped: list[Candidate] = ()) -> Tree | Group:
+    """The tree as far as `phase` has grown it. While drafting, the candidates the tree will not
+    keep hang faded under their parents, with the path score the cut compared (`draft_cut`)."""
     shown = set(visible_nodes(nodes, phase))
     branches: dict[int, Tree] = {}
     root = Tree(node_label(nodes[0], phase, selected == 0), guide_style="grey50")
@@ -81,7 +91,25 @@ def tree_panel(nodes: list[ViewNode], phase: str, selected: int) -> Tree:
             continue
         n = nodes[i]
         branches[i] = branches[n.parent].add(node_label(n, phase, selected == i))
-    return root
+    if not phase.startswith("DRAFT") or not dropped:
+        return root
+    depth, faded = int(phase.split()[1]), {}
+    for c in dropped:  # parents come first: flat candidate order is level by level
+        if c.depth > depth:
+            continue
+        parent = branches[c.parent_node] if c.parent_node is not None else faded.get(c.parent_candidate)
+        if parent is not None:
+            faded[c.index] = parent.add(dropped_label(c))
+    return Group(draft_cut(nodes, dropped, depth), root)
+
+
+def draft_cut(nodes: list[ViewNode], dropped: list[Candidate], depth: int) -> Text:
+    """Why the faded candidates go: the tree keeps the n-1 best path scores over every level."""
+    kept = [n for n in nodes if n.score is not None]
+    scored = sum(1 for n in kept if n.depth == depth) + sum(1 for c in dropped if c.depth == depth)
+    cut = min(n.score for n in kept)
+    return Text(f"level {depth}: {scored} candidates scored. The tree keeps the {len(kept)} best path scores of "
+                f"all levels (s >= {cut:.3g}); ✂ dropped.", style="dim")
 
 
 def _topk_table(title_a: str, pairs_a: list, title_b: str, pairs_b: list, trace: TraceFile,
