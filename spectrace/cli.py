@@ -43,8 +43,8 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-draft-tokens", "--speculative-num-draft-tokens", dest="num_draft_tokens", type=int)
     p.add_argument("--speculative-config", dest="speculative_config", default=None, metavar="JSON",
                    help='vLLM\'s form: \'{"method": "eagle", "num_speculative_tokens": 3, "model": DIR}\' (methods '
-                        "eagle, eagle3, mtp, ngram, draft_model, dflash; prompt_lookup_min/max for ngram): a chain "
-                        "of k drafts, instead of --algo and the shape options")
+                        "eagle, eagle3, mtp, ngram, draft_model, dflash, medusa; prompt_lookup_min/max for ngram): "
+                        "a chain of k drafts, instead of --algo and the shape options")
     p.add_argument("--acceptance", default=None, type=str.lower,
                    help="greedy, target_only, rejection, vllm, tree_rejection, typical; default greedy at "
                         "temperature 0, else target_only (SGLang's choice)")
@@ -169,7 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 SPECULATIVE_CONFIG_REPLACES = {"algo": "--algo", "num_steps": "--num-steps", "topk": "--topk",
                                "num_draft_tokens": "--num-draft-tokens", "draft_model": "--draft-model",
-                               "prompt_lookup_min": "--prompt-lookup-min", "prompt_lookup_max": "--prompt-lookup-max"}
+                               "prompt_lookup_min": "--prompt-lookup-min", "prompt_lookup_max": "--prompt-lookup-max",
+                               "medusa_choices": "--medusa-choices"}
 
 
 def _apply_speculative_config(args) -> None:

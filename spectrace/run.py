@@ -79,7 +79,9 @@ class RunConfig:
     ngram_style: str = "vllm"
     ngram_trie: TrieConfig = field(default_factory=TrieConfig)
     adaptive: bool = False
-    medusa_choices: str | None = None  # a JSON file of Medusa choices; default: the first 24 of mc_sim_7b_63
+    # a JSON file of Medusa choices, or the list itself (--speculative-config's chain); default: the
+    # first 24 of mc_sim_7b_63
+    medusa_choices: str | list | None = None
     commit_style: str = "sglang"
     device: str = "cpu"
     dtype: str | None = None  # default: float32 on CPU, bfloat16 on GPU
@@ -157,8 +159,15 @@ def resolve_prompts(prompts: list[str], batch: int | None) -> list[str]:
 
 def medusa_tree(cfg: RunConfig) -> MedusaTree:
     """--medusa-choices (default: the first 24 paths of mc_sim_7b_63), checked against the heads."""
-    choices = load_choices(cfg.medusa_choices) if cfg.medusa_choices else MC_SIM_7B_63[:DEFAULT_CHOICES]
-    return MedusaTree.from_choices(choices, read_config_json(cfg.draft_path).get("medusa_num_heads") or 0)
+    heads = read_config_json(cfg.draft_path).get("medusa_num_heads") or 0
+    if isinstance(cfg.medusa_choices, list):  # --speculative-config's chain: one node per head
+        if len(cfg.medusa_choices) > heads:
+            raise SpectraceError(f"--speculative-config: num_speculative_tokens {len(cfg.medusa_choices)} is more "
+                                 f"than the {heads} Medusa heads of {cfg.draft_path}")
+        choices = cfg.medusa_choices
+    else:
+        choices = load_choices(cfg.medusa_choices) if cfg.medusa_choices else MC_SIM_7B_63[:DEFAULT_CHOICES]
+    return MedusaTree.from_choices(choices, heads)
 
 
 def ngram_config(cfg: RunConfig) -> NgramConfig:

@@ -11,8 +11,12 @@ refusals, one line each.
     model          the draft model's directory; required but for mtp (vLLM's MTP uses the target's
                    own module; here the embedded MTP head) and ngram
     prompt_lookup_min / _max   ngram only, each >= 1; one missing copies the other, both missing 5 / 5
-Methods vLLM has and spectrace does not model as vLLM runs them (medusa's head chain, mlp_speculator,
-suffix, custom_class, extract_hidden_states, ngram_gpu), and any other key, are refused.
+    medusa         vLLM's Medusa proposer drafts `argmax(head_i(hidden))` for i < k: a chain whose
+                   node i is head i's top token. Here the static tree of choices [[0], [0, 0], ...]
+                   (k deep, rank 0 at every level), which spectrace's Medusa drafter runs the same
+                   way; k above the checkpoint's heads is refused
+Methods vLLM has and spectrace does not model as vLLM runs them (mlp_speculator, suffix,
+custom_class, extract_hidden_states, ngram_gpu), and any other key, are refused.
 """
 from __future__ import annotations
 
@@ -21,8 +25,8 @@ import json
 from spectrace.errors import SpectraceError
 
 METHODS = {"eagle": "eagle", "eagle3": "eagle3", "mtp": "mtp", "ngram": "ngram", "draft_model": "standalone",
-           "dflash": "dflash"}
-NOT_MODELLED = ("medusa", "mlp_speculator", "suffix", "custom_class", "extract_hidden_states", "ngram_gpu")
+           "dflash": "dflash", "medusa": "medusa"}
+NOT_MODELLED = ("mlp_speculator", "suffix", "custom_class", "extract_hidden_states", "ngram_gpu")
 KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
 NO_MODEL_NEEDED = ("mtp", "ngram")
 
@@ -45,15 +49,16 @@ def _method(cfg: dict) -> str:
         method = "mtp"
     if method in NOT_MODELLED:
         _fail(f"method {method!r} is vLLM's, and spectrace does not run it as vLLM does (it runs "
-              f"{', '.join(METHODS)}; Medusa's static tree is --algo medusa)")
+              f"{', '.join(METHODS)})")
     if method not in METHODS:
         _fail(f"unknown method {method!r} (spectrace runs {', '.join(METHODS)})")
     return method
 
 
 def parse(text: str) -> dict:
-    """The JSON -> spectrace's run options (algo, num_steps, topk, num_draft_tokens, draft_model,
-    prompt_lookup_min, prompt_lookup_max), or one line saying what is wrong."""
+    """The JSON -> spectrace's run options (algo, num_steps, topk, num_draft_tokens or, for medusa,
+    medusa_choices; draft_model, prompt_lookup_min, prompt_lookup_max), or one line saying what is
+    wrong."""
     try:
         cfg = json.loads(text)
     except json.JSONDecodeError as e:
@@ -67,7 +72,10 @@ def parse(text: str) -> dict:
     k = cfg.get("num_speculative_tokens")
     if not isinstance(k, int) or isinstance(k, bool) or k <= 0:
         _fail(f"num_speculative_tokens must be a positive integer (vLLM requires it), got {k!r}")
-    out = {"algo": METHODS[method], "num_steps": k, "topk": 1, "num_draft_tokens": k + 1}
+    if method == "medusa":  # Medusa's shape is its tree: head i's top token at depth i + 1
+        out = {"algo": "medusa", "medusa_choices": [[0] * depth for depth in range(1, k + 1)]}
+    else:
+        out = {"algo": METHODS[method], "num_steps": k, "topk": 1, "num_draft_tokens": k + 1}
     model = cfg.get("model")
     if method == "ngram":
         model = None

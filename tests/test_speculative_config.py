@@ -6,9 +6,9 @@ import pytest
 from spectrace.cli import main
 from spectrace.core.trace import read_trace
 from spectrace.speculative_config import parse
-from spectrace.zoo import EAGLE_DIR
+from spectrace.zoo import EAGLE_DIR, MODELS_DIR
 
-EAGLE = str(EAGLE_DIR)
+EAGLE, MEDUSA = str(EAGLE_DIR), str(MODELS_DIR / "tiny-medusa")
 
 
 @pytest.mark.parametrize("text, want", [
@@ -32,6 +32,8 @@ EAGLE = str(EAGLE_DIR)
      dict(algo="eagle", num_steps=2, topk=1, num_draft_tokens=3, draft_model="yuhuili/EAGLE-LLaMA3-8B")),
     ('{"model": "tiny-draft", "num_speculative_tokens": 2}',
      dict(algo="standalone", num_steps=2, topk=1, num_draft_tokens=3, draft_model="tiny-draft")),
+    ('{"method": "medusa", "num_speculative_tokens": 3, "model": "D"}',  # head i's argmax at depth i + 1
+     dict(algo="medusa", medusa_choices=[[0], [0, 0], [0, 0, 0]], draft_model="D")),
 ])
 def test_methods_map_to_vllms_chains(text, want):
     assert parse(text) == want
@@ -45,7 +47,11 @@ def test_methods_map_to_vllms_chains(text, want):
     (["--speculative-config", '{"method": "eagle", "num_speculative_tokens": 0, "model": "D"}'], "positive integer"),
     (["--speculative-config", '{"method": "eagle", "num_speculative_tokens": true, "model": "D"}'], "positive integer"),
     (["--speculative-config", '{"method": "eagle", "num_speculative_tokens": 3}'], "needs a draft model"),
-    (["--speculative-config", '{"method": "medusa", "num_speculative_tokens": 3}'], "does not run it as vLLM"),
+    (["--speculative-config", '{"method": "medusa", "num_speculative_tokens": 3}'], "needs a draft model"),
+    (["--speculative-config", f'{{"method": "medusa", "num_speculative_tokens": 9, "model": "{MEDUSA}"}}'],
+     "more than the 3 Medusa heads"),
+    (["--medusa-choices", "c.json", "--speculative-config", '{"method": "medusa", "num_speculative_tokens": 2, '
+                                                            '"model": "D"}'], "drop --medusa-choices"),
     (["--speculative-config", '{"method": "suffix", "num_speculative_tokens": 3}'], "does not run it as vLLM"),
     (["--speculative-config", '{"method": "lookahead", "num_speculative_tokens": 3}'], "unknown method"),
     (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 0}'], ">= 1"),
@@ -78,3 +84,22 @@ def test_the_json_runs_what_the_flags_run(capsys, tmp_path):
     assert [s["accept_tokens"] for s in json_run.steps] == [s["accept_tokens"] for s in flags_run.steps]
     shape = lambda t: [t.header["config"][k] for k in ("algo", "num_steps", "topk", "num_draft_tokens")]  # noqa: E731
     assert shape(json_run) == shape(flags_run) == ["eagle", 3, 1, 4]
+
+
+def test_medusa_runs_vllms_chain_of_head_argmaxes(tmp_path):
+    """vLLM's Medusa proposer: draft i = argmax of head i. The JSON's chain equals the static tree
+    [[0], [0, 0], [0, 0, 0]] given as --medusa-choices, step for step, and every node's token is
+    its head's top token (the draft top-k the trace keeps at the node)."""
+    choices = tmp_path / "chain.json"
+    choices.write_text("[[0], [0, 0], [0, 0, 0]]")
+    traces = {}
+    for name, argv in (("json", ["--speculative-config", f'{{"method": "medusa", "num_speculative_tokens": 3, '
+                                                          f'"model": "{MEDUSA}"}}']),
+                       ("flags", ["--algo", "medusa", "--medusa-choices", str(choices)])):
+        traces[name] = tmp_path / f"{name}.jsonl"
+        assert main(["run", "--no-tui", "--max-new-tokens", "12", "--trace", str(traces[name]), *argv]) == 0
+    json_run, flags_run = read_trace(traces["json"]), read_trace(traces["flags"])
+    assert [s["accept_tokens"] for s in json_run.steps] == [s["accept_tokens"] for s in flags_run.steps]
+    for s in json_run.steps:
+        assert s["draft"]["parents"] == [0, 1, 2]
+        assert [top[0][0] for top in s["draft"]["draft_topk"]] == s["draft"]["tokens"]
