@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from spectrace.cli import main
 from spectrace.core.probs import UNSEALED
@@ -195,3 +197,35 @@ def test_bad_rejudges_are_one_line_and_exit_2(recorded, tmp_path, capsys):
 ])
 def test_record_probs_refusals(tmp_path, capsys, args, message):
     one_line_exit_2(capsys, ["run", "--no-tui", "--record-probs", "--trace", str(tmp_path / "t.jsonl"), *args], message)
+
+
+REJUDGE_OPTIONS = {  # rejudge's options and values a user might type, good and bad
+    "--acceptance": st.sampled_from(["greedy", "target_only", "rejection", "tree_rejection", "vllm", "typical", "y"]),
+    "--temperature": st.sampled_from(["0", "0.7", "1", "-0.5", "nan", "inf", "1e9", "x"]),
+    "--speculative-accept-threshold-single": st.sampled_from(["0", "0.5", "1", "1.5", "-1", "nan"]),
+    "--speculative-accept-threshold-acc": st.sampled_from(["0", "0.3", "1", "2", "nan"]),
+    "--seed": st.sampled_from(["0", "-1", "7", str(2 ** 64), "x"]),
+}
+
+
+@settings(max_examples=40, deadline=None, derandomize=True,  # the same examples in every CI run
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(trace=st.sampled_from(["greedy_tree", "rejection", "ngram_vllm"]),
+       options=st.dictionaries(st.sampled_from(sorted(REJUDGE_OPTIONS)), st.just(None), max_size=4).flatmap(
+           lambda d: st.fixed_dictionaries({k: REJUDGE_OPTIONS[k] for k in d})))
+def test_fuzzed_rejudges_work_or_fail_in_one_line(recorded, tmp_path, capsys, trace, options):
+    args = [a for k, v in options.items() for a in (k, v)]
+    if "--acceptance" not in options:
+        args += ["--acceptance", "greedy"]
+    path = recorded(trace)
+    capsys.readouterr()  # what recording printed
+    try:
+        code = rejudge(path, tmp_path / "f.jsonl", *args)
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    err = capsys.readouterr().err
+    assert code in (0, 2) and "Traceback" not in err, (args, err)
+    if code == 2:
+        assert len(err.strip().splitlines()) == 1, (args, err)
+    else:
+        read_trace(tmp_path / "f.jsonl")
