@@ -413,7 +413,8 @@ def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = N
         eos = target.config.eos_token_ids or ((tok.eos_token_id,) if tok.eos_token_id is not None else ())
         if cfg.backend == "fast":
             from spectrace.kernels.engine import FastEngine
-            engine = FastEngine(target, draft, spec, ids, eos, writer, on_step=on_step)
+            engine = FastEngine(target, draft, spec, ids, eos, writer, on_step=on_step,
+                                medusa_tree=options["medusa_tree"])
         else:
             engine = build_engine(target, draft, spec, ids, eos, writer, on_step=on_step, backend=cfg.backend,
                                   probs=probs, **options)

@@ -61,10 +61,11 @@ from spectrace.core.trace import TraceWriter
 from spectrace.core.tree import DraftTree, TreeMaskMode, organize_draft_results
 from spectrace.errors import SpectraceError
 from spectrace.kernels import attention, sglang
+from spectrace.kernels.fast_medusa import FastMedusa
 from spectrace.kernels import backend  # noqa: F401  (registers the twins: the models' attention runs through them)
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # batch sizes a run is padded up to, one set of graphs each
-FAST_ALGOS = ("none", "standalone", "eagle", "eagle3", "nextn", "mtp")
+FAST_ALGOS = ("none", "standalone", "eagle", "eagle3", "nextn", "mtp", "medusa")
 FAST_RULES = ("greedy", "target_only")  # target_only verifies the deterministic top-k tree: drafts are not sampled
 
 
@@ -229,10 +230,11 @@ class PhaseClock:
 class FastEngine:
     def __init__(self, target: CausalLM, draft, spec: SpecConfig, prompt_ids: list[list[int]], eos_token_ids,
                  trace: TraceWriter | None = None, on_step=None, graphs: bool | None = None,
-                 fused: bool | None = None):
+                 fused: bool | None = None, medusa_tree=None):
         """graphs: capture CUDA graphs; fused: the models' layers through kernels/fused.py (both
         default to on a GPU; on a CPU the interpreter makes more kernels slower, not faster).
-        Fusing changes the models in place (their modules' forwards), wherever they run next."""
+        Fusing changes the models in place (their modules' forwards), wherever they run next.
+        medusa_tree: --algo medusa's static tree (spectrace/run.py resolves it)."""
         check_fast(spec, len(prompt_ids))
         self.target, self.spec, self.trace, self.on_step = target, spec, trace, on_step
         self.recording = trace is not None or on_step is not None
@@ -246,12 +248,19 @@ class FastEngine:
         # every phase, frozen: its row holds that and one more step's columns
         committed = max(len(p) for p in prompt_ids) + spec.max_new_tokens + 2 * (S + 1)
         self.kv = StaticKV(target, self.bs, committed + self.n)
-        self.drafter = DraftModel(spec.algo, draft, target) if draft is not None else None
+        dtype = target.lm_head.weight.dtype
+        self.medusa = None  # the static tree's drafter, or the draft loop's (drafter), or none
+        if spec.algo == "medusa":
+            self.medusa = FastMedusa(draft, medusa_tree, self.bs, torch.zeros(
+                self.bs, target.config.hidden_size, dtype=dtype, device=self.device), spec.trace_topk)
+        self.drafter = DraftModel(spec.algo, draft, target) if draft is not None and not self.medusa else None
+        self.drafts = self.drafter is not None or self.medusa is not None
+        self.capture_layers = self.drafter.capture_layers if self.drafter else ()
         if self.drafter is not None:  # + the draft loop's scratch or the padded extend
             self.draft_kv = StaticKV(draft, self.bs, committed + max(S + 1, self.K * max(S - 1, 0)))
             H = draft.config.hidden_size
             self.next_probs = torch.zeros(self.bs, target.config.vocab_size, device=self.device)  # q after the root
-            self.last_hidden = torch.zeros(self.bs, H, dtype=target.lm_head.weight.dtype, device=self.device)
+            self.last_hidden = torch.zeros(self.bs, H, dtype=dtype, device=self.device)
         if fused if fused is not None else self.device.type == "cuda":
             from spectrace.kernels.fused import fuse
             for model in (target, draft):
@@ -276,8 +285,8 @@ class FastEngine:
         self.metrics = SpecMetrics(S, spec.num_draft_tokens)
         self.step_count = 0  # steps the host has read
         self.clock = PhaseClock(self.device)
-        self.phases = [("draft", self.draft)] if self.drafter else []
-        self.phases += [("verify", self.verify)] + ([("extend", self.extend)] if self.drafter else [])
+        self.phases = [("draft", self.draft)] if self.drafts else []
+        self.phases += [("verify", self.verify)] + ([("extend", self.extend)] if self.drafts else [])
         self.graphs = None
         if graphs if graphs is not None else self.device.type == "cuda":
             self.capture([("prefill", self.prefill_forward)] + self.phases)
@@ -362,10 +371,12 @@ class FastEngine:
         bs, L, device = self.bs, self.L, self.device
         rows = torch.arange(L, device=device)
         out = self.target(extend_batch(self.kv, self.prompt_ids.flatten(), rows.repeat(bs), L), self.kv,
-                          self.drafter.capture_layers if self.drafter else ())
+                          self.capture_layers)
         last = torch.arange(bs, device=device) * L + self.prompt_lens - 1
         self.roots.copy_(self.next_tokens(out.logits[last]))
         self.kv.seq_lens.copy_(self.prompt_lens)
+        if self.medusa:  # the heads read the hidden state whose lm_head gave the first token
+            self.medusa.last_hidden.copy_(out.hidden_states[last])
         if not self.drafter:
             return
         width = L if self.drafter.is_head else L + 1
@@ -402,7 +413,7 @@ class FastEngine:
     def draw(self, reqs: list[Request]) -> list:
         """Each unfinished request's random numbers for one step, from its own generator in the
         explicit engine's order: SGLang's coins (a tree) or one plain sample's (none)."""
-        if self.drafter is None:
+        if not self.drafts:
             draws = [float(torch.rand((), generator=r.gen, dtype=torch.float64)) if not r.finish_reason else 0.0
                      for r in reqs]
             self.upload(self.coin64, draws)
@@ -441,7 +452,7 @@ class FastEngine:
             num = rows[b][-1]
             committed = self.append(r, rows[b][:num + 1])
             finished |= r.finish_reason is not None
-            drafted = self.n - 1 if self.drafter else None
+            drafted = self.n - 1 if self.drafts else None
             self.metrics.observe(b, self.step_count, timing, len(committed), num, drafted, num + 1)
             if self.recording:
                 randoms = launched["randoms"][b] if launched["randoms"] else None
@@ -462,7 +473,18 @@ class FastEngine:
     # ---- the phases: device work only, graph-safe ------------------------------------------
     def draft(self) -> None:
         """DRAFT: num_steps levels of K paths (select_top_k_tokens), the n - 1 best candidates
-        (organize_draft_results), the tree with its FULL_MASK over each prefix (build_tree)."""
+        (organize_draft_results), the tree with its FULL_MASK over each prefix (build_tree).
+        Medusa: one pass of the heads into the static tree (kernels/fast_medusa.py)."""
+        if self.medusa:
+            tree = self.medusa.draft(self.roots, self.kv.seq_lens, self.mask_capacity)
+            self.tree_mask, self.positions, self.draft_tokens = tree["tree_mask"], tree["positions"], tree["draft_tokens"]
+            self.retrive_index = self.medusa.retrive_index
+            self.retrive_next_token, self.retrive_next_sibling = (self.medusa.retrive_next_token,
+                                                                  self.medusa.retrive_next_sibling)
+            if self.recording:
+                self.q, self.scores, self.draft_top, self.candidates = tree["q"], tree["scores"], tree["draft_top"], None
+                self.keep_tree_rows()
+            return
         K, S, n = self.K, self.S, self.n
         hidden = self.last_hidden if self.drafter.is_head else None
         levels = draft_forward(self.draft_level, self.next_probs, hidden, S, K)
@@ -476,13 +498,24 @@ class FastEngine:
         if self.recording:
             self.keep_for_trace(levels, top_scores_index)
 
+    @property
+    def mask_capacity(self) -> int:
+        """Entries of a FULL_MASK buffer for any prefixes: build_tree's size with seq_lens_sum
+        bounded by every slot of req_to_token (so no sync)."""
+        return self.kv.req_to_token.numel() * self.n + self.n * self.n * self.bs
+
+    def keep_tree_rows(self) -> None:
+        """The tree part of each request's FULL_MASK rows, (bs, n, n), for the trace."""
+        n = self.n
+        seq, r = self.kv.seq_lens[:, None, None], torch.arange(n, device=self.device)
+        start = F.pad((n * (self.kv.seq_lens + n)).cumsum(0), (1, 0))[:-1, None, None]
+        self.tree_rows = self.tree_mask[start + r[:, None] * (seq + n) + seq + r]
+
     def keep_for_trace(self, levels, top_scores_index) -> None:
         """What the trace keeps of each node: its q, path score, the draft's top tokens where it
         was drawn, and the tree part of the mask (recording runs only: a dozen kernels more)."""
-        K, n = self.K, self.n
-        seq, r = self.kv.seq_lens[:, None, None], torch.arange(n, device=self.device)
-        start = F.pad((n * (self.kv.seq_lens + n)).cumsum(0), (1, 0))[:-1, None, None]
-        self.tree_rows = self.tree_mask[start + r[:, None] * (seq + n) + seq + r]  # (bs, n, n)
+        K = self.K
+        self.keep_tree_rows()
         self.q = torch.gather(torch.cat(levels.q_list, dim=1), 1, top_scores_index)
         self.scores = torch.gather(torch.cat([s.flatten(1) for s in levels.score_list], dim=1), 1, top_scores_index)
         dists = torch.cat([p.view(self.bs, -1, p.shape[-1]) for p in levels.probs_list], dim=1)
@@ -524,7 +557,7 @@ class FastEngine:
         target's argmax after each node, the walk (greedy, or target_only with the step's coins),
         then ACCEPT's tokens and COMMIT."""
         bs, n, S, device = self.bs, self.n, self.S, self.device
-        if self.drafter is None:
+        if not self.drafts:
             batch = extend_batch(self.kv, self.roots, self.kv.seq_lens, 1)
             candidates = self.roots[:, None]
             retrive_index = torch.arange(bs, device=device)[:, None]
@@ -533,7 +566,7 @@ class FastEngine:
             batch = extend_batch(self.kv, self.draft_tokens.flatten(), self.positions.flatten(), n, self.tree_mask)
             candidates, retrive_index = self.draft_tokens, self.retrive_index
             next_token, next_sibling = self.retrive_next_token, self.retrive_next_sibling
-        out = self.target(batch, self.kv, self.drafter.capture_layers if self.drafter else ())
+        out = self.target(batch, self.kv, self.capture_layers)
         self.logits = out.logits  # (bs*n, V)
         self.features = torch.cat(out.aux_hidden_states, dim=-1) if out.aux_hidden_states else out.hidden_states
         self.target_predict = torch.argmax(self.logits, dim=-1)  # ties to the lowest id, as plain decoding
@@ -543,7 +576,7 @@ class FastEngine:
         if self.sampling.greedy:
             sglang.verify_tree_greedy(predicts, self.accept_index, self.accept_num, candidates, retrive_index,
                                       next_token, next_sibling, self.target_predict)
-        elif self.drafter is None:  # a plain sample
+        elif not self.drafts:  # a plain sample
             self.accept_index[:, 0] = torch.arange(bs, device=device)
             predicts = self.next_tokens(self.logits)
         else:
@@ -582,6 +615,11 @@ class FastEngine:
         """EXTEND (DRAFT_EXTEND): each request's accept_tokens, padded to num_steps + 1, with the
         features of the accepted path's rows (root .. last correct draft) for a head; q and the
         output after the last real row are what the next DRAFT starts from."""
+        if self.medusa:  # no KV: the heads read the hidden state of the last accepted row
+            last_row = self.accept_index.gather(1, self.accept_num[:, None]).clamp(min=0).flatten()
+            h = self.medusa.last_hidden
+            h.copy_(torch.where(self.live[:, None], self.features[last_row], h))
+            return
         E, bs, kv = self.S + 1, self.bs, self.draft_kv
         cols = kv.seq_lens[:, None] + torch.arange(E, device=self.device)
         batch = extend_batch(kv, self.accept_tokens.clamp(min=0).flatten(), cols.flatten(), E)
@@ -600,7 +638,7 @@ class FastEngine:
     def step_tensors(self) -> dict:
         """The step's tensors on the host, for the trace (the cost of --trace-level steps/full)."""
         names = ["target_predict", "accept_index", "accept_num"]
-        if self.drafter:
+        if self.drafts:
             names += ["draft_tokens", "positions", "tree_rows", "retrive_index", "retrive_next_token",
                       "retrive_next_sibling", "q", "scores"]
         host = {name: getattr(self, name).cpu() for name in names}
@@ -611,9 +649,11 @@ class FastEngine:
         host["req_to_token"], host["seq_lens"] = self.kv.req_to_token.cpu(), self.kv.seq_lens.cpu()
         if self.drafter:
             host["draft_seq_lens"] = self.draft_kv.seq_lens.cpu()
+        if self.drafts:
             values, indices = self.draft_top
             host["draft_topk"] = [as_pairs(ib, vb) for ib, vb in zip(indices.tolist(), values.tolist())]
-            host["candidates"] = draft_candidates(*(t.cpu() for t in self.candidates), self.K)
+            host["candidates"] = (draft_candidates(*(t.cpu() for t in self.candidates), self.K)
+                                  if self.candidates is not None else None)
         return host
 
     def record(self, b: int, r: Request, host: dict, tokens: list[int], randoms, committed: list[int],
@@ -622,11 +662,11 @@ class FastEngine:
         tensors: the walk's decisions from the explicit rule's walk over the same tree, p and coins,
         checked against what the kernels did (tokens: the step's accept tokens, the bonus last)."""
         n, num, bonus = self.n, int(host["accept_num"][b]), tokens[-1]
-        row = StepRow(r, seq_before, None, None, b=b, drafted=self.drafter is not None, committed=committed)
+        row = StepRow(r, seq_before, None, None, b=b, drafted=self.drafts, committed=committed)
         row.target_predict = host["target_predict"][b].tolist()
         row.target_probs = host["target_probs"][b]
         tree = None
-        if self.drafter is None:  # core/engine.py: plain_result
+        if not self.drafts:  # core/engine.py: plain_result
             row.candidates, row.positions = [r.output_ids[-len(committed) - 1]], [seq_before]
             row.result = AcceptResult([], bonus, [0], [], None if self.sampling.greedy else
                                       bonus_from("target", 0, row.target_probs[0], self.spec.trace_topk))
