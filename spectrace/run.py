@@ -414,7 +414,7 @@ def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = N
         if cfg.backend == "fast":
             from spectrace.kernels.engine import FastEngine
             engine = FastEngine(target, draft, spec, ids, eos, writer, on_step=on_step,
-                                medusa_tree=options["medusa_tree"])
+                                **options)
         else:
             engine = build_engine(target, draft, spec, ids, eos, writer, on_step=on_step, backend=cfg.backend,
                                   probs=probs, **options)

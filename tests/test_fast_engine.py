@@ -22,10 +22,13 @@ CASES = [  # (algo, options): batch 3 is a ragged batch in a bucket of 4 (one pa
     ("eagle3", dict(topk=2, num_steps=3, num_draft_tokens=6, batch=3)),
     ("mtp", dict(topk=1, num_steps=3, batch=2)),
     ("medusa", dict(batch=3)),  # the static tree of 24 choices, depth 3
+    ("ngram", dict(batch=3, prompt_lookup_min=1, prompt_lookup_max=3)),  # chains of 0..5 drafted on the host
+    ("ngram", dict(batch=2, ngram_style="sglang")),  # SGLang's trie: trees of 12 nodes
     # SGLang's stochastic default: target_only over the top-k tree, the same coins; and plain sampling
     ("eagle", dict(topk=4, batch=1, temperature=1.0, seed=5)),
     ("none", dict(batch=1, temperature=0.8, top_k=50, seed=2)),
     ("medusa", dict(batch=2, temperature=1.0, seed=3)),
+    ("ngram", dict(batch=2, prompt_lookup_min=1, prompt_lookup_max=3, temperature=1.0, seed=4)),  # misses: plain samples
 ]
 CASE_IDS = [f"{a}-{'sampled' if o.get('temperature') else 'greedy'}-batch{o['batch']}" for a, o in CASES]
 EXACT_DRAFT = ("tokens", "parents", "depths", "tree_mask", "retrive_next_token", "retrive_next_sibling", "fates")
@@ -130,7 +133,7 @@ def test_fast_engine_trace_opens_in_the_walkthrough(tmp_path):
 
 
 @pytest.mark.parametrize("options,message", [
-    (dict(algo="ngram"), "--backend fast runs --algo"),
+    (dict(algo="frozen_kv_mtp"), "--backend fast runs --algo"),
     (dict(algo="eagle", temperature=1.0, acceptance="tree_rejection"), "greedy and target_only"),
     (dict(algo="eagle", adaptive=True, topk=1, num_steps=3), "one tree shape"),
     (dict(algo="eagle", batch=65), "at most 64 requests"),

@@ -48,9 +48,10 @@ import torch
 import torch.nn.functional as F
 
 from spectrace.algos import ALGOS
-from spectrace.core.acceptance import RULES, AcceptResult, bonus_from, sglang_coins
+from spectrace.core.acceptance import RULES, AcceptResult, Randoms, bonus_from, sglang_coins
 from spectrace.core.batch import ForwardBatch
 from spectrace.core.drafters.eagle_worker import draft_candidates, draft_forward, level_tensors
+from spectrace.core.drafters.ngram import NgramConfig
 from spectrace.core.engine import Request, SpecConfig, StepRow, append_tokens
 from spectrace.core.kv import TokenToKVPool
 from spectrace.core.metrics import SpecMetrics
@@ -62,10 +63,11 @@ from spectrace.core.tree import DraftTree, TreeMaskMode, organize_draft_results
 from spectrace.errors import SpectraceError
 from spectrace.kernels import attention, sglang
 from spectrace.kernels.fast_medusa import FastMedusa
+from spectrace.kernels.fast_ngram import HostDraft
 from spectrace.kernels import backend  # noqa: F401  (registers the twins: the models' attention runs through them)
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # batch sizes a run is padded up to, one set of graphs each
-FAST_ALGOS = ("none", "standalone", "eagle", "eagle3", "nextn", "mtp", "medusa")
+FAST_ALGOS = ("none", "standalone", "eagle", "eagle3", "nextn", "mtp", "medusa", "ngram")
 FAST_RULES = ("greedy", "target_only")  # target_only verifies the deterministic top-k tree: drafts are not sampled
 
 
@@ -130,6 +132,21 @@ def extend_batch(kv: StaticKV, input_ids, positions, width: int, tree_mask=None)
     return ForwardBatch(input_ids=input_ids, positions=positions, req_pool_indices=list(range(bs)),
                         seq_lens=[], extend_lens=[width] * bs, out_cache_loc=kv.slots(prefix, width).flatten(),
                         custom_masks=[], attn_metadata={"extend": meta})
+
+
+def full_mask(masks: torch.Tensor, seq_lens: torch.Tensor, capacity: int) -> torch.Tensor:
+    """The FULL_MASK of trees given as (bs, n, n) masks (Medusa's static tree, n-gram's): request
+    b's rows (n, seq_lens[b] + n), row r = the prefix then masks[b, r], flattened and concatenated
+    as build_tree lays them out, into a buffer of `capacity` entries (a bound: no sync)."""
+    bs, n = masks.shape[0], masks.shape[1]
+    indptr = F.pad((n * (seq_lens + n)).cumsum(0), (1, 0))
+    idx = torch.arange(capacity, device=seq_lens.device)
+    b = torch.searchsorted(indptr[1:], idx, right=True).clamp(max=bs - 1)
+    local, prefix = idx - indptr[b], seq_lens[b]
+    width = prefix + n
+    r, col = local // width, local % width - prefix  # col < 0: a prefix column
+    inside = masks[b, r.clamp(max=n - 1), col.clamp(min=0, max=n - 1)]
+    return ((col < 0) | inside) & (idx < indptr[-1])
 
 
 def sample_rows(probs: torch.Tensor, coins: torch.Tensor) -> torch.Tensor:
@@ -230,11 +247,12 @@ class PhaseClock:
 class FastEngine:
     def __init__(self, target: CausalLM, draft, spec: SpecConfig, prompt_ids: list[list[int]], eos_token_ids,
                  trace: TraceWriter | None = None, on_step=None, graphs: bool | None = None,
-                 fused: bool | None = None, medusa_tree=None):
+                 fused: bool | None = None, medusa_tree=None, ngram=None):
         """graphs: capture CUDA graphs; fused: the models' layers through kernels/fused.py (both
         default to on a GPU; on a CPU the interpreter makes more kernels slower, not faster).
         Fusing changes the models in place (their modules' forwards), wherever they run next.
-        medusa_tree: --algo medusa's static tree (spectrace/run.py resolves it)."""
+        medusa_tree, ngram: --algo medusa's static tree, --algo ngram's NgramConfig (run.py
+        resolves both)."""
         check_fast(spec, len(prompt_ids))
         self.target, self.spec, self.trace, self.on_step = target, spec, trace, on_step
         self.recording = trace is not None or on_step is not None
@@ -253,8 +271,12 @@ class FastEngine:
         if spec.algo == "medusa":
             self.medusa = FastMedusa(draft, medusa_tree, self.bs, torch.zeros(
                 self.bs, target.config.hidden_size, dtype=dtype, device=self.device), spec.trace_topk)
+        self.host = None  # n-gram: drafted on the host (kernels/fast_ngram.py)
+        if spec.algo == "ngram":
+            self.host = HostDraft((ngram or NgramConfig()).drafter(S, self.n, target.config.max_position_embeddings,
+                                                                   "cpu"), self.bs, self.n, self.device)
         self.drafter = DraftModel(spec.algo, draft, target) if draft is not None and not self.medusa else None
-        self.drafts = self.drafter is not None or self.medusa is not None
+        self.drafts = self.drafter is not None or self.medusa is not None or self.host is not None
         self.capture_layers = self.drafter.capture_layers if self.drafter else ()
         if self.drafter is not None:  # + the draft loop's scratch or the padded extend
             self.draft_kv = StaticKV(draft, self.bs, committed + max(S + 1, self.K * max(S - 1, 0)))
@@ -285,8 +307,9 @@ class FastEngine:
         self.metrics = SpecMetrics(S, spec.num_draft_tokens)
         self.step_count = 0  # steps the host has read
         self.clock = PhaseClock(self.device)
-        self.phases = [("draft", self.draft)] if self.drafts else []
-        self.phases += [("verify", self.verify)] + ([("extend", self.extend)] if self.drafts else [])
+        # the phases a launch runs on the device (n-gram's DRAFT runs on the host, before them)
+        self.phases = [("draft", self.draft)] if self.drafts and not self.host else []
+        self.phases += [("verify", self.verify)] + ([("extend", self.extend)] if self.drafts and not self.host else [])
         self.graphs = None
         if graphs if graphs is not None else self.device.type == "cuda":
             self.capture([("prefill", self.prefill_forward)] + self.phases)
@@ -324,8 +347,8 @@ class FastEngine:
         t0 = time.perf_counter()
         self.prefill(reqs)
         pending = self.launch(reqs) if any(not r.finish_reason for r in reqs) else None
-        while pending is not None:
-            ahead = self.launch(reqs) if not self.recording else None
+        while pending is not None:  # (n-gram drafts from the last step's tokens: no overlap)
+            ahead = self.launch(reqs) if not self.recording and not self.host else None
             self.finish_step(reqs, pending)
             pending = None if all(r.finish_reason for r in reqs) else ahead or self.launch(reqs)
         if self.device.type == "cuda":  # a step launched ahead of the end finishes inside the measured time
@@ -362,6 +385,8 @@ class FastEngine:
                 rec = prefill_record(StepRow(r, 0, None, None), t, kv, {"prefill": ms})
                 self.trace.write(rec, r.prompt_ids + r.output_ids)
         self.set_live(reqs)
+        if self.host:
+            self.host.prefill(reqs)
 
     def prefill_forward(self) -> None:
         """Target EXTEND over every prompt (causal, L rows a request); each request's first token
@@ -400,8 +425,9 @@ class FastEngine:
         """Enqueue one step: the step's random numbers in, each phase (a graph replay, or eager),
         then the accepted tokens' copy to the host. Returns what finish_step reads."""
         before = self.kv.seq_lens.tolist() if self.recording else None
-        randoms = self.draw(reqs) if not self.sampling.greedy else None
-        marks = {name: self.clock.run(self.graphs[name].replay if self.graphs else fn) for name, fn in self.phases}
+        marks = {"draft": self.clock.run(lambda: self.host.draft(reqs))} if self.host else {}
+        randoms = self.draw(reqs) if not self.sampling.greedy else None  # after DRAFT: n-gram's sizes
+        marks |= {name: self.clock.run(self.graphs[name].replay if self.graphs else fn) for name, fn in self.phases}
         if self.device.type != "cuda":
             return {"marks": marks, "out": self.step_out.clone(), "done": None, "before": before, "randoms": randoms}
         out = torch.empty(self.step_out.shape, dtype=self.step_out.dtype, pin_memory=True)
@@ -412,15 +438,16 @@ class FastEngine:
 
     def draw(self, reqs: list[Request]) -> list:
         """Each unfinished request's random numbers for one step, from its own generator in the
-        explicit engine's order: SGLang's coins (a tree) or one plain sample's (none)."""
-        if not self.drafts:
-            draws = [float(torch.rand((), generator=r.gen, dtype=torch.float64)) if not r.finish_reason else 0.0
-                     for r in reqs]
-            self.upload(self.coin64, draws)
-            return draws
-        draws = [sglang_coins(self.n, 0, r.gen) if not r.finish_reason else None for r in reqs]
-        self.upload(self.coins, [d.coins.tolist() if d else [0.0] * self.n for d in draws])
-        self.upload(self.coin_final, [float(d.coin_final) if d else 0.0 for d in draws])
+        explicit engine's order: SGLang's coins over its tree's nodes, or one plain sample's
+        (none, and an n-gram request that drafted nothing)."""
+        sizes = self.host.sizes if self.host else [self.n if self.drafts else 1] * len(reqs)
+        draws = [None if r.finish_reason else sglang_coins(m, 0, r.gen) if m > 1 else
+                 float(torch.rand((), generator=r.gen, dtype=torch.float64)) for r, m in zip(reqs, sizes)]
+        trees = [d if isinstance(d, Randoms) else None for d in draws]
+        self.upload(self.coins, [F.pad(d.coins, (0, self.n - len(d.coins))).tolist() if d else [0.0] * self.n
+                                 for d in trees])
+        self.upload(self.coin_final, [float(d.coin_final) if d else 0.0 for d in trees])
+        self.upload(self.coin64, [d if isinstance(d, float) else 0.0 for d in draws])
         return draws
 
     def upload(self, buffer: torch.Tensor, rows: list) -> None:
@@ -452,8 +479,9 @@ class FastEngine:
             num = rows[b][-1]
             committed = self.append(r, rows[b][:num + 1])
             finished |= r.finish_reason is not None
-            drafted = self.n - 1 if self.drafts else None
-            self.metrics.observe(b, self.step_count, timing, len(committed), num, drafted, num + 1)
+            size = self.host.sizes[b] if self.host else self.n if self.drafts else 1
+            self.metrics.observe(b, self.step_count, timing, len(committed), num, size - 1 if size > 1 else None,
+                                 num + 1)
             if self.recording:
                 randoms = launched["randoms"][b] if launched["randoms"] else None
                 rec = self.record(b, r, host, rows[b][:num + 1], randoms, committed, launched["before"][b], timing)
@@ -461,6 +489,9 @@ class FastEngine:
                     self.trace.write(rec, record_token_ids(rec))
                 if self.on_step:
                     self.on_step(rec)
+        if self.host:  # the histories of the requests still running grow by their accept_tokens
+            self.host.extend([(r.req_pool_idx, rows[b][:rows[b][-1] + 1]) for b, r in enumerate(reqs)
+                              if not r.finish_reason])
         if finished:
             self.set_live(reqs)
         self.step_count += 1
@@ -476,8 +507,9 @@ class FastEngine:
         (organize_draft_results), the tree with its FULL_MASK over each prefix (build_tree).
         Medusa: one pass of the heads into the static tree (kernels/fast_medusa.py)."""
         if self.medusa:
-            tree = self.medusa.draft(self.roots, self.kv.seq_lens, self.mask_capacity)
-            self.tree_mask, self.positions, self.draft_tokens = tree["tree_mask"], tree["positions"], tree["draft_tokens"]
+            tree = self.medusa.draft(self.roots, self.kv.seq_lens)
+            self.tree_mask = full_mask(self.medusa.masks, self.kv.seq_lens, self.mask_capacity)
+            self.positions, self.draft_tokens = tree["positions"], tree["draft_tokens"]
             self.retrive_index = self.medusa.retrive_index
             self.retrive_next_token, self.retrive_next_sibling = (self.medusa.retrive_next_token,
                                                                   self.medusa.retrive_next_sibling)
@@ -557,6 +589,13 @@ class FastEngine:
         target's argmax after each node, the walk (greedy, or target_only with the step's coins),
         then ACCEPT's tokens and COMMIT."""
         bs, n, S, device = self.bs, self.n, self.S, self.device
+        if self.host:  # the host's trees, from the buffers it filled, over each prefix
+            self.draft_tokens = torch.cat([self.roots[:, None], self.host.tokens[:, 1:]], dim=1)
+            self.positions = self.kv.seq_lens[:, None] + self.host.depths
+            self.tree_mask = full_mask(self.host.masks, self.kv.seq_lens, self.mask_capacity)
+            self.retrive_index = torch.arange(bs * n, device=device).view(bs, n)
+            self.retrive_next_token, self.retrive_next_sibling = self.host.retrive_next_token, \
+                self.host.retrive_next_sibling
         if not self.drafts:
             batch = extend_batch(self.kv, self.roots, self.kv.seq_lens, 1)
             candidates = self.roots[:, None]
@@ -590,6 +629,8 @@ class FastEngine:
         j = torch.arange(S + 1, device=device)
         drafts = F.pad(candidates.flatten()[path[:, 1:]], (0, 1))
         bonus = predicts.gather(0, path.gather(1, self.accept_num[:, None]).flatten())
+        if self.host and not self.sampling.greedy:  # an n-gram request without drafts: plain decoding's sample
+            bonus = torch.where(self.host.drafted, bonus, self.next_tokens(self.logits.view(bs, n, -1)[:, 0]))
         self.accept_tokens = torch.where(j < self.accept_num[:, None], drafts,
                                          torch.where(j == self.accept_num[:, None], bonus[:, None], -1))
         self.step_out = torch.cat([self.accept_tokens, self.accept_num[:, None]], dim=1)  # what the host reads
@@ -639,8 +680,10 @@ class FastEngine:
         """The step's tensors on the host, for the trace (the cost of --trace-level steps/full)."""
         names = ["target_predict", "accept_index", "accept_num"]
         if self.drafts:
-            names += ["draft_tokens", "positions", "tree_rows", "retrive_index", "retrive_next_token",
-                      "retrive_next_sibling", "q", "scores"]
+            names += ["draft_tokens", "positions", "retrive_index", "retrive_next_token", "retrive_next_sibling"]
+        device_tree = self.drafts and not self.host  # n-gram's trees are on the host already
+        if device_tree:
+            names += ["tree_rows", "q", "scores"]
         host = {name: getattr(self, name).cpu() for name in names}
         greedy = self.sampling.greedy  # p as the trace shows it: softmax at temperature 0, else after T, top-k, top-p
         p = torch.softmax(self.logits, dim=-1) if greedy else probs_from_logits(self.logits, self.sampling)
@@ -649,7 +692,7 @@ class FastEngine:
         host["req_to_token"], host["seq_lens"] = self.kv.req_to_token.cpu(), self.kv.seq_lens.cpu()
         if self.drafter:
             host["draft_seq_lens"] = self.draft_kv.seq_lens.cpu()
-        if self.drafts:
+        if device_tree:
             values, indices = self.draft_top
             host["draft_topk"] = [as_pairs(ib, vb) for ib, vb in zip(indices.tolist(), values.tolist())]
             host["candidates"] = (draft_candidates(*(t.cpu() for t in self.candidates), self.K)
@@ -662,24 +705,29 @@ class FastEngine:
         tensors: the walk's decisions from the explicit rule's walk over the same tree, p and coins,
         checked against what the kernels did (tokens: the step's accept tokens, the bonus last)."""
         n, num, bonus = self.n, int(host["accept_num"][b]), tokens[-1]
-        row = StepRow(r, seq_before, None, None, b=b, drafted=self.drafts, committed=committed)
-        row.target_predict = host["target_predict"][b].tolist()
-        row.target_probs = host["target_probs"][b]
-        tree = None
-        if not self.drafts:  # core/engine.py: plain_result
+        tree, i, size = None, b, 1  # the step's trees, this request's index in them, its nodes
+        if self.host:  # the trees the host drafted (they keep the n-gram's match)
+            tree, i = self.host.tree, self.host.index[b]
+            size = tree.size(i)
+        elif self.drafts:
+            size, tree = n, DraftTree(
+                draft_tokens=host["draft_tokens"], tree_mask=host["tree_rows"], positions=host["positions"],
+                retrive_index=host["retrive_index"], retrive_next_token=host["retrive_next_token"],
+                retrive_next_sibling=host["retrive_next_sibling"], q=host["q"], scores=host["scores"],
+                draft_topk=host["draft_topk"], candidates=host["candidates"])
+        row = StepRow(r, seq_before, None, None, b=i, drafted=size > 1, committed=committed)
+        row.target_predict = host["target_predict"][b, :size].tolist()
+        row.target_probs = host["target_probs"][b, :size]
+        if size == 1:  # plain decoding, or an n-gram request that drafted nothing: core/engine.py's plain_result
             row.candidates, row.positions = [r.output_ids[-len(committed) - 1]], [seq_before]
             row.result = AcceptResult([], bonus, [0], [], None if self.sampling.greedy else
                                       bonus_from("target", 0, row.target_probs[0], self.spec.trace_topk))
         else:
-            tree = DraftTree(draft_tokens=host["draft_tokens"], tree_mask=host["tree_rows"],
-                             positions=host["positions"], retrive_index=host["retrive_index"],
-                             retrive_next_token=host["retrive_next_token"],
-                             retrive_next_sibling=host["retrive_next_sibling"], q=host["q"], scores=host["scores"],
-                             draft_topk=host["draft_topk"], candidates=host["candidates"])
-            row.candidates, row.positions = tree.draft_tokens[b].tolist(), tree.positions[b].tolist()
+            row.candidates, row.positions = host["draft_tokens"][b, :size].tolist(), host["positions"][b, :size].tolist()
             row.result = RULES[self.spec.acceptance].walk(
-                row.candidates, tree.retrive_next_token[b].tolist(), tree.retrive_next_sibling[b].tolist(),
-                row.target_predict, row.target_probs, None, randoms, self.S, self.spec.rule_params)
+                row.candidates, host["retrive_next_token"][b, :size].tolist(),
+                host["retrive_next_sibling"][b, :size].tolist(), row.target_predict, row.target_probs, None, randoms,
+                self.S, self.spec.rule_params)
             kernel_path = (host["accept_index"][b, :num + 1] - b * n).tolist()
             if (kernel_path, bonus) != (row.result.accept_nodes, row.result.bonus_token):
                 raise SpectraceError(

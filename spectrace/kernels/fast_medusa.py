@@ -5,31 +5,15 @@ The tree never changes, so everything but the tokens is made once: each node's h
 and rank, its parent, the (n, n) mask and the retrive_* lists (reconstruct_indices_from_tree_mask,
 as the explicit drafter reads them). A step is then one pass of the heads over each request's
 last hidden state (the target's, at the row whose lm_head gave the root), top-k, the gather of
-node j's token as head depth[j]'s rank[j]-th, and the verify's FULL_MASK over each request's
-prefix, laid out as build_tree lays it out, computed from seq_lens on the device.
+node j's token as head depth[j]'s rank[j]-th; the engine lays the static mask over each
+request's prefix (engine.full_mask).
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from spectrace.core.drafters.medusa import MedusaHeads, MedusaTree
 from spectrace.core.tree import reconstruct_indices_from_tree_mask
-
-
-def full_mask(tree_mask: torch.Tensor, seq_lens: torch.Tensor, capacity: int) -> torch.Tensor:
-    """The FULL_MASK of a static tree (n, n) over every request's prefix: request b's rows
-    (n, seq_lens[b] + n), row r = the prefix then tree_mask[r], flattened and concatenated
-    (SGLang's layout) into a buffer of `capacity` entries (a bound, so no sync)."""
-    n, bs = tree_mask.shape[0], seq_lens.shape[0]
-    indptr = F.pad((n * (seq_lens + n)).cumsum(0), (1, 0))
-    idx = torch.arange(capacity, device=seq_lens.device)
-    b = torch.searchsorted(indptr[1:], idx, right=True).clamp(max=bs - 1)
-    local, prefix = idx - indptr[b], seq_lens[b]
-    width = prefix + n
-    r, col = local // width, local % width - prefix  # col < 0: a prefix column
-    inside = tree_mask[r.clamp(max=n - 1), col.clamp(min=0, max=n - 1)]
-    return ((col < 0) | inside) & (idx < indptr[-1])
 
 
 class FastMedusa:
@@ -43,7 +27,7 @@ class FastMedusa:
         self.depth = torch.tensor([len(c) - 1 for c in tree.choices], device=device)  # node j+1's head
         self.rank = torch.tensor([c[-1] for c in tree.choices], device=device)
         self.parent = tree.parent  # node j+1's parent node (0 = the root); parents come first
-        self.mask = tree.mask.to(device)
+        self.masks = tree.mask.to(device).expand(bs, -1, -1)  # (bs, n, n): every request's tree is the same
         offsets, _, next_token, next_sibling = reconstruct_indices_from_tree_mask(tree.mask.reshape(-1), [0], self.n)
         self.offsets = offsets.to(device)  # (n,) each node's depth
         self.retrive_next_token = next_token.to(device).expand(bs, -1).contiguous()
@@ -52,9 +36,9 @@ class FastMedusa:
         self.width = min(max(tree.shape[1], trace_topk, 1), heads.medusa_head[0][-1].out_features)
         self.last_hidden = hidden  # the engine's buffer: h at the root's parent row
 
-    def draft(self, roots: torch.Tensor, seq_lens: torch.Tensor, capacity: int) -> dict:
-        """Every request's tree: tokens (root first), positions, the FULL_MASK, q and path
-        scores of nodes 1..n-1 and each node's head top-k (for the trace)."""
+    def draft(self, roots: torch.Tensor, seq_lens: torch.Tensor) -> dict:
+        """Every request's tree: tokens (root first), positions, q and path scores of nodes
+        1..n-1 and each node's head top-k (for the trace)."""
         probs = torch.softmax(self.heads(self.last_hidden).float(), dim=-1)  # (heads, bs, V)
         top = torch.topk(probs, self.width, dim=-1)
         q = top.values[self.depth, :, self.rank].T  # (bs, n-1): head depth[j]'s rank[j]-th
@@ -62,6 +46,5 @@ class FastMedusa:
         for j, p in enumerate(self.parent):  # a path's score: the product of q from the root
             scores.append(q[:, j] * scores[p - 1] if p else q[:, j])
         return {"draft_tokens": torch.cat([roots[:, None], top.indices[self.depth, :, self.rank].T], dim=1),
-                "positions": seq_lens[:, None] + self.offsets, "tree_mask": full_mask(self.mask, seq_lens, capacity),
-                "q": q, "scores": torch.stack(scores, dim=1),
+                "positions": seq_lens[:, None] + self.offsets, "q": q, "scores": torch.stack(scores, dim=1),
                 "draft_top": (top.values[self.depth].transpose(0, 1), top.indices[self.depth].transpose(0, 1))}
