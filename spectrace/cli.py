@@ -207,7 +207,8 @@ def _run_config(args, **over):
     from spectrace.core.ngram.trie import TrieConfig
     from spectrace.run import RunConfig
 
-    kw = dict(record_probs=getattr(args, "record_probs", False), algo=args.algo or "standalone", num_steps=args.num_steps, topk=args.topk,
+    kw = dict(record_probs=getattr(args, "record_probs", False), algo=args.algo or "standalone",
+              num_steps=args.num_steps, topk=args.topk,
               num_draft_tokens=args.num_draft_tokens,
               max_new_tokens=args.max_new_tokens, acceptance=args.acceptance, temperature=args.temperature,
               top_k=args.top_k, top_p=args.top_p, seed=args.seed, threshold_single=args.threshold_single,

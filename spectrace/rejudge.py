@@ -125,7 +125,8 @@ class Rejudge:
             "draft": {**draft, "fates": fates(n, res.decisions)},
             "verify": {**rec["verify"], "target_predict": target_predict,
                        "target_topk": topk_pairs(p, self.params.trace_topk),
-                       "p_draft": [round(float(p[par, candidates[j + 1]]), 6) for j, par in enumerate(draft["parents"])]},
+                       "p_draft": [round(float(p[par, candidates[j + 1]]), 6)
+                                   for j, par in enumerate(draft["parents"])]},
             "accept": {"rule": self.rule, "accept_nodes": res.accept_nodes, "decisions": res.decisions,
                        "bonus_from": res.bonus_from},
             # the KV after a counterfactual verdict was never computed: lengths only, no events

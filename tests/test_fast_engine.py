@@ -28,9 +28,15 @@ CASES = [  # (algo, options): batch 3 is a ragged batch in a bucket of 4 (one pa
     ("eagle", dict(topk=4, batch=1, temperature=1.0, seed=5)),
     ("none", dict(batch=1, temperature=0.8, top_k=50, seed=2)),
     ("medusa", dict(batch=2, temperature=1.0, seed=3)),
-    ("ngram", dict(batch=2, prompt_lookup_min=1, prompt_lookup_max=3, temperature=1.0, seed=4)),  # misses: plain samples
+    # an n-gram miss under sampling: a plain sample
+    ("ngram", dict(batch=2, prompt_lookup_min=1, prompt_lookup_max=3, temperature=1.0, seed=4)),
+    # drafts sampled from q (the exponential race's noise drawn on the host), then SGLang's chain
+    # rejection sampling or vLLM's rejection sampler
+    ("eagle", dict(topk=1, num_steps=3, batch=3, temperature=0.9, seed=6, acceptance="rejection")),
+    ("standalone", dict(batch=2, temperature=1.0, seed=7, acceptance="vllm")),
 ]
-CASE_IDS = [f"{a}-{'sampled' if o.get('temperature') else 'greedy'}-batch{o['batch']}" for a, o in CASES]
+CASE_IDS = [f"{a}-{o.get('acceptance', 'sampled' if o.get('temperature') else 'greedy')}-batch{o['batch']}"
+            for a, o in CASES]
 EXACT_DRAFT = ("tokens", "parents", "depths", "tree_mask", "retrive_next_token", "retrive_next_sibling", "fates")
 CLOSE_DRAFT = ("q", "scores")
 
@@ -134,7 +140,8 @@ def test_fast_engine_trace_opens_in_the_walkthrough(tmp_path):
 
 @pytest.mark.parametrize("options,message", [
     (dict(algo="frozen_kv_mtp"), "--backend fast runs --algo"),
-    (dict(algo="eagle", temperature=1.0, acceptance="tree_rejection"), "greedy and target_only"),
+    (dict(algo="eagle", temperature=1.0, acceptance="tree_rejection"), "runs --acceptance greedy, target_only"),
+    (dict(algo="ngram", temperature=1.0, acceptance="vllm"), "chains of one length"),
     (dict(algo="eagle", adaptive=True, topk=1, num_steps=3), "one tree shape"),
     (dict(algo="eagle", batch=65), "at most 64 requests"),
 ])

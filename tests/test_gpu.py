@@ -389,7 +389,7 @@ def test_gpu_fast_engine_graph_replay_equals_eager(algo, options):
     from spectrace.run import RunConfig, load_drafter_model, resolve, resolve_prompts
 
     cfg = RunConfig(algo=algo, **{**options, "batch": 8}, max_new_tokens=32, device="cuda", dtype="bfloat16")
-    spec, _ = resolve(cfg)
+    spec, options = resolve(cfg)  # options: Medusa's tree, n-gram's config
     tok = load_tokenizer(cfg.target_model)
     target = load_model(cfg.target_model, torch.bfloat16, "cuda")
     draft = load_drafter_model(algo, cfg.draft_path, target, tok, torch.bfloat16, "cuda") if cfg.draft_path else None
@@ -397,7 +397,7 @@ def test_gpu_fast_engine_graph_replay_equals_eager(algo, options):
     records = {}
     for graphs in (False, True):
         seen = records[graphs] = []
-        engine = FastEngine(target, draft, spec, ids, (0,), on_step=seen.append, graphs=graphs)
+        engine = FastEngine(target, draft, spec, ids, (0,), on_step=seen.append, graphs=graphs, **options)
         assert (engine.graphs is not None) == graphs
         reqs, _ = engine.generate(ids)
         seen.append([r.output_ids for r in reqs])
@@ -406,5 +406,5 @@ def test_gpu_fast_engine_graph_replay_equals_eager(algo, options):
     assert strip(records[True]) == strip(records[False])
     assert len(records[True]) > 8
     # nothing recording: steps overlap the host's reading; the same tokens
-    reqs, _ = FastEngine(target, draft, spec, ids, (0,)).generate(ids)
+    reqs, _ = FastEngine(target, draft, spec, ids, (0,), **options).generate(ids)
     assert [r.output_ids for r in reqs] == records[True][-1]

@@ -224,7 +224,7 @@ class DraftTree:
     scores: torch.Tensor  # (bs, n-1) path score (product of q from the root)
     draft_topk: list[list[list]]  # per request and node: the draft's top [token, q] at its parent
     draft_probs: torch.Tensor | None = None  # sampled drafts: (bs, n-1, V), row j = the q node j+1 was drawn from
-    q_dists: torch.Tensor | None = None  # (bs, n-1, V) the draft's q at node j+1's parent, sampled or not (--record-probs)
+    q_dists: torch.Tensor | None = None  # (bs, n-1, V) q at node j+1's parent, sampled or not (--record-probs)
     sibling_worth: torch.Tensor | None = None  # sampled trees: (bs, K), what ranked the j-th draws
     candidates: list[dict] | None = None  # per request: every candidate the draft loop scored (eagle_worker.py)
     sizes: list[int] | None = None  # nodes per request, root included, when they differ (n-gram chains)

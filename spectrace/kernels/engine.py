@@ -32,13 +32,15 @@ so a graph replays it without the host:
     EXTEND  the accepted tokens, padded to num_steps + 1 per request (causal: a real row never
             sees a padding row), as SGLang's draft-extend graph runs them
 
-What it runs: none, standalone, eagle, eagle3, nextn/mtp, chains and trees; greedy acceptance,
-and at temperature > 0 SGLang's target_only over the deterministic top-k tree (each request's
-coins drawn on the host from its generator in the explicit engine's order, copied in before the
-launch). The other drafters (n-gram, Medusa, DFLASH, FROZEN_KV_MTP), the rules that sample drafts
-(rejection, tree_rejection, vllm), typical and adaptive steps run on --backend explicit or triton. Prefill is a graph too, every prompt padded to the
-run's longest. On a CPU (TRITON_INTERPRET=1) the same code runs eagerly, which is how the parity
-tests check it against the explicit engine.
+What it runs: none, standalone, eagle, eagle3, nextn/mtp, chains and trees; Medusa's static tree
+(fast_medusa.py); n-gram drafted on the host by the explicit drafters (fast_ngram.py). Greedy
+acceptance, at temperature > 0 SGLang's target_only over the deterministic tree, and for chains of
+drafts sampled from q SGLang's rejection sampling and vLLM's rejection sampler. Every random
+number is drawn on the host from its request's generator in the explicit engine's order (the
+draft loop's race noise, then the rule's) and copied in before the launch. DFLASH, FROZEN_KV_MTP,
+tree_rejection, typical and adaptive steps run on --backend explicit or triton. Prefill is a graph
+too, every prompt padded to the run's longest. On a CPU (TRITON_INTERPRET=1) the same code runs
+eagerly, which is how the parity tests check it against the explicit engine.
 """
 from __future__ import annotations
 
@@ -48,8 +50,9 @@ import torch
 import torch.nn.functional as F
 
 from spectrace.algos import ALGOS
-from spectrace.core.acceptance import RULES, AcceptResult, Randoms, bonus_from, sglang_coins
+from spectrace.core.acceptance import RULES, AcceptResult, Randoms, bonus_from
 from spectrace.core.batch import ForwardBatch
+from spectrace.core.drafters import SampledDrafts
 from spectrace.core.drafters.eagle_worker import draft_candidates, draft_forward, level_tensors
 from spectrace.core.drafters.ngram import NgramConfig
 from spectrace.core.engine import Request, SpecConfig, StepRow, append_tokens
@@ -62,13 +65,15 @@ from spectrace.core.trace import TraceWriter
 from spectrace.core.tree import DraftTree, TreeMaskMode, organize_draft_results
 from spectrace.errors import SpectraceError
 from spectrace.kernels import attention, sglang
+from spectrace.kernels import vllm as vllm_kernels
 from spectrace.kernels.fast_medusa import FastMedusa
 from spectrace.kernels.fast_ngram import HostDraft
 from spectrace.kernels import backend  # noqa: F401  (registers the twins: the models' attention runs through them)
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # batch sizes a run is padded up to, one set of graphs each
 FAST_ALGOS = ("none", "standalone", "eagle", "eagle3", "nextn", "mtp", "medusa", "ngram")
-FAST_RULES = ("greedy", "target_only")  # target_only verifies the deterministic top-k tree: drafts are not sampled
+# target_only verifies the deterministic top-k tree; rejection and vllm sample a chain's drafts from q
+FAST_RULES = ("greedy", "target_only", "rejection", "vllm")
 
 
 def check_fast(spec: SpecConfig, batch: int) -> None:
@@ -77,9 +82,11 @@ def check_fast(spec: SpecConfig, batch: int) -> None:
         raise SpectraceError(f"--backend fast runs --algo {', '.join(FAST_ALGOS)}; run {spec.algo} on "
                              "--backend explicit or triton")
     if spec.acceptance not in FAST_RULES:
-        raise SpectraceError(f"--backend fast runs greedy and target_only acceptance (SGLang's defaults at "
-                             f"temperature 0 and above); run --acceptance {spec.acceptance} on --backend "
-                             "explicit or triton")
+        raise SpectraceError(f"--backend fast runs --acceptance {', '.join(FAST_RULES)}; run --acceptance "
+                             f"{spec.acceptance} on --backend explicit or triton")
+    if spec.acceptance == "vllm" and spec.algo == "ngram":
+        raise SpectraceError("--backend fast verifies vLLM's rejection sampler over chains of one length; n-gram's "
+                             "vary: run --algo ngram --acceptance vllm on --backend explicit or triton")
     if spec.adaptive:
         raise SpectraceError("--backend fast keeps one tree shape per run; run --speculative-adaptive on "
                              "--backend explicit or triton")
@@ -209,15 +216,16 @@ class DraftModel:
 
     def __init__(self, algo: str, model, target: CausalLM):
         self.model, self.target = model, target
+        self.temperature = 1.0  # q = softmax(logits / T): the run's T when drafts are sampled
         self.is_head = ALGOS[algo].checkpoint != "lm"
         self.capture_layers = model.capture_layers if self.is_head else ()
 
     def forward(self, batch: ForwardBatch, kv: StaticKV, features) -> torch.Tensor:
         return self.model(batch, kv, features) if self.is_head else self.model(batch, kv).hidden_states
 
-    def probs(self, h: torch.Tensor) -> torch.Tensor:  # q at temperature 1: greedy drafts
+    def probs(self, h: torch.Tensor) -> torch.Tensor:
         logits = self.model.compute_logits(h, self.target.lm_head) if self.is_head else self.model.lm_head(h).float()
-        return torch.softmax(logits, dim=-1)
+        return torch.softmax(logits / self.temperature, dim=-1)
 
 
 class PhaseClock:
@@ -298,6 +306,15 @@ class FastEngine:
         self.coins = torch.zeros(self.bs, self.n, device=self.device)  # target_only: SGLang's coin per node
         self.coin_final = torch.zeros(self.bs, device=self.device)  # ... and the bonus's
         self.coin64 = torch.zeros(self.bs, dtype=torch.float64, device=self.device)  # a plain sample (prefill, none)
+        self.rule = RULES[spec.acceptance]
+        self.sampled = self.rule.samples_drafts and self.drafter is not None  # drafts sampled from q
+        self.vocab = V = target.config.vocab_size
+        if self.sampled:  # each level's Exp(1) noise for the exponential race (1 path at the root, K after)
+            self.noise = [torch.ones(self.bs * (1 if i == 0 else self.K), V, device=self.device) for i in range(S)]
+            self.drafter.temperature = spec.temperature  # q at the run's temperature, as the explicit drafters
+        if spec.acceptance == "vllm":  # vLLM's draws: the bonus's race, a uniform per draft, the recovered noise
+            self.bonus_noise, self.inv_q = torch.ones(2, self.bs, V, device=self.device)
+            self.uniforms = torch.zeros(self.bs, self.n - 1, dtype=torch.float64, device=self.device)
         # prefill's inputs: every prompt padded to the longest, L rows a request (+ 1 for a draft LM,
         # which reads the first token too); padding rows write KV past the prompt, overwritten later
         self.L = max(len(p) for p in prompt_ids)
@@ -441,19 +458,41 @@ class FastEngine:
         explicit engine's order: SGLang's coins over its tree's nodes, or one plain sample's
         (none, and an n-gram request that drafted nothing)."""
         sizes = self.host.sizes if self.host else [self.n if self.drafts else 1] * len(reqs)
-        draws = [None if r.finish_reason else sglang_coins(m, 0, r.gen) if m > 1 else
-                 float(torch.rand((), generator=r.gen, dtype=torch.float64)) for r, m in zip(reqs, sizes)]
+        V = self.vocab
+        noise = [[] for _ in range(self.S)] if self.sampled else None
+        draws = []
+        for r, m in zip(reqs, sizes):
+            if r.finish_reason:
+                draws.append(None)
+                for i, level in enumerate(noise or []):  # a frozen row keeps its place in the buffers
+                    level.append(torch.ones(1 if i == 0 else self.K, V))
+            elif m == 1:
+                draws.append(float(torch.rand((), generator=r.gen, dtype=torch.float64)))
+            else:  # the draft loop's races first, level by level, as propose_children draws them
+                for i, level in enumerate(noise or []):
+                    level.append(torch.empty(1 if i == 0 else self.K, V).exponential_(generator=r.gen))
+                draws.append(self.rule.draw(m, V, r.gen))
         trees = [d if isinstance(d, Randoms) else None for d in draws]
-        self.upload(self.coins, [F.pad(d.coins, (0, self.n - len(d.coins))).tolist() if d else [0.0] * self.n
-                                 for d in trees])
-        self.upload(self.coin_final, [float(d.coin_final) if d else 0.0 for d in trees])
+        if noise:
+            for i, level in enumerate(noise):
+                rows = torch.cat(level) if level else torch.ones(0, V)
+                self.upload(self.noise[i], F.pad(rows, (0, 0, 0, self.noise[i].shape[0] - rows.shape[0]), value=1.0))
+        if self.spec.acceptance == "vllm":
+            for name in ("bonus_noise", "inv_q"):
+                self.upload(getattr(self, name), torch.stack([getattr(d, name) if d else torch.ones(V) for d in trees]))
+            self.upload(self.uniforms, [d.uniforms.tolist() if d else [0.0] * (self.n - 1) for d in trees])
+        else:
+            self.upload(self.coins, [F.pad(d.coins, (0, self.n - len(d.coins))).tolist() if d else [0.0] * self.n
+                                     for d in trees])
+            self.upload(self.coin_final, [float(d.coin_final) if d else 0.0 for d in trees])
         self.upload(self.coin64, [d if isinstance(d, float) else 0.0 for d in draws])
         return draws
 
-    def upload(self, buffer: torch.Tensor, rows: list) -> None:
-        """Host values into a device buffer (padding rows zero), without waiting for the GPU."""
+    def upload(self, buffer: torch.Tensor, rows) -> None:
+        """Host values (a list or a tensor of rows) into a device buffer (missing rows zero),
+        without waiting for the GPU."""
         host = torch.zeros(buffer.shape, dtype=buffer.dtype)
-        host[:len(rows)] = torch.tensor(rows, dtype=buffer.dtype)
+        host[:len(rows)] = torch.as_tensor(rows, dtype=buffer.dtype)
         buffer.copy_(host.pin_memory() if self.device.type == "cuda" else host, non_blocking=True)
 
     def next_tokens(self, logits: torch.Tensor) -> torch.Tensor:
@@ -514,12 +553,14 @@ class FastEngine:
             self.retrive_next_token, self.retrive_next_sibling = (self.medusa.retrive_next_token,
                                                                   self.medusa.retrive_next_sibling)
             if self.recording:
-                self.q, self.scores, self.draft_top, self.candidates = tree["q"], tree["scores"], tree["draft_top"], None
+                self.q, self.scores, self.draft_top = tree["q"], tree["scores"], tree["draft_top"]
+                self.candidates = None
                 self.keep_tree_rows()
             return
         K, S, n = self.K, self.S, self.n
         hidden = self.last_hidden if self.drafter.is_head else None
-        levels = draft_forward(self.draft_level, self.next_probs, hidden, S, K)
+        sampled = SampledDrafts(None, noise=iter(self.noise)) if self.sampled else None
+        levels = draft_forward(self.draft_level, self.next_probs, hidden, S, K, sampled)
         parent_list, top_scores_index, draft_tokens = organize_draft_results(
             levels.score_list, levels.token_list, levels.parents_list, n)
         (self.tree_mask, positions, self.retrive_index, self.retrive_next_token, self.retrive_next_sibling) = \
@@ -527,6 +568,10 @@ class FastEngine:
                               seq_lens_sum=self.kv.req_to_token.numel())  # a bound on the prefixes: no sync
         self.positions = positions.view(self.bs, n)
         self.draft_tokens = torch.cat([self.roots[:, None], draft_tokens], dim=1)  # (bs, n) root first
+        if self.sampled:  # the q each node was drawn from: its parent path's row (build_draft_tree)
+            dists = torch.cat([p.view(self.bs, -1, p.shape[-1]) for p in levels.probs_list], dim=1)
+            rows = (top_scores_index // K)[..., None].expand(-1, -1, dists.shape[-1])
+            self.draft_probs = torch.gather(dists, 1, rows)  # (bs, n-1, V)
         if self.recording:
             self.keep_for_trace(levels, top_scores_index)
 
@@ -620,10 +665,16 @@ class FastEngine:
             predicts = self.next_tokens(self.logits)
         else:
             p = probs_from_logits(self.logits.view(bs, n, -1), self.sampling)
-            sglang.tree_speculative_sampling_target_only(
-                predicts, self.accept_index, self.accept_num, candidates, retrive_index, next_token, next_sibling,
-                self.coins, self.coin_final, p, torch.zeros_like(p), self.spec.threshold_single,
-                self.spec.threshold_acc)
+            if self.spec.acceptance == "target_only":
+                sglang.tree_speculative_sampling_target_only(
+                    predicts, self.accept_index, self.accept_num, candidates, retrive_index, next_token,
+                    next_sibling, self.coins, self.coin_final, p, torch.zeros_like(p), self.spec.threshold_single,
+                    self.spec.threshold_acc)
+            elif self.spec.acceptance == "rejection":
+                sglang.chain_speculative_sampling(predicts, self.accept_index, self.accept_num, candidates,
+                                                  retrive_index, self.coins, self.coin_final, p, self.draft_probs)
+            else:
+                self.vllm_verify(predicts, candidates, p)
         # accept_tokens (bs, S + 1): the correct drafts, then the bonus at column accept_num; -1 after
         path = self.accept_index.clamp(min=0)
         j = torch.arange(S + 1, device=device)
@@ -636,6 +687,28 @@ class FastEngine:
         self.step_out = torch.cat([self.accept_tokens, self.accept_num[:, None]], dim=1)  # what the host reads
         self.commit(path - (torch.arange(bs, device=device) * n)[:, None], j)
         self.roots.copy_(torch.where(self.live, bonus, self.roots))
+
+    def vllm_verify(self, predicts: torch.Tensor, candidates: torch.Tensor, p: torch.Tensor) -> None:
+        """vLLM's rejection sampler over each request's chain of k = n - 1 sampled drafts
+        (acceptance/vllm.py: vllm_accept; kernels/vllm.py): the bonus from the Sampler's race on p
+        after the last draft, recovered tokens, then the walk; its output as SGLang's path."""
+        bs, n, device = self.bs, self.n, self.device
+        k = n - 1
+        cu = (torch.arange(bs, device=device) + 1) * k
+        drafts = candidates[:, 1:].flatten()
+        target = p[:, :k].reshape(bs * k, -1)
+        q = self.draft_probs.reshape(bs * k, -1)
+        bonus = torch.argmax(p[:, k] / self.bonus_noise, dim=-1)
+        recovered = vllm_kernels.sample_recovered_tokens(k, [k] * bs, cu, drafts, q, target, self.inv_q)
+        out = torch.full((bs, n), -1, dtype=torch.int32, device=device)
+        vllm_kernels.rejection_random_sample(out, cu, drafts, q, target, bonus[:, None], recovered,
+                                             self.uniforms.flatten(), None, k)
+        self.accept_num.copy_((out != -1).sum(dim=1) - 1)
+        j = torch.arange(n, device=device)
+        rows = torch.arange(bs, device=device)[:, None] * n + j
+        self.accept_index.copy_(torch.where(j <= self.accept_num[:, None], rows, -1))
+        last = torch.arange(bs, device=device) * n + self.accept_num
+        predicts.scatter_(0, last, out.gather(1, self.accept_num[:, None]).flatten().long())
 
     def commit(self, nodes: torch.Tensor, j: torch.Tensor) -> None:
         """COMMIT (SGLang's remap): the verify's n columns of each live row reordered so the
@@ -683,7 +756,7 @@ class FastEngine:
             names += ["draft_tokens", "positions", "retrive_index", "retrive_next_token", "retrive_next_sibling"]
         device_tree = self.drafts and not self.host  # n-gram's trees are on the host already
         if device_tree:
-            names += ["tree_rows", "q", "scores"]
+            names += ["tree_rows", "q", "scores"] + (["draft_probs"] if self.sampled else [])
         host = {name: getattr(self, name).cpu() for name in names}
         greedy = self.sampling.greedy  # p as the trace shows it: softmax at temperature 0, else after T, top-k, top-p
         p = torch.softmax(self.logits, dim=-1) if greedy else probs_from_logits(self.logits, self.sampling)
@@ -723,11 +796,12 @@ class FastEngine:
             row.result = AcceptResult([], bonus, [0], [], None if self.sampling.greedy else
                                       bonus_from("target", 0, row.target_probs[0], self.spec.trace_topk))
         else:
-            row.candidates, row.positions = host["draft_tokens"][b, :size].tolist(), host["positions"][b, :size].tolist()
-            row.result = RULES[self.spec.acceptance].walk(
+            row.candidates = host["draft_tokens"][b, :size].tolist()
+            row.positions = host["positions"][b, :size].tolist()
+            row.result = self.rule.walk(
                 row.candidates, host["retrive_next_token"][b, :size].tolist(),
-                host["retrive_next_sibling"][b, :size].tolist(), row.target_predict, row.target_probs, None, randoms,
-                self.S, self.spec.rule_params)
+                host["retrive_next_sibling"][b, :size].tolist(), row.target_predict, row.target_probs,
+                host["draft_probs"][b] if self.sampled else None, randoms, self.S, self.spec.rule_params)
             kernel_path = (host["accept_index"][b, :num + 1] - b * n).tolist()
             if (kernel_path, bonus) != (row.result.accept_nodes, row.result.bonus_token):
                 raise SpectraceError(

@@ -7,7 +7,7 @@ the phases: DRAFT is `draft`, DRAFT_EXTEND is `forward_draft_extend` (after pref
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Iterator, Protocol
 
 import torch
 
@@ -25,6 +25,9 @@ class SampledDrafts:
 
     generators: list  # one torch.Generator per request
     sibling_worth: torch.Tensor | None = None  # (bs, K): what a node's j-th draw is worth; needed when K > 1
+    # the fast engine: each level's Exp(1) noise (bs * paths, V), drawn ahead on the host from the
+    # same generators in the same order, in place of drawing it here
+    noise: Iterator[torch.Tensor] | None = None
 
 
 class Drafter(Protocol):

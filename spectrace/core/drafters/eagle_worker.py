@@ -45,14 +45,20 @@ def propose_children(probs: torch.Tensor, topk: int, sampled: SampledDrafts | No
     if sampled is None:
         topk_p, topk_index = torch.topk(probs, topk, dim=-1)
         return topk_p, topk_index, topk_p
-    bs = len(sampled.generators)
-    draws = [exponential_race(rows, topk, gen) for rows, gen in zip(probs.reshape(bs, -1, probs.shape[-1]),
-                                                                     sampled.generators)]
-    topk_index, real = torch.cat([d[0] for d in draws]), torch.cat([d[1] for d in draws])
+    if sampled.noise is not None:  # exponential_race with the level's noise drawn ahead
+        arrivals = torch.topk(probs / next(sampled.noise), topk, dim=-1)
+        topk_index, real = arrivals.indices, arrivals.values > 0
+    else:
+        bs = len(sampled.generators)
+        draws = [exponential_race(rows, topk, gen) for rows, gen in zip(probs.reshape(bs, -1, probs.shape[-1]),
+                                                                         sampled.generators)]
+        topk_index, real = torch.cat([d[0] for d in draws]), torch.cat([d[1] for d in draws])
     # a path whose q has fewer than K tokens with mass pads with q = 0 (never tried)
     topk_q = torch.where(real, torch.gather(probs, 1, topk_index), 0.0)
-    worth = torch.ones(bs, 1) if topk == 1 else sampled.sibling_worth
-    return topk_q, topk_index, worth.to(probs.device).repeat_interleave(probs.shape[0] // bs, dim=0)
+    if topk == 1:
+        return topk_q, topk_index, torch.ones_like(topk_q)
+    worth = sampled.sibling_worth
+    return topk_q, topk_index, worth.to(probs.device).repeat_interleave(probs.shape[0] // worth.shape[0], dim=0)
 
 
 @dataclass
