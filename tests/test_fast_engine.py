@@ -21,6 +21,7 @@ CASES = [  # (algo, options): batch 3 is a ragged batch in a bucket of 4 (one pa
     ("eagle", dict(topk=4, batch=1)),
     ("eagle3", dict(topk=2, num_steps=3, num_draft_tokens=6, batch=3)),
     ("mtp", dict(topk=1, num_steps=3, batch=2)),
+    ("frozen_kv_mtp", dict(topk=2, num_steps=3, num_draft_tokens=5, batch=3)),  # reads the target's KV
     ("medusa", dict(batch=3)),  # the static tree of 24 choices, depth 3
     ("ngram", dict(batch=3, prompt_lookup_min=1, prompt_lookup_max=3)),  # chains of 0..5 drafted on the host
     ("ngram", dict(batch=2, ngram_style="sglang")),  # SGLang's trie: trees of 12 nodes
@@ -34,6 +35,7 @@ CASES = [  # (algo, options): batch 3 is a ragged batch in a bucket of 4 (one pa
     # rejection sampling or vLLM's rejection sampler
     ("eagle", dict(topk=1, num_steps=3, batch=3, temperature=0.9, seed=6, acceptance="rejection")),
     ("standalone", dict(batch=2, temperature=1.0, seed=7, acceptance="vllm")),
+    ("frozen_kv_mtp", dict(topk=1, num_steps=3, batch=2, temperature=1.0, seed=8, acceptance="vllm")),
 ]
 CASE_IDS = [f"{a}-{o.get('acceptance', 'sampled' if o.get('temperature') else 'greedy')}-batch{o['batch']}"
             for a, o in CASES]
@@ -139,7 +141,7 @@ def test_fast_engine_trace_opens_in_the_walkthrough(tmp_path):
 
 
 @pytest.mark.parametrize("options,message", [
-    (dict(algo="frozen_kv_mtp"), "--backend fast runs --algo"),
+    (dict(algo="dflash"), "--backend fast runs --algo"),
     (dict(algo="eagle", temperature=1.0, acceptance="tree_rejection"), "runs --acceptance greedy, target_only"),
     (dict(algo="ngram", temperature=1.0, acceptance="vllm"), "chains of one length"),
     (dict(algo="eagle", adaptive=True, topk=1, num_steps=3), "one tree shape"),

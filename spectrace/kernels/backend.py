@@ -8,6 +8,8 @@ which the engine consults by its KV caches' `backend` (a TritonKVCache says "tri
                                                                draft tree's scratch levels, the per-branch
                                                                decode form
     core/tree.py   BUILD_TREE         build_tree            -> sglang.build_tree
+    drafters/frozen_kv_mtp.py         the assistant's queries -> decode_attention_fwd, a sequence per
+                   FROZEN_ATTENTION   over the target's KV      query row over its request's prefix
     core/acceptance TWIN_WALKS        greedy, target_only,  -> verify_tree_greedy, tree_speculative_sampling_
                                       rejection, vllm          target_only, chain_speculative_sampling, vLLM's
                                                                recovered-token and rejection kernels
@@ -15,8 +17,8 @@ which the engine consults by its KV caches' `backend` (a TritonKVCache says "tri
 
 The explicit walk still runs beside the kernel walk: its per-node decisions are what the trace
 records, and the engine stops with one line if the kernel's path or bonus differs, so a triton
-trace is the same file as an explicit one. Rules without a twin (tree_rejection, typical) and the
-attention of FROZEN_KV_MTP and DFLASH (their own modules, not the paged self-attention) stay explicit.
+trace is the same file as an explicit one. Rules without a twin (tree_rejection, typical) and
+DFLASH's attention (its own module, not the paged self-attention) stay explicit.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from spectrace.core import acceptance, model, tree
+from spectrace.core.drafters import frozen_kv_mtp
 from spectrace.core.batch import ForwardBatch
 from spectrace.core.kv import KVCache
 from spectrace.kernels import attention, sglang
@@ -87,6 +90,19 @@ def paged_attention(q, k, v, batch: ForwardBatch, kv: KVCache, layer_id: int) ->
         attention.extend_attention_fwd(q, k, v, out, k_buffer, v_buffer, **batch.attn_metadata["extend"])
     else:
         attention.decode_attention_fwd(q, k_buffer, v_buffer, out, **batch.attn_metadata["branch"])
+    return out
+
+
+def frozen_kv_attention(q, kv: KVCache, kv_layer: int, rows) -> torch.Tensor:
+    """drafters/frozen_kv_mtp.py: frozen_attention through decode_attention_fwd, every query row a
+    sequence over its request's prefix. rows: the explicit engine's (request, seq_len, n) list,
+    or the fast engine's metadata (kv_indptr, kv_indices), built on the device."""
+    if not isinstance(rows, dict):
+        counts = torch.tensor([L for _, L, n in rows for _ in range(n)], device=q.device)
+        rows = dict(kv_indptr=_indptr(counts), kv_indices=torch.cat(
+            [kv.req_to_token[req, :L] for req, L, n in rows for _ in range(n)]))
+    out = torch.empty_like(q)
+    attention.decode_attention_fwd(q, kv.pool.k[kv_layer], kv.pool.v[kv_layer], out, **rows)
     return out
 
 
@@ -165,5 +181,6 @@ def vllm_walk(device, candidates, next_token, next_sibling, target_predict, targ
 
 model.ATTENTION["triton"] = paged_attention
 tree.BUILD_TREE["triton"] = sglang.build_tree
+frozen_kv_mtp.FROZEN_ATTENTION["triton"] = frozen_kv_attention
 acceptance.TWIN_WALKS["triton"] = {"greedy": greedy_walk, "target_only": target_only_walk,
                                    "rejection": rejection_walk, "vllm": vllm_walk}

@@ -32,13 +32,14 @@ so a graph replays it without the host:
     EXTEND  the accepted tokens, padded to num_steps + 1 per request (causal: a real row never
             sees a padding row), as SGLang's draft-extend graph runs them
 
-What it runs: none, standalone, eagle, eagle3, nextn/mtp, chains and trees; Medusa's static tree
-(fast_medusa.py); n-gram drafted on the host by the explicit drafters (fast_ngram.py). Greedy
+What it runs: none, standalone, eagle, eagle3, nextn/mtp, FROZEN_KV_MTP (fast_frozen_kv_mtp.py),
+chains and trees; Medusa's static tree (fast_medusa.py); n-gram drafted on the host by the
+explicit drafters (fast_ngram.py). Greedy
 acceptance, at temperature > 0 SGLang's target_only over the deterministic tree, and for chains of
 drafts sampled from q SGLang's rejection sampling and vLLM's rejection sampler. Every random
 number is drawn on the host from its request's generator in the explicit engine's order (the
-draft loop's race noise, then the rule's) and copied in before the launch. DFLASH, FROZEN_KV_MTP,
-tree_rejection, typical and adaptive steps run on --backend explicit or triton. Prefill is a graph
+draft loop's race noise, then the rule's) and copied in before the launch. DFLASH, tree_rejection,
+typical and adaptive steps run on --backend explicit or triton. Prefill is a graph
 too, every prompt padded to the run's longest. On a CPU (TRITON_INTERPRET=1) the same code runs
 eagerly, which is how the parity tests check it against the explicit engine.
 """
@@ -66,12 +67,13 @@ from spectrace.core.tree import DraftTree, TreeMaskMode, organize_draft_results
 from spectrace.errors import SpectraceError
 from spectrace.kernels import attention, sglang
 from spectrace.kernels import vllm as vllm_kernels
+from spectrace.kernels.fast_frozen_kv_mtp import FastFrozenKVMtp
 from spectrace.kernels.fast_medusa import FastMedusa
 from spectrace.kernels.fast_ngram import HostDraft
 from spectrace.kernels import backend  # noqa: F401  (registers the twins: the models' attention runs through them)
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # batch sizes a run is padded up to, one set of graphs each
-FAST_ALGOS = ("none", "standalone", "eagle", "eagle3", "nextn", "mtp", "medusa", "ngram")
+FAST_ALGOS = ("none", "standalone", "eagle", "eagle3", "nextn", "mtp", "frozen_kv_mtp", "medusa", "ngram")
 # target_only verifies the deterministic top-k tree; rejection and vllm sample a chain's drafts from q
 FAST_RULES = ("greedy", "target_only", "rejection", "vllm")
 
@@ -283,8 +285,10 @@ class FastEngine:
         if spec.algo == "ngram":
             self.host = HostDraft((ngram or NgramConfig()).drafter(S, self.n, target.config.max_position_embeddings,
                                                                    "cpu"), self.bs, self.n, self.device)
-        self.drafter = DraftModel(spec.algo, draft, target) if draft is not None and not self.medusa else None
-        self.drafts = self.drafter is not None or self.medusa is not None or self.host is not None
+        self.frozen = FastFrozenKVMtp(draft, target, self.kv, self.bs) if spec.algo == "frozen_kv_mtp" else None
+        self.drafter = (DraftModel(spec.algo, draft, target) if draft is not None and not self.medusa
+                        and not self.frozen else None)  # the draft loop's model, with a draft KV
+        self.drafts = any(d is not None for d in (self.drafter, self.frozen, self.medusa, self.host))
         self.capture_layers = self.drafter.capture_layers if self.drafter else ()
         if self.drafter is not None:  # + the draft loop's scratch or the padded extend
             self.draft_kv = StaticKV(draft, self.bs, committed + max(S + 1, self.K * max(S - 1, 0)))
@@ -307,11 +311,12 @@ class FastEngine:
         self.coin_final = torch.zeros(self.bs, device=self.device)  # ... and the bonus's
         self.coin64 = torch.zeros(self.bs, dtype=torch.float64, device=self.device)  # a plain sample (prefill, none)
         self.rule = RULES[spec.acceptance]
-        self.sampled = self.rule.samples_drafts and self.drafter is not None  # drafts sampled from q
+        loop = self.drafter or self.frozen  # the EAGLE draft loop's drafter
+        self.sampled = self.rule.samples_drafts and loop is not None  # drafts sampled from q
         self.vocab = V = target.config.vocab_size
         if self.sampled:  # each level's Exp(1) noise for the exponential race (1 path at the root, K after)
             self.noise = [torch.ones(self.bs * (1 if i == 0 else self.K), V, device=self.device) for i in range(S)]
-            self.drafter.temperature = spec.temperature  # q at the run's temperature, as the explicit drafters
+            loop.temperature = spec.temperature  # q at the run's temperature, as the explicit drafters
         if spec.acceptance == "vllm":  # vLLM's draws: the bonus's race, a uniform per draft, the recovered noise
             self.bonus_noise, self.inv_q = torch.ones(2, self.bs, V, device=self.device)
             self.uniforms = torch.zeros(self.bs, self.n - 1, dtype=torch.float64, device=self.device)
@@ -417,8 +422,9 @@ class FastEngine:
         last = torch.arange(bs, device=device) * L + self.prompt_lens - 1
         self.roots.copy_(self.next_tokens(out.logits[last]))
         self.kv.seq_lens.copy_(self.prompt_lens)
-        if self.medusa:  # the heads read the hidden state whose lm_head gave the first token
-            self.medusa.last_hidden.copy_(out.hidden_states[last])
+        for seed in (self.medusa.last_hidden if self.medusa else None, self.frozen.seed if self.frozen else None):
+            if seed is not None:  # heads without KV read the hidden state whose lm_head gave the first token
+                seed.copy_(out.hidden_states[last])
         if not self.drafter:
             return
         width = L if self.drafter.is_head else L + 1
@@ -558,9 +564,14 @@ class FastEngine:
                 self.keep_tree_rows()
             return
         K, S, n = self.K, self.S, self.n
-        hidden = self.last_hidden if self.drafter.is_head else None
         sampled = SampledDrafts(None, noise=iter(self.noise)) if self.sampled else None
-        levels = draft_forward(self.draft_level, self.next_probs, hidden, S, K, sampled)
+        if self.frozen:  # the assistant's pass at the root first (it keeps no q between steps)
+            probs, hidden = self.frozen.forward(self.roots, self.frozen.seed, 1)
+            levels = draft_forward(lambda i, ids, h, parents: self.frozen.forward(ids, h, K), probs, hidden, S, K,
+                                   sampled)
+        else:
+            hidden = self.last_hidden if self.drafter.is_head else None
+            levels = draft_forward(self.draft_level, self.next_probs, hidden, S, K, sampled)
         parent_list, top_scores_index, draft_tokens = organize_draft_results(
             levels.score_list, levels.token_list, levels.parents_list, n)
         (self.tree_mask, positions, self.retrive_index, self.retrive_next_token, self.retrive_next_sibling) = \
@@ -729,9 +740,9 @@ class FastEngine:
         """EXTEND (DRAFT_EXTEND): each request's accept_tokens, padded to num_steps + 1, with the
         features of the accepted path's rows (root .. last correct draft) for a head; q and the
         output after the last real row are what the next DRAFT starts from."""
-        if self.medusa:  # no KV: the heads read the hidden state of the last accepted row
+        if self.medusa or self.frozen:  # no KV: they read the hidden state of the last accepted row
             last_row = self.accept_index.gather(1, self.accept_num[:, None]).clamp(min=0).flatten()
-            h = self.medusa.last_hidden
+            h = self.medusa.last_hidden if self.medusa else self.frozen.seed
             h.copy_(torch.where(self.live[:, None], self.features[last_row], h))
             return
         E, bs, kv = self.S + 1, self.bs, self.draft_kv

@@ -49,16 +49,26 @@ class FrozenKVAttention(nn.Module):
         self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, cfg.hidden_size, bias=cfg.o_bias)
 
-    def forward(self, x, cos, sin, kv: KVCache, kv_layer: int, rows: list[tuple[int, int, int]]):
-        """rows: (request, target KV length, n query rows) in row order; no mask: every query
-        sees the whole committed prefix and nothing else."""
+    def forward(self, x, cos, sin, kv: KVCache, kv_layer: int, rows):
+        """rows: (request, target KV length, n query rows) in row order (or what the KV's backend
+        reads instead: the fast engine's decode metadata); no mask: every query sees the whole
+        committed prefix and nothing else."""
         q = apply_rope(self.q_proj(x).view(x.shape[0], self.num_heads, self.head_dim), cos, sin)
-        out, row = torch.empty_like(q), 0
-        for req, seq_len, n in rows:
-            slots = kv.req_to_token[req, :seq_len]
-            out[row:row + n] = attend(q[row:row + n], kv.pool.k[kv_layer, slots], kv.pool.v[kv_layer, slots])
-            row += n
-        return self.o_proj(out.view(x.shape[0], -1))
+        return self.o_proj(FROZEN_ATTENTION[kv.backend](q, kv, kv_layer, rows).view(x.shape[0], -1))
+
+
+def frozen_attention(q, kv: KVCache, kv_layer: int, rows: list[tuple[int, int, int]]) -> torch.Tensor:
+    """q (N, h, d) against layer kv_layer of the target's KV, each request's rows over its prefix."""
+    out, row = torch.empty_like(q), 0
+    for req, seq_len, n in rows:
+        slots = kv.req_to_token[req, :seq_len]
+        out[row:row + n] = attend(q[row:row + n], kv.pool.k[kv_layer, slots], kv.pool.v[kv_layer, slots])
+        row += n
+    return out
+
+
+# backend -> the attention of the assistant's queries (kernels/backend.py adds "triton")
+FROZEN_ATTENTION = {"explicit": frozen_attention}
 
 
 class FrozenKVMtpHead(nn.Module):
