@@ -106,10 +106,9 @@ class RunConfig:
                                  "over a verify's keys in its own tiling")
         if self.trace_level not in TRACE_LEVELS:
             raise SpectraceError(f"unknown --trace-level {self.trace_level!r} (choose from {', '.join(TRACE_LEVELS)})")
-        if self.record_probs and (self.trace_level == "off" or self.backend == "fast" or self.algo == "none"):
+        if self.record_probs and (self.trace_level == "off" or self.algo == "none"):
             why = ("it is written beside the trace: --trace-level off writes none" if self.trace_level == "off" else
-                   "--backend fast keeps its step tensors on the GPU: record on --backend explicit or triton"
-                   if self.backend == "fast" else "--algo none verifies no drafts: there is nothing to re-judge")
+                   "--algo none verifies no drafts: there is nothing to re-judge")
             raise SpectraceError(f"--record-probs: {why}")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise SpectraceError(f"unknown --dtype {self.dtype!r} (choose from {', '.join(DTYPES)})")
@@ -413,8 +412,7 @@ def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = N
         eos = target.config.eos_token_ids or ((tok.eos_token_id,) if tok.eos_token_id is not None else ())
         if cfg.backend == "fast":
             from spectrace.kernels.engine import FastEngine
-            engine = FastEngine(target, draft, spec, ids, eos, writer, on_step=on_step,
-                                **options)
+            engine = FastEngine(target, draft, spec, ids, eos, writer, on_step=on_step, probs=probs, **options)
         else:
             engine = build_engine(target, draft, spec, ids, eos, writer, on_step=on_step, backend=cfg.backend,
                                   probs=probs, **options)

@@ -190,10 +190,34 @@ def test_bad_rejudges_are_one_line_and_exit_2(recorded, tmp_path, capsys):
     one_line_exit_2(capsys, ["rejudge", str(copy), "--acceptance", "greedy", "-o", out], "stopped before saving")
 
 
+@pytest.mark.parametrize("args, rule", [
+    (["--algo", "eagle", "--num-steps", "3", "--topk", "2", "--num-draft-tokens", "5", "--batch", "2"], "greedy"),
+    (["--algo", "eagle", "--num-steps", "3", "--topk", "1", "--acceptance", "rejection", "--temperature", "1"],
+     "rejection"),
+])
+def test_the_fast_engine_records_what_the_explicit_one_does(tmp_path, args, rule):
+    """--backend fast keeps the same sidecar (logits, q at the parents, the walk's draws) within
+    float tolerance, and re-judging its trace under its own rule gives back its verdicts."""
+    from safetensors.torch import load_file
+
+    sidecars = {}
+    for backend in ("explicit", "fast"):
+        trace = tmp_path / f"{backend}.jsonl"
+        assert main(["run", "--no-tui", "--max-new-tokens", "8", "--record-probs", "--backend", backend,
+                     "--trace", str(trace), *args]) == 0
+        sidecars[backend] = load_file(str(tmp_path / f"{backend}.probs.safetensors"))
+    assert sidecars["fast"].keys() == sidecars["explicit"].keys()
+    for name, want in sidecars["explicit"].items():
+        assert sidecars["fast"][name].shape == want.shape and sidecars["fast"][name].dtype == want.dtype, name
+        assert (sidecars["fast"][name] - want).abs().max() < 1e-4, name
+    assert rejudge(tmp_path / "fast.jsonl", tmp_path / "r.jsonl", "--acceptance", rule) == 0
+    for a, b in zip(read_trace(tmp_path / "fast.jsonl").steps, read_trace(tmp_path / "r.jsonl").steps):
+        assert (b["accept"]["accept_nodes"], b["bonus_token"]) == (a["accept"]["accept_nodes"], a["bonus_token"])
+
+
 @pytest.mark.parametrize("args, message", [
     (["--trace-level", "off"], "--trace-level off writes none"),
     (["--algo", "none"], "nothing to re-judge"),
-    (["--backend", "fast"], "record on --backend explicit or triton"),
 ])
 def test_record_probs_refusals(tmp_path, capsys, args, message):
     one_line_exit_2(capsys, ["run", "--no-tui", "--record-probs", "--trace", str(tmp_path / "t.jsonl"), *args], message)

@@ -60,6 +60,7 @@ from spectrace.core.engine import Request, SpecConfig, StepRow, append_tokens
 from spectrace.core.kv import TokenToKVPool
 from spectrace.core.metrics import SpecMetrics
 from spectrace.core.model import CausalLM, RotaryEmbedding
+from spectrace.core.probs import ProbsRecorder
 from spectrace.core.sampling import as_pairs, probs_from_logits, request_generator
 from spectrace.core.step_record import prefill_record, record_token_ids, step_record
 from spectrace.core.trace import TraceWriter
@@ -257,15 +258,15 @@ class PhaseClock:
 class FastEngine:
     def __init__(self, target: CausalLM, draft, spec: SpecConfig, prompt_ids: list[list[int]], eos_token_ids,
                  trace: TraceWriter | None = None, on_step=None, graphs: bool | None = None,
-                 fused: bool | None = None, medusa_tree=None, ngram=None):
+                 fused: bool | None = None, medusa_tree=None, ngram=None, probs: ProbsRecorder | None = None):
         """graphs: capture CUDA graphs; fused: the models' layers through kernels/fused.py (both
         default to on a GPU; on a CPU the interpreter makes more kernels slower, not faster).
         Fusing changes the models in place (their modules' forwards), wherever they run next.
         medusa_tree, ngram: --algo medusa's static tree, --algo ngram's NgramConfig (run.py
-        resolves both)."""
+        resolves both); probs: keeps each walk's inputs for `spectrace rejudge` (--record-probs)."""
         check_fast(spec, len(prompt_ids))
         self.target, self.spec, self.trace, self.on_step = target, spec, trace, on_step
-        self.recording = trace is not None or on_step is not None
+        self.recording, self.probs = trace is not None or on_step is not None, probs
         self.eos = set(eos_token_ids)
         self.device = target.lm_head.weight.device
         self.bs = bucket(len(prompt_ids))
@@ -312,6 +313,7 @@ class FastEngine:
         self.coin64 = torch.zeros(self.bs, dtype=torch.float64, device=self.device)  # a plain sample (prefill, none)
         self.rule = RULES[spec.acceptance]
         loop = self.drafter or self.frozen  # the EAGLE draft loop's drafter
+        self.draft_probs = None  # (bs, n-1, V) q at each node's parent: sampled rules, --record-probs
         self.sampled = self.rule.samples_drafts and loop is not None  # drafts sampled from q
         self.vocab = V = target.config.vocab_size
         if self.sampled:  # each level's Exp(1) noise for the exponential race (1 path at the root, K after)
@@ -579,7 +581,8 @@ class FastEngine:
                               seq_lens_sum=self.kv.req_to_token.numel())  # a bound on the prefixes: no sync
         self.positions = positions.view(self.bs, n)
         self.draft_tokens = torch.cat([self.roots[:, None], draft_tokens], dim=1)  # (bs, n) root first
-        if self.sampled:  # the q each node was drawn from: its parent path's row (build_draft_tree)
+        if self.sampled or self.probs is not None:  # the q each node was drawn from, or chosen from by top-k:
+            # its parent path's row (build_draft_tree)
             dists = torch.cat([p.view(self.bs, -1, p.shape[-1]) for p in levels.probs_list], dim=1)
             rows = (top_scores_index // K)[..., None].expand(-1, -1, dists.shape[-1])
             self.draft_probs = torch.gather(dists, 1, rows)  # (bs, n-1, V)
@@ -767,11 +770,13 @@ class FastEngine:
             names += ["draft_tokens", "positions", "retrive_index", "retrive_next_token", "retrive_next_sibling"]
         device_tree = self.drafts and not self.host  # n-gram's trees are on the host already
         if device_tree:
-            names += ["tree_rows", "q", "scores"] + (["draft_probs"] if self.sampled else [])
+            names += ["tree_rows", "q", "scores"] + (["draft_probs"] if self.draft_probs is not None else [])
         host = {name: getattr(self, name).cpu() for name in names}
         greedy = self.sampling.greedy  # p as the trace shows it: softmax at temperature 0, else after T, top-k, top-p
         p = torch.softmax(self.logits, dim=-1) if greedy else probs_from_logits(self.logits, self.sampling)
         host["target_probs"] = p.view(self.bs, self.n, -1).cpu()
+        if self.probs is not None:
+            host["logits"] = self.logits.float().view(self.bs, self.n, -1).cpu()
         host["target_predict"] = host["target_predict"].view(self.bs, self.n)
         host["req_to_token"], host["seq_lens"] = self.kv.req_to_token.cpu(), self.kv.seq_lens.cpu()
         if self.drafter:
@@ -807,6 +812,9 @@ class FastEngine:
             row.result = AcceptResult([], bonus, [0], [], None if self.sampling.greedy else
                                       bonus_from("target", 0, row.target_probs[0], self.spec.trace_topk))
         else:
+            if self.probs is not None:  # the walk's inputs, for spectrace rejudge
+                self.probs.add(self.step_count, r.req_pool_idx, host["logits"][b, :size],
+                               host["draft_probs"][b] if "draft_probs" in host else None, randoms or Randoms())
             row.candidates = host["draft_tokens"][b, :size].tolist()
             row.positions = host["positions"][b, :size].tolist()
             row.result = self.rule.walk(
