@@ -36,10 +36,11 @@ What it runs: none, standalone, eagle, eagle3, nextn/mtp, FROZEN_KV_MTP (fast_fr
 chains and trees; Medusa's static tree (fast_medusa.py); n-gram drafted on the host by the
 explicit drafters (fast_ngram.py). Greedy
 acceptance, at temperature > 0 SGLang's target_only over the deterministic tree, and for chains of
-drafts sampled from q SGLang's rejection sampling and vLLM's rejection sampler. Every random
+drafts sampled from q SGLang's rejection sampling and vLLM's rejection sampler; Medusa's typical
+acceptance over any tree (fast_typical.py). Every random
 number is drawn on the host from its request's generator in the explicit engine's order (the
-draft loop's race noise, then the rule's) and copied in before the launch. DFLASH, tree_rejection,
-typical and adaptive steps run on --backend explicit or triton. Prefill is a graph
+draft loop's race noise, then the rule's) and copied in before the launch. DFLASH, tree_rejection
+and adaptive steps run on --backend explicit or triton. Prefill is a graph
 too, every prompt padded to the run's longest. On a CPU (TRITON_INTERPRET=1) the same code runs
 eagerly, which is how the parity tests check it against the explicit engine.
 """
@@ -71,12 +72,13 @@ from spectrace.kernels import vllm as vllm_kernels
 from spectrace.kernels.fast_frozen_kv_mtp import FastFrozenKVMtp
 from spectrace.kernels.fast_medusa import FastMedusa
 from spectrace.kernels.fast_ngram import HostDraft
+from spectrace.kernels.fast_typical import typical_accept
 from spectrace.kernels import backend  # noqa: F401  (registers the twins: the models' attention runs through them)
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # batch sizes a run is padded up to, one set of graphs each
 FAST_ALGOS = ("none", "standalone", "eagle", "eagle3", "nextn", "mtp", "frozen_kv_mtp", "medusa", "ngram")
 # target_only verifies the deterministic top-k tree; rejection and vllm sample a chain's drafts from q
-FAST_RULES = ("greedy", "target_only", "rejection", "vllm")
+FAST_RULES = ("greedy", "target_only", "rejection", "vllm", "typical")
 
 
 def check_fast(spec: SpecConfig, batch: int) -> None:
@@ -489,9 +491,9 @@ class FastEngine:
             for name in ("bonus_noise", "inv_q"):
                 self.upload(getattr(self, name), torch.stack([getattr(d, name) if d else torch.ones(V) for d in trees]))
             self.upload(self.uniforms, [d.uniforms.tolist() if d else [0.0] * (self.n - 1) for d in trees])
-        else:
-            self.upload(self.coins, [F.pad(d.coins, (0, self.n - len(d.coins))).tolist() if d else [0.0] * self.n
-                                     for d in trees])
+        else:  # SGLang's coins (typical draws the final one only)
+            self.upload(self.coins, [F.pad(d.coins, (0, self.n - len(d.coins))).tolist()
+                                     if d is not None and d.coins is not None else [0.0] * self.n for d in trees])
             self.upload(self.coin_final, [float(d.coin_final) if d else 0.0 for d in trees])
         self.upload(self.coin64, [d if isinstance(d, float) else 0.0 for d in draws])
         return draws
@@ -684,6 +686,14 @@ class FastEngine:
                     predicts, self.accept_index, self.accept_num, candidates, retrive_index, next_token,
                     next_sibling, self.coins, self.coin_final, p, torch.zeros_like(p), self.spec.threshold_single,
                     self.spec.threshold_acc)
+            elif self.spec.acceptance == "typical":
+                self.keep_tree_rows()
+                depths = self.positions - self.kv.seq_lens[:, None]
+                index, num, bonus = typical_accept(p, candidates, self.tree_rows, depths, self.coin_final, sample_rows,
+                                                   S + 1)
+                self.accept_index.copy_(index)
+                self.accept_num.copy_(num)
+                predicts.scatter_(0, index.gather(1, num[:, None]).flatten(), bonus)
             elif self.spec.acceptance == "rejection":
                 sglang.chain_speculative_sampling(predicts, self.accept_index, self.accept_num, candidates,
                                                   retrive_index, self.coins, self.coin_final, p, self.draft_probs)
