@@ -144,7 +144,7 @@ def test_fast_engine_trace_opens_in_the_walkthrough(tmp_path):
 
 
 @pytest.mark.parametrize("options,message", [
-    (dict(algo="dflash"), "--backend fast runs --algo"),
+    (dict(algo="dflash"), "--backend fast runs every --algo but dflash"),
     (dict(algo="eagle", temperature=1.0, acceptance="tree_rejection"), "runs --acceptance greedy, target_only"),
     (dict(algo="ngram", temperature=1.0, acceptance="vllm"), "chains of one length"),
     (dict(algo="eagle", adaptive=True, topk=1, num_steps=3), "one tree shape"),
@@ -153,3 +153,33 @@ def test_fast_engine_trace_opens_in_the_walkthrough(tmp_path):
 def test_fast_engine_refuses_what_it_does_not_run(options, message):
     with pytest.raises(SpectraceError, match=message):
         run(RunConfig(backend="fast", max_new_tokens=2, trace_level="off", **options))
+
+
+def test_typical_on_the_device_walks_as_the_explicit_walk_with_ties():
+    """kernels/fast_typical.py against core/acceptance/typical.py on 300 random trees whose
+    target rows take three values, so sibling paths tie in depth and summed log p (as bf16 makes
+    them): the same path, the same bonus."""
+    import random
+
+    from spectrace.core.acceptance import Randoms, RuleParams
+    from spectrace.core.acceptance.typical import typical_walk
+    from spectrace.core.tree import reconstruct_indices_from_tree_mask
+    from spectrace.kernels.engine import sample_rows
+    from spectrace.kernels.fast_typical import typical_accept
+
+    rng = random.Random(0)
+    for _ in range(300):
+        n, V = rng.randint(2, 12), 6
+        mask = torch.eye(n, dtype=torch.bool)
+        for j in range(1, n):  # node j under a random earlier node: parents come first
+            mask[j] |= mask[rng.randint(0, j - 1)]
+        positions, _, next_token, next_sibling = reconstruct_indices_from_tree_mask(mask.reshape(-1), [0], n)
+        p = torch.softmax(torch.tensor([[float(rng.choice([0, 1, 2])) for _ in range(V)] for _ in range(n)]), -1)
+        candidates = [rng.randrange(V) for _ in range(n)]
+        coin = torch.tensor(rng.random(), dtype=torch.float32)
+        depth = int(positions.max())
+        want = typical_walk(candidates, next_token[0].tolist(), next_sibling[0].tolist(), p.argmax(-1).tolist(), p,
+                            None, Randoms(coin_final=coin), depth, RuleParams())
+        index, num, bonus = typical_accept(p[None], torch.tensor([candidates]), mask[None], positions.view(1, n),
+                                           coin.view(1), sample_rows, depth + 1)
+        assert (index[0, :int(num[0]) + 1].tolist(), int(bonus[0])) == (want.accept_nodes, want.bonus_token)

@@ -18,7 +18,7 @@ from spectrace.kernels import attention
 
 
 class FastFrozenKVMtp:
-    capture_layers = ()  # the seed feature is the target's last hidden state
+    capture_layers = ()  # the root's feature is the target's last hidden state
 
     def __init__(self, head: FrozenKVMtpHead, target: CausalLM, kv, bs: int):
         self.head, self.embed, self.kv = head, target.model.embed_tokens, kv  # kv: the target's StaticKV

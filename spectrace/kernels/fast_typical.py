@@ -10,8 +10,11 @@ The explicit walk searches paths depth first; here each node's verdicts are comp
                root to leaf in float64, as the walk sums); its path is accepted
     bonus      a sample of p after the best node, tokens below that row's threshold removed
 
-(An exact tie in both depth and summed log p, which the explicit walk breaks by its search order,
-goes to the lower node index here; the engine's trace check would say so.)
+An exact tie in both depth and summed log p (common in bf16, where siblings can share p) goes
+where the explicit walk's search sends it: that walk pops paths from a stack, so it visits a
+node's children last to first, and keeps the first path it finds with the best key. Here each
+node's place in that order is a number whose digits are (n - its sibling rank) per level, and the
+smallest wins.
 """
 from __future__ import annotations
 
@@ -43,7 +46,9 @@ def typical_accept(p: torch.Tensor, candidates: torch.Tensor, tree_rows: torch.T
     depth_key = torch.where(holds, depths, -1)
     deepest = depth_key == depth_key.amax(-1, keepdim=True)
     best_ll = torch.where(deepest, ll, -torch.inf)
-    best = torch.where(deepest & (best_ll == best_ll.amax(-1, keepdim=True)), nodes, n).amin(-1)  # (bs,)
+    tied = deepest & (best_ll == best_ll.amax(-1, keepdim=True))
+    best = torch.where(tied, search_order(parent, tree_rows, depths, width - 1), torch.iinfo(torch.int64).max
+                       ).argmin(-1)  # (bs,)
     accept_num = depths.gather(1, best[:, None])[:, 0]
     levels = torch.arange(width, device=device)
     on_path = tree_rows.gather(1, best[:, None, None].expand(-1, 1, n))[:, 0]  # (bs, n) the path's nodes
@@ -54,3 +59,18 @@ def typical_accept(p: torch.Tensor, candidates: torch.Tensor, tree_rows: torch.T
     kept = torch.where(row.double() >= threshold.gather(1, best[:, None]), row.double(), 0.0)
     bonus = sample_rows(kept, coin_final.double())
     return accept_index, accept_num, bonus
+
+
+def search_order(parent: torch.Tensor, tree_rows: torch.Tensor, depths: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """(bs, n) each node's place in typical_walk's search, smaller first: children last to first,
+    depth first. A node's digits, root to node, are n - its rank among its siblings (siblings are
+    in node order), in base n + 1; nodes at one depth compare as their paths do."""
+    bs, n = parent.shape
+    nodes = torch.arange(n, device=parent.device)
+    same_parent = (parent[:, None, :] == parent[:, :, None]) & (nodes[None, None, :] < nodes[None, :, None])
+    rank = (same_parent & (nodes >= 1)[None, None, :]).sum(-1)  # (bs, n): earlier siblings
+    if (n + 1) ** max_depth >= 2 ** 62:  # too deep to number (a long chain: one node per depth, no ties)
+        return nodes.expand(bs, n)
+    weight = (n + 1) ** (max_depth - depths.clamp(min=1))
+    digits = torch.where(nodes >= 1, (n - rank) * weight, 0)
+    return (tree_rows.long() * digits[:, None, :]).sum(-1)
