@@ -87,8 +87,8 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, help="float32 (CPU default), bfloat16 (GPU default), float16")
     p.add_argument("--backend", choices=["explicit", "triton", "fast"], default="explicit",
                    help="triton: the hot operations through the Triton twins; fast: the whole batch's step on "
-                        "the twins, CUDA graphs on a GPU (greedy and target_only; none, standalone and the "
-                        "EAGLE heads). On a CPU both need TRITON_INTERPRET=1")
+                        "the twins, CUDA graphs on a GPU (every algorithm but dflash; greedy, target_only, typical, "
+                        "and rejection and vllm for chains). On a CPU both need TRITON_INTERPRET=1")
     p.add_argument("--deterministic", action="store_true",
                    help="batch-invariant verify: every node computed as a one-token decode computes it, so "
                         "greedy output is bit-identical to plain decoding's in any dtype (slower)")
