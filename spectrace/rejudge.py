@@ -205,15 +205,18 @@ class Rejudge:
 
     def token_text(self):
         """Token text from the trace; a token it never mentioned (a new bonus) from the target's
-        tokenizer when its directory is still there, else <id>."""
-        known, tok = self.trace.tokens, None
-        try:
-            from spectrace.run import load_tokenizer
-
-            tok = load_tokenizer(self.cfg["target_model"])
-        except (SpectraceError, OSError, KeyError):
-            pass
+        tokenizer when its directory is still there, else <id>, as viewers show unknown ids."""
+        known, tok = self.trace.tokens, self.tokenizer()
         return lambda i: known[i] if i in known else (tok.decode([i]) if tok is not None else f"<{i}>")
+
+    def tokenizer(self):
+        """The recorded target's tokenizer, or None when its directory is gone (a shared trace)."""
+        from spectrace.run import load_tokenizer
+
+        try:
+            return load_tokenizer(str(self.cfg.get("target_model", "")))
+        except (SpectraceError, OSError):
+            return None
 
 
 def cut(tokens: list[int], room: int, eos: set[int]) -> tuple[list[int], str | None]:

@@ -20,7 +20,7 @@ CASES = [  # (algo, options): batch 3 is a ragged batch in a bucket of 4 (one pa
     ("standalone", dict(batch=1)),
     ("eagle", dict(topk=4, batch=1)),
     ("eagle3", dict(topk=2, num_steps=3, num_draft_tokens=6, batch=3)),
-    ("mtp", dict(topk=1, num_steps=3, batch=2)),
+    ("mtp", dict(topk=1, num_steps=3, batch=1)),
     ("frozen_kv_mtp", dict(topk=2, num_steps=3, num_draft_tokens=5, batch=1)),  # reads the target's KV
     ("medusa", dict(batch=1)),  # the static tree of 24 choices, depth 3
     ("ngram", dict(batch=3, prompt_lookup_min=1, prompt_lookup_max=3)),  # chains of 0..5 drafted on the host
@@ -36,7 +36,7 @@ CASES = [  # (algo, options): batch 3 is a ragged batch in a bucket of 4 (one pa
     ("eagle", dict(topk=1, num_steps=3, batch=2, temperature=0.9, seed=6, acceptance="rejection")),
     ("standalone", dict(batch=2, temperature=1.0, seed=7, acceptance="vllm")),
     ("frozen_kv_mtp", dict(topk=1, num_steps=3, batch=2, temperature=1.0, seed=8, acceptance="vllm")),
-    ("medusa", dict(batch=3, temperature=1.0, seed=9, acceptance="typical")),  # Medusa's own rule
+    ("medusa", dict(batch=2, temperature=1.0, seed=9, acceptance="typical")),  # Medusa's own rule
     ("eagle", dict(topk=4, batch=1, temperature=0.7, seed=10, acceptance="typical")),
 ]
 CASE_IDS = [f"{a}-{o.get('acceptance', 'sampled' if o.get('temperature') else 'greedy')}-batch{o['batch']}"

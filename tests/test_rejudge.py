@@ -156,6 +156,24 @@ def test_an_interrupted_run_keeps_a_sealed_sidecar_of_its_finished_steps(tmp_pat
         [s["accept_tokens"] for s in read_trace(trace).steps]
 
 
+def test_a_shared_trace_without_its_model_still_rejudges(recorded, tmp_path):
+    """The target's directory gone: tokens the recorded trace never mentioned (new bonus tokens)
+    are written as <id>; every other token keeps the recorded text."""
+    src = recorded("greedy_tree")
+    lines = src.read_text().split("\n")
+    header = json.loads(lines[0])
+    header["config"]["target_model"] = str(tmp_path / "gone")
+    copy = tmp_path / "greedy_tree.jsonl"
+    copy.write_text("\n".join([json.dumps(header)] + lines[1:]))
+    sidecar = "greedy_tree.probs.safetensors"
+    (tmp_path / sidecar).write_bytes(src.with_name(sidecar).read_bytes())
+    assert rejudge(copy, tmp_path / "r.jsonl", "--acceptance", "target_only", "--temperature", "2") == 0
+    before, after = TraceFile(copy), TraceFile(tmp_path / "r.jsonl")
+    new = set(after.tokens) - set(before.tokens)
+    assert all(after.tokens[t] == before.tokens[t] for t in before.tokens if t in after.tokens)
+    assert new and all(after.tokens[t] == f"<{t}>" for t in new)  # T 2 draws bonuses the run never showed
+
+
 def one_line_exit_2(capsys, argv, message):
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -191,7 +209,7 @@ def test_bad_rejudges_are_one_line_and_exit_2(recorded, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, rule", [
-    (["--algo", "eagle", "--num-steps", "3", "--topk", "2", "--num-draft-tokens", "5", "--batch", "2"], "greedy"),
+    (["--algo", "eagle", "--num-steps", "3", "--topk", "2", "--num-draft-tokens", "5"], "greedy"),
     (["--algo", "eagle", "--num-steps", "3", "--topk", "1", "--acceptance", "rejection", "--temperature", "1"],
      "rejection"),
 ])
