@@ -14,7 +14,7 @@ from spectrace.run import build_engine
 from spectrace.zoo import TARGET_DIR
 from spectrace.zoo.prompts import HELD_OUT_PROMPTS
 
-SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 ALGOS = ["standalone", "eagle", "eagle3", "mtp", "frozen_kv_mtp"]
 
 

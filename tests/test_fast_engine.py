@@ -5,11 +5,13 @@ walk, the same committed tokens, correct_drafts and bonus_token, the same sequen
 numbers (q, path scores, p) equal to float32 rounding. On the CPU it
 runs eagerly with the kernels interpreted, so runs are a few tokens long; tests/test_gpu.py checks
 it compiled, its CUDA graphs against eager, bit for bit."""
+import functools
 import json
 
 import pytest
 import torch
 
+from spectrace.core import adaptive
 from spectrace.errors import SpectraceError
 from spectrace.run import RunConfig, run
 
@@ -23,7 +25,7 @@ CASES = [  # (algo, options): batch 3 is a ragged batch in a bucket of 4 (one pa
     ("mtp", dict(topk=1, num_steps=3, batch=1)),
     ("frozen_kv_mtp", dict(topk=2, num_steps=3, num_draft_tokens=5, batch=1)),  # reads the target's KV
     ("medusa", dict(batch=1)),  # the static tree of 24 choices, depth 3
-    ("ngram", dict(batch=3, prompt_lookup_min=1, prompt_lookup_max=3)),  # chains of 0..5 drafted on the host
+    ("ngram", dict(batch=2, prompt_lookup_min=1, prompt_lookup_max=3)),  # chains of 0..5 drafted on the host
     ("ngram", dict(batch=2, ngram_style="sglang")),  # SGLang's trie: trees of 12 nodes
     # SGLang's stochastic default: target_only over the top-k tree, the same coins; and plain sampling
     ("eagle", dict(topk=4, batch=1, temperature=1.0, seed=5)),
@@ -38,11 +40,20 @@ CASES = [  # (algo, options): batch 3 is a ragged batch in a bucket of 4 (one pa
     ("frozen_kv_mtp", dict(topk=1, num_steps=3, batch=2, temperature=1.0, seed=8, acceptance="vllm")),
     ("medusa", dict(batch=2, temperature=1.0, seed=9, acceptance="typical")),  # Medusa's own rule
     ("eagle", dict(topk=4, batch=1, temperature=0.7, seed=10, acceptance="typical")),
+    ("eagle", dict(topk=1, num_steps=3, adaptive=True, batch=2)),  # tiers switched (quick_tiers)
 ]
 CASE_IDS = [f"{a}-{o.get('acceptance', 'sampled' if o.get('temperature') else 'greedy')}-batch{o['batch']}"
-            for a, o in CASES]
+            + ("-adaptive" if o.get("adaptive") else "") for a, o in CASES]
 EXACT_DRAFT = ("tokens", "parents", "depths", "tree_mask", "retrive_next_token", "retrive_next_sibling", "fates")
 CLOSE_DRAFT = ("q", "scores")
+
+
+@pytest.fixture
+def quick_tiers(monkeypatch):
+    """Adaptive steps that decide after every step on that step alone (SGLang's defaults wait 15
+    batches), so a run of a few tokens switches tiers: 3 -> 7 when a step accepts all 3 drafts."""
+    monkeypatch.setattr(adaptive, "AdaptiveConfig", functools.partial(
+        adaptive.AdaptiveConfig, ema_alpha=1.0, warmup_batches=0, update_interval=1))
 
 
 def step_records(path) -> list[dict]:
@@ -84,8 +95,8 @@ def assert_same_steps(explicit_trace, fast_trace, batch: int, tol: float) -> Non
     assert len(explicit) >= batch
     for want, got in zip(explicit, fast, strict=True):
         for key in ("step", "request", "correct_drafts", "bonus_token", "accept_tokens", "committed_tokens",
-                    "finish_reason"):
-            assert got[key] == want[key], key
+                    "finish_reason", "adaptive"):
+            assert got.get(key) == want.get(key), key
         assert_same_accept(got["accept"], want["accept"], tol)
         assert got["kv"]["target_seq_len"] == want["kv"]["target_seq_len"]
         for key in ("tokens", "positions", "target_predict"):
@@ -118,14 +129,16 @@ def run_both(algo: str, options: dict, tmp_path, **kw) -> dict:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="tests/test_gpu.py runs these compiled")
 @pytest.mark.parametrize("algo,options", CASES, ids=CASE_IDS)
-def test_fast_engine_decides_every_step_as_the_explicit_one(algo, options, tmp_path):
+def test_fast_engine_decides_every_step_as_the_explicit_one(algo, options, tmp_path, quick_tiers):
     runs = run_both(algo, options, tmp_path, max_new_tokens=6)
     (explicit, explicit_trace), (fast, fast_trace) = runs["explicit"], runs["fast"]
     assert fast.texts == explicit.texts
     assert_same_steps(explicit_trace, fast_trace, options["batch"], 5e-6)  # 6-decimal values, rounded twice
+    if options.get("adaptive"):
+        assert {r["adaptive"]["switched_to"] for r in step_records(fast_trace)} > {None}, "no tier switched"
     for key in ("completion_tokens", "verify_ct", "accept_length", "accept_rate", "accept_len_histogram"):
         assert fast.metrics[key] == explicit.metrics[key], key
-    if algo != "mtp":  # one ragged case is enough for the loop without a trace
+    if algo != "mtp" and not options.get("adaptive"):  # the loop without a trace: overlapped, or tiers
         return
     # without a trace the next step is launched before the last is read (overlap): the same run
     untraced = run(RunConfig(algo=algo, backend="fast", trace_level="off", max_new_tokens=6, **options))
@@ -147,7 +160,6 @@ def test_fast_engine_trace_opens_in_the_walkthrough(tmp_path):
     (dict(algo="dflash"), "--backend fast runs every --algo but dflash"),
     (dict(algo="eagle", temperature=1.0, acceptance="tree_rejection"), "runs --acceptance greedy, target_only"),
     (dict(algo="ngram", temperature=1.0, acceptance="vllm"), "chains of one length"),
-    (dict(algo="eagle", adaptive=True, topk=1, num_steps=3), "one tree shape"),
     (dict(algo="eagle", batch=65), "at most 64 requests"),
 ])
 def test_fast_engine_refuses_what_it_does_not_run(options, message):

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from test_backend import CASES as BACKEND_CASES
 from test_fast_engine import CASE_IDS as FAST_IDS
 from test_fast_engine import CASES as FAST_CASES
-from test_fast_engine import assert_same_steps, run_both
+from test_fast_engine import assert_same_steps, quick_tiers, run_both  # noqa: F401  (a fixture)
 from test_tree import run_draft_loop  # at import: hypothesis refuses @given tests defined inside one
 from transformers import AutoModelForCausalLM
 
@@ -372,6 +372,7 @@ def test_gpu_deterministic_bf16_speculative_output_equals_plain_decoding(tokeniz
 
 # ---- the fast engine (kernels/engine.py) ------------------------------------------------------
 
+@pytest.mark.usefixtures("quick_tiers")
 @pytest.mark.parametrize("batch", [1, 8])
 @pytest.mark.parametrize("algo,options", FAST_CASES, ids=FAST_IDS)
 def test_gpu_fast_engine_decides_every_step_as_the_explicit_one(algo, options, batch, tmp_path):
@@ -381,10 +382,12 @@ def test_gpu_fast_engine_decides_every_step_as_the_explicit_one(algo, options, b
     assert_same_steps(runs["explicit"][1], runs["fast"][1], batch, 1e-5)
 
 
+@pytest.mark.usefixtures("quick_tiers")
 @pytest.mark.parametrize("algo,options", FAST_CASES, ids=FAST_IDS)
 def test_gpu_fast_engine_graph_replay_equals_eager(algo, options):
     """bf16, batch 8: every step's record (tree, q, path scores, p, walk, tokens) from replayed
-    CUDA graphs equals the eager run's, bit for bit; and overlapped steps give the same tokens."""
+    CUDA graphs equals the eager run's, bit for bit (an adaptive run: a graph set per tier, switched
+    between steps); and overlapped steps give the same tokens."""
     from spectrace.kernels.engine import FastEngine
     from spectrace.run import RunConfig, load_drafter_model, resolve, resolve_prompts
 

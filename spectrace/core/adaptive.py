@@ -61,3 +61,11 @@ class AdaptiveSpeculativeParams:
             return False
         self.current_steps = cand[idx]
         return True
+
+    def step(self, accepted_drafts_per_req: list[int]) -> dict:
+        """update(), as a step record's `adaptive` field: the tier this batch drafted, the EMA
+        after it, and the tier the next step drafts if it switched (else None)."""
+        used = self.current_steps
+        switched = self.update(accepted_drafts_per_req)
+        return {"num_steps": used, "ema": round(self.ema, 6), "batch_count": self.batch_count,
+                "tiers": self.candidate_steps, "switched_to": self.current_steps if switched else None}

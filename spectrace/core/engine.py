@@ -346,14 +346,11 @@ class Engine:
     def adapt(self, rows: list[StepRow]) -> dict:
         """Fold this batch into the adaptive EMA; a new tier takes effect from the next step,
         swapped in whole as SGLang swaps its SpecRuntimeState."""
-        a = self.adaptive
-        used = a.current_steps
-        switched = a.update([len(row.result.correct_drafts) for row in rows])
-        if switched:
-            self.spec = replace(self.spec, num_steps=a.current_steps, num_draft_tokens=a.current_steps + 1)
-            self.drafter.set_num_steps(a.current_steps)
-        return {"num_steps": used, "ema": round(a.ema, 6), "batch_count": a.batch_count,
-                "tiers": a.candidate_steps, "switched_to": a.current_steps if switched else None}
+        adaptive = self.adaptive.step([len(row.result.correct_drafts) for row in rows])
+        if S := adaptive["switched_to"]:
+            self.spec = replace(self.spec, num_steps=S, num_draft_tokens=S + 1)
+            self.drafter.set_num_steps(S)
+        return adaptive
 
     # ---- helpers -------------------------------------------------------------------------
     @contextmanager

@@ -37,10 +37,11 @@ chains and trees; Medusa's static tree (fast_medusa.py); n-gram drafted on the h
 explicit drafters (fast_ngram.py). Greedy
 acceptance, at temperature > 0 SGLang's target_only over the deterministic tree, and for chains of
 drafts sampled from q SGLang's rejection sampling and vLLM's rejection sampler; Medusa's typical
-acceptance over any tree (fast_typical.py). Every random
+acceptance over any tree (fast_typical.py). Adaptive steps: a set of graphs per tier, switched
+between steps. Every random
 number is drawn on the host from its request's generator in the explicit engine's order (the
-draft loop's race noise, then the rule's) and copied in before the launch. DFLASH, tree_rejection
-and adaptive steps run on --backend explicit or triton. Prefill is a graph
+draft loop's race noise, then the rule's) and copied in before the launch. DFLASH and
+tree_rejection run on --backend explicit or triton. Prefill is a graph
 too, every prompt padded to the run's longest. On a CPU (TRITON_INTERPRET=1) the same code runs
 eagerly, which is how the parity tests check it against the explicit engine.
 """
@@ -52,6 +53,7 @@ import torch
 import torch.nn.functional as F
 
 from spectrace.algos import ALGOS
+from spectrace.core.adaptive import AdaptiveSpeculativeParams
 from spectrace.core.acceptance import RULES, AcceptResult, Randoms, bonus_from
 from spectrace.core.batch import ForwardBatch
 from spectrace.core.drafters import SampledDrafts
@@ -92,9 +94,6 @@ def check_fast(spec: SpecConfig, batch: int) -> None:
     if spec.acceptance == "vllm" and spec.algo == "ngram":
         raise SpectraceError("--backend fast verifies vLLM's rejection sampler over chains of one length; n-gram's "
                              "vary: run --algo ngram --acceptance vllm on --backend explicit or triton")
-    if spec.adaptive:
-        raise SpectraceError("--backend fast keeps one tree shape per run; run --speculative-adaptive on "
-                             "--backend explicit or triton")
     if batch > BUCKETS[-1]:
         raise SpectraceError(f"--backend fast captures batches of at most {BUCKETS[-1]} requests, not {batch}")
 
@@ -272,13 +271,16 @@ class FastEngine:
         self.eos = set(eos_token_ids)
         self.device = target.lm_head.weight.device
         self.bs = bucket(len(prompt_ids))
-        S = spec.num_steps if spec.algo != "none" else 0
-        self.S, self.K, self.n = S, spec.topk, spec.num_draft_tokens
+        # adaptive steps (topk 1): each tier of S steps verifies chains of S + 1 nodes; buffers are
+        # sized for the deepest tier, and each tier has its own graphs (SGLang's SpecRuntimeState)
+        self.adaptive = AdaptiveSpeculativeParams(spec.num_steps) if spec.adaptive else None
+        S = spec.max_steps if spec.algo != "none" else 0
+        self.K, n = spec.topk, spec.num_draft_tokens + spec.max_steps - spec.num_steps  # the deepest tier's nodes
         # a request's last step may commit up to S tokens past max_new_tokens, the step launched
         # ahead of the host's reading (overlap) S + 1 more, and a finished request still runs
         # every phase, frozen: its row holds that and one more step's columns
         committed = max(len(p) for p in prompt_ids) + spec.max_new_tokens + 2 * (S + 1)
-        self.kv = StaticKV(target, self.bs, committed + self.n)
+        self.kv = StaticKV(target, self.bs, committed + n)
         dtype = target.lm_head.weight.dtype
         self.medusa = None  # the static tree's drafter, or the draft loop's (drafter), or none
         if spec.algo == "medusa":
@@ -286,8 +288,8 @@ class FastEngine:
                 self.bs, target.config.hidden_size, dtype=dtype, device=self.device), spec.trace_topk)
         self.host = None  # n-gram: drafted on the host (kernels/fast_ngram.py)
         if spec.algo == "ngram":
-            self.host = HostDraft((ngram or NgramConfig()).drafter(S, self.n, target.config.max_position_embeddings,
-                                                                   "cpu"), self.bs, self.n, self.device)
+            self.host = HostDraft((ngram or NgramConfig()).drafter(S, n, target.config.max_position_embeddings,
+                                                                   "cpu"), self.bs, n, self.device)
         self.frozen = FastFrozenKVMtp(draft, target, self.kv, self.bs) if spec.algo == "frozen_kv_mtp" else None
         self.drafter = (DraftModel(spec.algo, draft, target) if draft is not None and not self.medusa
                         and not self.frozen else None)  # the draft loop's model, with a draft KV
@@ -310,7 +312,6 @@ class FastEngine:
         # sampling: the requests' random numbers, drawn on the host from each request's generator in
         # the explicit engine's order and copied in before each launch (a graph reads them there)
         self.sampling = spec.sampling
-        self.coins = torch.zeros(self.bs, self.n, device=self.device)  # target_only: SGLang's coin per node
         self.coin_final = torch.zeros(self.bs, device=self.device)  # ... and the bonus's
         self.coin64 = torch.zeros(self.bs, dtype=torch.float64, device=self.device)  # a plain sample (prefill, none)
         self.rule = RULES[spec.acceptance]
@@ -318,12 +319,10 @@ class FastEngine:
         self.draft_probs = None  # (bs, n-1, V) q at each node's parent: sampled rules, --record-probs
         self.sampled = self.rule.samples_drafts and loop is not None  # drafts sampled from q
         self.vocab = V = target.config.vocab_size
-        if self.sampled:  # each level's Exp(1) noise for the exponential race (1 path at the root, K after)
-            self.noise = [torch.ones(self.bs * (1 if i == 0 else self.K), V, device=self.device) for i in range(S)]
+        if self.sampled:
             loop.temperature = spec.temperature  # q at the run's temperature, as the explicit drafters
-        if spec.acceptance == "vllm":  # vLLM's draws: the bonus's race, a uniform per draft, the recovered noise
+        if spec.acceptance == "vllm":  # vLLM's draws: the bonus's race, the recovered noise (+ uniforms per tier)
             self.bonus_noise, self.inv_q = torch.ones(2, self.bs, V, device=self.device)
-            self.uniforms = torch.zeros(self.bs, self.n - 1, dtype=torch.float64, device=self.device)
         # prefill's inputs: every prompt padded to the longest, L rows a request (+ 1 for a draft LM,
         # which reads the first token too); padding rows write KV past the prompt, overwritten later
         self.L = max(len(p) for p in prompt_ids)
@@ -331,6 +330,7 @@ class FastEngine:
         self.prompt_lens = torch.ones(self.bs, dtype=torch.int64, device=self.device)
         self.live = torch.zeros(self.bs, dtype=torch.bool, device=self.device)
         self.metrics = SpecMetrics(S, spec.num_draft_tokens)
+        self.set_tier(spec.num_steps if spec.algo != "none" else 0)
         self.step_count = 0  # steps the host has read
         self.clock = PhaseClock(self.device)
         # the phases a launch runs on the device (n-gram's DRAFT runs on the host, before them)
@@ -338,27 +338,59 @@ class FastEngine:
         self.phases += [("verify", self.verify)] + ([("extend", self.extend)] if self.drafts and not self.host else [])
         self.graphs = None
         if graphs if graphs is not None else self.device.type == "cuda":
-            self.capture([("prefill", self.prefill_forward)] + self.phases)
+            self.capture()
+
+    def set_tier(self, S: int) -> None:
+        """A step's shape: S draft levels and n nodes (num_draft_tokens, or S + 1 for an adaptive
+        tier), and the buffers of that shape the host fills with each step's random numbers."""
+        self.S, self.n = S, S + 1 if self.adaptive else self.spec.num_draft_tokens
+        self.coins = torch.zeros(self.bs, self.n, device=self.device)  # target_only: SGLang's coin per node
+        if self.sampled:  # each level's Exp(1) noise for the exponential race (1 path at the root, K after)
+            self.noise = [torch.ones(self.bs * (1 if i == 0 else self.K), self.vocab, device=self.device)
+                          for i in range(S)]
+        if self.spec.acceptance == "vllm":  # a uniform per draft
+            self.uniforms = torch.zeros(self.bs, self.n - 1, dtype=torch.float64, device=self.device)
+
+    def use_tier(self, S: int) -> None:
+        """Switch an adaptive run to tier S from the next step: eagerly, its buffers; with graphs,
+        the tier's graphs and the tensors they were captured on."""
+        if self.graphs is None:
+            self.set_tier(S)
+            return
+        self.graphs, bound = self.tiers[S]
+        self.__dict__.update(bound)
 
     # ---- CUDA graphs -----------------------------------------------------------------------
-    def capture(self, phases) -> None:
+    def capture(self) -> None:
         """One graph per phase at this run's bucket, as SGLang captures the draft loop, the verify
         and the draft extend, and here the prefill too (at the run's prompt length: eager, its
-        launches cost more than the steps' GPU time). The warm-up runs (Triton compiles there) and
-        the captures change the state, so it is reset afterwards; each graph's outputs are the
-        tensors its capture left, which the next phase's graph reads."""
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                for _, fn in phases:
+        launches cost more than the steps' GPU time); an adaptive run captures the phases once per
+        tier. The warm-up runs (Triton compiles there) and the captures change the state, so it is
+        reset afterwards; each graph's outputs are the tensors its capture left, which the next
+        phase's graph reads: a tier keeps the tensors its phases bound (`tiers`)."""
+        prefill, first = {}, self.S
+        self.tiers = {}
+        for S in self.adaptive.candidate_steps if self.adaptive else [self.S]:
+            before = dict(vars(self))
+            self.set_tier(S)
+            phases = self.phases if prefill else [("prefill", self.prefill_forward)] + self.phases
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    for _, fn in phases:
+                        fn()
+            torch.cuda.current_stream().wait_stream(stream)
+            graphs = dict(prefill)
+            for name, fn in phases:
+                graphs[name] = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graphs[name]):
                     fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graphs = {}
-        for name, fn in phases:
-            self.graphs[name] = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graphs[name]):
-                fn()
+            prefill = {"prefill": graphs["prefill"]}
+            bound = {k: v for k, v in vars(self).items() if before.get(k) is not v}
+            self.tiers[S] = graphs, {**bound, "S": self.S, "n": self.n}
+        self.graphs = graphs
+        self.use_tier(first)
         self.kv.reset()
         if self.drafter:
             self.draft_kv.reset()
@@ -373,8 +405,11 @@ class FastEngine:
         t0 = time.perf_counter()
         self.prefill(reqs)
         pending = self.launch(reqs) if any(not r.finish_reason for r in reqs) else None
-        while pending is not None:  # (n-gram drafts from the last step's tokens: no overlap)
-            ahead = self.launch(reqs) if not self.recording and not self.host else None
+        # n-gram drafts from the last step's tokens, an adaptive step's tier follows the last
+        # step's acceptance: neither overlaps
+        overlap = not self.recording and not self.host and not self.adaptive
+        while pending is not None:
+            ahead = self.launch(reqs) if overlap else None
             self.finish_step(reqs, pending)
             pending = None if all(r.finish_reason for r in reqs) else ahead or self.launch(reqs)
         if self.device.type == "cuda":  # a step launched ahead of the end finishes inside the measured time
@@ -521,6 +556,8 @@ class FastEngine:
         rows = launched["out"].tolist()  # (bs, S + 2): accept_tokens, then accept_num
         timing = {**self.clock.read(launched["marks"]), "batch_size": sum(not r.finish_reason for r in reqs)}
         host = self.step_tensors() if self.recording else None
+        adaptive = self.adaptive.step([row[-1] for row, r in zip(rows, reqs) if not r.finish_reason]) \
+            if self.adaptive else None  # the explicit engine's adapt: the EMA over this step's requests
         finished = False
         for b, r in enumerate(reqs):
             if r.finish_reason:
@@ -530,10 +567,11 @@ class FastEngine:
             finished |= r.finish_reason is not None
             size = self.host.sizes[b] if self.host else self.n if self.drafts else 1
             self.metrics.observe(b, self.step_count, timing, len(committed), num, size - 1 if size > 1 else None,
-                                 num + 1)
+                                 num + 1, adaptive and adaptive["num_steps"])
             if self.recording:
                 randoms = launched["randoms"][b] if launched["randoms"] else None
-                rec = self.record(b, r, host, rows[b][:num + 1], randoms, committed, launched["before"][b], timing)
+                rec = self.record(b, r, host, rows[b][:num + 1], randoms, committed, launched["before"][b], timing,
+                                  adaptive)
                 if self.trace:
                     self.trace.write(rec, record_token_ids(rec))
                 if self.on_step:
@@ -543,6 +581,8 @@ class FastEngine:
                               if not r.finish_reason])
         if finished:
             self.set_live(reqs)
+        if adaptive and adaptive["switched_to"]:
+            self.use_tier(adaptive["switched_to"])
         self.step_count += 1
 
     def set_live(self, reqs: list[Request]) -> None:
@@ -799,7 +839,7 @@ class FastEngine:
         return host
 
     def record(self, b: int, r: Request, host: dict, tokens: list[int], randoms, committed: list[int],
-               seq_before: int, timing: dict) -> dict:
+               seq_before: int, timing: dict, adaptive: dict | None) -> dict:
         """The explicit engine's step record of request b (core/step_record.py), from the step's
         tensors: the walk's decisions from the explicit rule's walk over the same tree, p and coins,
         checked against what the kernels did (tokens: the step's accept tokens, the bonus last)."""
@@ -845,4 +885,5 @@ class FastEngine:
         if self.drafter:
             d_after = int(host["draft_seq_lens"][b])
             kv["draft_seq_len"] = [d_after - num - 1, d_after]  # EXTEND ran over every accepted token
-        return step_record(self.step_count, row, tree, self.spec.acceptance, kv, timing, self.spec.trace_topk)
+        return step_record(self.step_count, row, tree, self.spec.acceptance, kv, timing, self.spec.trace_topk,
+                           adaptive)
