@@ -101,9 +101,12 @@ class RunConfig:
         if self.backend in ("triton", "fast"):
             from spectrace.kernels import require
             require(self.device)
-        if self.deterministic and self.backend != "explicit":
-            raise SpectraceError("--deterministic runs on --backend explicit: the Triton attention reduces "
-                                 "over a verify's keys in its own tiling")
+        if self.backend in ("triton", "fast") and self.device == "cpu" and self.dtype == "bfloat16":
+            raise SpectraceError("--dtype bfloat16 on the CPU runs on --backend explicit: the Triton interpreter "
+                                 "computes with numpy, which has no bfloat16 (use float32 or float16, or a GPU)")
+        if self.deterministic and self.backend == "triton":
+            raise SpectraceError("--deterministic runs on --backend explicit or fast: --backend triton's attention "
+                                 "reduces over a verify's keys in its own tiling")
         if self.trace_level not in TRACE_LEVELS:
             raise SpectraceError(f"unknown --trace-level {self.trace_level!r} (choose from {', '.join(TRACE_LEVELS)})")
         if self.record_probs and (self.trace_level == "off" or self.algo == "none"):

@@ -41,9 +41,10 @@ CASES = [  # (algo, options): batch 3 is a ragged batch in a bucket of 4 (one pa
     ("medusa", dict(batch=2, temperature=1.0, seed=9, acceptance="typical")),  # Medusa's own rule
     ("eagle", dict(topk=4, batch=1, temperature=0.7, seed=10, acceptance="typical")),
     ("eagle", dict(topk=1, num_steps=3, adaptive=True, batch=2)),  # tiers switched (quick_tiers)
+    ("eagle", dict(topk=2, num_steps=3, num_draft_tokens=5, batch=2, deterministic=True)),  # one-token verify rows
 ]
 CASE_IDS = [f"{a}-{o.get('acceptance', 'sampled' if o.get('temperature') else 'greedy')}-batch{o['batch']}"
-            + ("-adaptive" if o.get("adaptive") else "") for a, o in CASES]
+            + "".join(f"-{k}" for k in ("adaptive", "deterministic") if o.get(k)) for a, o in CASES]
 EXACT_DRAFT = ("tokens", "parents", "depths", "tree_mask", "retrive_next_token", "retrive_next_sibling", "fates")
 CLOSE_DRAFT = ("q", "scores")
 
@@ -161,6 +162,7 @@ def test_fast_engine_trace_opens_in_the_walkthrough(tmp_path):
     (dict(algo="eagle", temperature=1.0, acceptance="tree_rejection"), "runs --acceptance greedy, target_only"),
     (dict(algo="ngram", temperature=1.0, acceptance="vllm"), "chains of one length"),
     (dict(algo="eagle", batch=65), "at most 64 requests"),
+    (dict(algo="none", dtype="bfloat16"), "no bfloat16"),
 ])
 def test_fast_engine_refuses_what_it_does_not_run(options, message):
     with pytest.raises(SpectraceError, match=message):

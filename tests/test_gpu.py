@@ -353,20 +353,22 @@ def test_gpu_batch_invariant_verify_equals_one_token_decodes_in_bf16():
           f"max |diff| {max((a - b).abs().max().item() for a, b in plain):.2e}")
 
 
-def test_gpu_deterministic_bf16_speculative_output_equals_plain_decoding(tokenizer):
+@pytest.mark.parametrize("backend", ["explicit", "fast"])
+def test_gpu_deterministic_bf16_speculative_output_equals_plain_decoding(tokenizer, backend):
     """bf16, batch 8, 48 tokens: eagle with --deterministic gives none's tokens (none decoding its
-    rows one at a time too) on every prompt; prints how many the batched verify matched."""
+    rows one at a time too) on every prompt; prints how many the batched verify matched. On the
+    fast engine from CUDA graphs: verify as one-token forwards captured in the graph."""
     from spectrace.run import RunConfig, run
 
     out = {}
     for algo in ("none", "eagle"):
         for det in (False, True):
             res = run(RunConfig(algo=algo, prompts=HELD_OUT_PROMPTS, batch=8, max_new_tokens=48, device="cuda",
-                                dtype="bfloat16", deterministic=det, trace_level="off"))
+                                dtype="bfloat16", deterministic=det, trace_level="off", backend=backend))
             out[algo, det] = [r.output_ids for r in res.requests]
     assert out["eagle", True] == out["none", True]
-    print(f"bf16 eagle = none on {sum(a == b for a, b in zip(out['eagle', False], out['none', False]))} of 8 "
-          f"prompts batched, {sum(a == b for a, b in zip(out['eagle', True], out['none', True]))} of 8 with "
+    print(f"{backend}: bf16 eagle = none on {sum(a == b for a, b in zip(out['eagle', False], out['none', False]))} "
+          f"of 8 prompts batched, {sum(a == b for a, b in zip(out['eagle', True], out['none', True]))} of 8 with "
           f"--deterministic")
 
 

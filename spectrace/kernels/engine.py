@@ -62,7 +62,7 @@ from spectrace.core.drafters.ngram import NgramConfig
 from spectrace.core.engine import Request, SpecConfig, StepRow, append_tokens
 from spectrace.core.kv import TokenToKVPool
 from spectrace.core.metrics import SpecMetrics
-from spectrace.core.model import CausalLM, RotaryEmbedding
+from spectrace.core.model import CausalLM, ForwardOutput, RotaryEmbedding
 from spectrace.core.probs import ProbsRecorder
 from spectrace.core.sampling import as_pairs, probs_from_logits, request_generator
 from spectrace.core.step_record import prefill_record, record_token_ids, step_record
@@ -698,15 +698,18 @@ class FastEngine:
             self.retrive_next_token, self.retrive_next_sibling = self.host.retrive_next_token, \
                 self.host.retrive_next_sibling
         if not self.drafts:
-            batch = extend_batch(self.kv, self.roots, self.kv.seq_lens, 1)
-            candidates = self.roots[:, None]
+            candidates, positions, width = self.roots[:, None], self.kv.seq_lens[:, None], 1
             retrive_index = torch.arange(bs, device=device)[:, None]
             next_token = next_sibling = torch.full((bs, 1), -1, device=device)
         else:
-            batch = extend_batch(self.kv, self.draft_tokens.flatten(), self.positions.flatten(), n, self.tree_mask)
-            candidates, retrive_index = self.draft_tokens, self.retrive_index
+            candidates, positions, width = self.draft_tokens, self.positions, n
+            retrive_index = self.retrive_index
             next_token, next_sibling = self.retrive_next_token, self.retrive_next_sibling
-        out = self.target(batch, self.kv, self.capture_layers)
+        if self.spec.deterministic:
+            out = self.forward_rows(candidates, positions)
+        else:
+            out = self.target(extend_batch(self.kv, candidates.flatten(), positions.flatten(), width,
+                                           self.tree_mask if self.drafts else None), self.kv, self.capture_layers)
         self.logits = out.logits  # (bs*n, V)
         self.features = torch.cat(out.aux_hidden_states, dim=-1) if out.aux_hidden_states else out.hidden_states
         self.target_predict = torch.argmax(self.logits, dim=-1)  # ties to the lowest id, as plain decoding
@@ -751,6 +754,36 @@ class FastEngine:
         self.step_out = torch.cat([self.accept_tokens, self.accept_num[:, None]], dim=1)  # what the host reads
         self.commit(path - (torch.arange(bs, device=device) * n)[:, None], j)
         self.roots.copy_(torch.where(self.live, bonus, self.roots))
+
+    def forward_rows(self, input_ids: torch.Tensor, positions: torch.Tensor) -> ForwardOutput:
+        """--deterministic: the target over (bs, w) new tokens as bs * w one-token forwards, each
+        a decode over its request's committed KV, then the slots of the nodes its tree row shows
+        (its ancestors, in index order: parents come first) and its own, in one KV split. Every
+        operation then has a one-token decode's shapes and reads the keys an autoregressive decode
+        of that token reads, in the same order, so a token's numbers do not depend on the tree or
+        the batch around it: bf16 greedy speculative output equals bf16 greedy autoregressive output
+        (`none` runs the same way, w 1). core/model.py's batch_invariant, on the device."""
+        kv, (bs, w) = self.kv, input_ids.shape
+        if w > 1:
+            self.keep_tree_rows()
+        col = torch.arange(kv.req_to_token.shape[1], device=self.device)
+        outs = []
+        for b in range(bs):  # a tree's rows in index order: a node's ancestors have written their KV
+            seq = kv.seq_lens[b]
+            node = (col - seq).clamp(0, w - 1)  # which node a verify column holds
+            verify = (col >= seq) & (col < seq + w)
+            for j in range(w):
+                shown = (col < seq) | (verify & self.tree_rows[b, j, node]) if w > 1 else col <= seq
+                order = torch.argsort((~shown).to(torch.int8), stable=True)  # the shown columns first, in order
+                meta = dict(kv_indptr=F.pad(shown.sum()[None], (1, 0)), kv_indices=kv.req_to_token[b, order],
+                            num_kv_splits=1)
+                batch = ForwardBatch(input_ids=input_ids[b, j:j + 1], positions=positions[b, j:j + 1],
+                                     req_pool_indices=[], seq_lens=[], extend_lens=[1],
+                                     out_cache_loc=kv.req_to_token[b].gather(0, (seq + j)[None]), custom_masks=[],
+                                     attn_metadata={"branch": meta})
+                outs.append(self.target(batch, kv, self.capture_layers))
+        return ForwardOutput(torch.cat([o.logits for o in outs]), torch.cat([o.hidden_states for o in outs]),
+                             [torch.cat(a) for a in zip(*(o.aux_hidden_states for o in outs))])
 
     def vllm_verify(self, predicts: torch.Tensor, candidates: torch.Tensor, p: torch.Tensor) -> None:
         """vLLM's rejection sampler over each request's chain of k = n - 1 sampled drafts
