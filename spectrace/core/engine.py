@@ -83,8 +83,8 @@ class SpecConfig:
             self.acceptance = acceptance.default_rule(self.temperature)
         acceptance.check(self.acceptance, self.algo, self.topk, self.temperature, self.threshold_single,
                          self.threshold_acc)
-        if self.algo == "none":
-            self.num_draft_tokens = 1
+        if self.algo == "none":  # plain decoding: one token a step, nothing to adapt
+            self.num_draft_tokens, self.adaptive = 1, False
             return
         if self.num_steps < 1:
             raise SpectraceError(f"--num-steps must be at least 1, got {self.num_steps}")
