@@ -13,6 +13,7 @@ import torch
 
 from spectrace.core import adaptive
 from spectrace.errors import SpectraceError
+from spectrace.zoo.prompts import HELD_OUT_PROMPTS, REPEATING_PROMPTS
 from spectrace.run import RunConfig, run
 
 pytest.importorskip("triton")
@@ -38,6 +39,10 @@ CASES = [  # (algo, options): batch 3 is a ragged batch in a bucket of 4 (one pa
     ("eagle", dict(topk=1, num_steps=3, batch=2, temperature=0.9, seed=6, acceptance="rejection")),
     ("standalone", dict(batch=2, temperature=1.0, seed=7, acceptance="vllm")),
     ("frozen_kv_mtp", dict(topk=1, num_steps=3, batch=2, temperature=1.0, seed=8, acceptance="vllm")),
+    # vLLM's sampler over n-gram chains, 0 or 5 drafts per request, packed as vLLM packs them
+    # (the second request's drafts first when the first has none)
+    ("ngram", dict(batch=2, prompts=[HELD_OUT_PROMPTS[0], REPEATING_PROMPTS[0]], prompt_lookup_min=1,
+                   prompt_lookup_max=3, temperature=0.5, seed=11, acceptance="vllm")),
     ("medusa", dict(batch=2, temperature=1.0, seed=9, acceptance="typical")),  # Medusa's own rule
     ("eagle", dict(topk=4, batch=1, temperature=0.7, seed=10, acceptance="typical")),
     ("eagle", dict(topk=1, num_steps=3, adaptive=True, batch=2)),  # tiers switched (quick_tiers)
@@ -160,7 +165,6 @@ def test_fast_engine_trace_opens_in_the_walkthrough(tmp_path):
 @pytest.mark.parametrize("options,message", [
     (dict(algo="dflash"), "--backend fast runs every --algo but dflash"),
     (dict(algo="eagle", temperature=1.0, acceptance="tree_rejection"), "runs --acceptance greedy, target_only"),
-    (dict(algo="ngram", temperature=1.0, acceptance="vllm"), "chains of one length"),
     (dict(algo="eagle", batch=65), "at most 64 requests"),
     (dict(algo="none", dtype="bfloat16"), "no bfloat16"),
 ])

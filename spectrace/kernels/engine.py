@@ -34,14 +34,13 @@ so a graph replays it without the host:
 
 What it runs: none, standalone, eagle, eagle3, nextn/mtp, FROZEN_KV_MTP (fast_frozen_kv_mtp.py),
 chains and trees; Medusa's static tree (fast_medusa.py); n-gram drafted on the host by the
-explicit drafters (fast_ngram.py). Greedy
-acceptance, at temperature > 0 SGLang's target_only over the deterministic tree, and for chains of
-drafts sampled from q SGLang's rejection sampling and vLLM's rejection sampler; Medusa's typical
-acceptance over any tree (fast_typical.py). Adaptive steps: a set of graphs per tier, switched
-between steps. Every random
-number is drawn on the host from its request's generator in the explicit engine's order (the
-draft loop's race noise, then the rule's) and copied in before the launch. DFLASH and
-tree_rejection run on --backend explicit or triton. Prefill is a graph
+explicit drafters (fast_ngram.py); adaptive steps (a set of graphs per tier, switched between
+steps). Greedy acceptance, at temperature > 0 SGLang's target_only over the deterministic tree,
+for chains of drafts sampled from q SGLang's rejection sampling and vLLM's rejection sampler
+(which also takes n-gram's one-hot chains), and Medusa's typical acceptance over any tree
+(fast_typical.py). Every random number is drawn on the host from its request's generator in the
+explicit engine's order (the draft loop's race noise, then the rule's) and copied in before the
+launch. DFLASH and tree_rejection run on --backend explicit or triton. Prefill is a graph
 too, every prompt padded to the run's longest. On a CPU (TRITON_INTERPRET=1) the same code runs
 eagerly, which is how the parity tests check it against the explicit engine.
 """
@@ -91,9 +90,6 @@ def check_fast(spec: SpecConfig, batch: int) -> None:
     if spec.acceptance not in FAST_RULES:
         raise SpectraceError(f"--backend fast runs --acceptance {', '.join(FAST_RULES)}; run --acceptance "
                              f"{spec.acceptance} on --backend explicit or triton")
-    if spec.acceptance == "vllm" and spec.algo == "ngram":
-        raise SpectraceError("--backend fast verifies vLLM's rejection sampler over chains of one length; n-gram's "
-                             "vary: run --algo ngram --acceptance vllm on --backend explicit or triton")
     if batch > BUCKETS[-1]:
         raise SpectraceError(f"--backend fast captures batches of at most {BUCKETS[-1]} requests, not {batch}")
 
@@ -525,7 +521,8 @@ class FastEngine:
         if self.spec.acceptance == "vllm":
             for name in ("bonus_noise", "inv_q"):
                 self.upload(getattr(self, name), torch.stack([getattr(d, name) if d else torch.ones(V) for d in trees]))
-            self.upload(self.uniforms, [d.uniforms.tolist() if d else [0.0] * (self.n - 1) for d in trees])
+            self.upload(self.uniforms, torch.stack([F.pad(d.uniforms, (0, self.n - 1 - len(d.uniforms))) if d else
+                                                    torch.zeros(self.n - 1, dtype=torch.float64) for d in trees]))
         else:  # SGLang's coins (typical draws the final one only)
             self.upload(self.coins, [F.pad(d.coins, (0, self.n - len(d.coins))).tolist()
                                      if d is not None and d.coins is not None else [0.0] * self.n for d in trees])
@@ -786,24 +783,32 @@ class FastEngine:
                              [torch.cat(a) for a in zip(*(o.aux_hidden_states for o in outs))])
 
     def vllm_verify(self, predicts: torch.Tensor, candidates: torch.Tensor, p: torch.Tensor) -> None:
-        """vLLM's rejection sampler over each request's chain of k = n - 1 sampled drafts
-        (acceptance/vllm.py: vllm_accept; kernels/vllm.py): the bonus from the Sampler's race on p
-        after the last draft, recovered tokens, then the walk; its output as SGLang's path."""
+        """vLLM's rejection sampler over each request's chain of sampled drafts (acceptance/vllm.py:
+        vllm_accept; kernels/vllm.py): the bonus from the Sampler's race on p after the last draft,
+        recovered tokens, then the walk; its output as SGLang's path. A model drafter's chains all
+        hold k = n - 1 drafts; n-gram's vary per request (its one-hot drafts: q None), so the
+        drafts are packed as vLLM packs them, request after request, into a buffer of bs * k rows
+        (cu_num_draft_tokens says where each request's end)."""
         bs, n, device = self.bs, self.n, self.device
         k = n - 1
-        cu = (torch.arange(bs, device=device) + 1) * k
-        drafts = candidates[:, 1:].flatten()
-        target = p[:, :k].reshape(bs * k, -1)
-        q = self.draft_probs.reshape(bs * k, -1)
-        bonus = torch.argmax(p[:, k] / self.bonus_noise, dim=-1)
+        counts = self.host.num_drafts if self.host else torch.full((bs,), k, device=device)
+        cu = counts.cumsum(0)
+        j = torch.arange(k, device=device)
+        packed = torch.where(j < counts[:, None], (cu - counts)[:, None] + j, bs * k).flatten()  # bs * k: dropped
+
+        def pack(x: torch.Tensor) -> torch.Tensor:  # (bs, k, ...) -> (bs * k, ...), request after request
+            out = x.new_zeros((bs * k + 1,) + x.shape[2:])
+            return out.index_copy_(0, packed, x.flatten(0, 1))[:-1]
+
+        drafts, target, uniforms = pack(candidates[:, 1:]), pack(p[:, :k]), pack(self.uniforms)
+        q = pack(self.draft_probs) if self.draft_probs is not None else None
+        bonus = torch.argmax(p[torch.arange(bs, device=device), counts] / self.bonus_noise, dim=-1)
         recovered = vllm_kernels.sample_recovered_tokens(k, [k] * bs, cu, drafts, q, target, self.inv_q)
         out = torch.full((bs, n), -1, dtype=torch.int32, device=device)
-        vllm_kernels.rejection_random_sample(out, cu, drafts, q, target, bonus[:, None], recovered,
-                                             self.uniforms.flatten(), None, k)
+        vllm_kernels.rejection_random_sample(out, cu, drafts, q, target, bonus[:, None], recovered, uniforms, None, k)
         self.accept_num.copy_((out != -1).sum(dim=1) - 1)
-        j = torch.arange(n, device=device)
-        rows = torch.arange(bs, device=device)[:, None] * n + j
-        self.accept_index.copy_(torch.where(j <= self.accept_num[:, None], rows, -1))
+        rows = torch.arange(bs, device=device)[:, None] * n + torch.arange(n, device=device)
+        self.accept_index.copy_(torch.where(torch.arange(n, device=device) <= self.accept_num[:, None], rows, -1))
         last = torch.arange(bs, device=device) * n + self.accept_num
         predicts.scatter_(0, last, out.gather(1, self.accept_num[:, None]).flatten().long())
 

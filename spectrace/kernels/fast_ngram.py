@@ -20,7 +20,7 @@ from spectrace.core.tree import DraftTree
 class HostDraft:
     """An explicit n-gram drafter and the device buffers its trees are copied into, one row per
     request of the bucket: tokens (root slot unused: the engine's roots), (n, n) masks, depths,
-    the retrive_* lists, and whether the request drafted anything."""
+    the retrive_* lists, whether the request drafted anything and how many drafts."""
 
     def __init__(self, drafter, bs: int, n: int, device: torch.device):
         self.drafter, self.bs, self.n, self.device = drafter, bs, n, device
@@ -30,6 +30,7 @@ class HostDraft:
         self.retrive_next_token = torch.full((bs, n), -1, dtype=torch.int64, device=device)
         self.retrive_next_sibling = torch.full((bs, n), -1, dtype=torch.int64, device=device)
         self.drafted = torch.zeros(bs, dtype=torch.bool, device=device)
+        self.num_drafts = torch.zeros(bs, dtype=torch.int64, device=device)  # vLLM's num_draft_tokens
         self.tree: DraftTree | None = None  # the last step's trees, as the explicit drafter made them
         self.index: dict[int, int] = {}  # bucket row -> its request's index in `tree`
         self.sizes = [1] * bs  # nodes of each row's tree, root included (1: nothing drafted)
@@ -64,5 +65,5 @@ class HostDraft:
         self.tree, self.index, self.sizes = tree, {r.req_pool_idx: i for i, r in enumerate(live)}, sizes
         for buffer, value in ((self.tokens, tokens), (self.masks, masks), (self.depths, depths),
                               (self.retrive_next_token, next_token), (self.retrive_next_sibling, next_sibling),
-                              (self.drafted, torch.tensor(sizes) > 1)):
+                              (self.drafted, torch.tensor(sizes) > 1), (self.num_drafts, torch.tensor(sizes) - 1)):
             buffer.copy_(value.pin_memory() if self.device.type == "cuda" else value, non_blocking=True)
