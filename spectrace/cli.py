@@ -88,8 +88,7 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=["explicit", "triton", "fast"], default="explicit",
                    help="triton: the hot operations through the Triton twins; fast: the whole batch's step on "
                         "the twins, CUDA graphs on a GPU (every algorithm but dflash, adaptive steps included; "
-                        "greedy, target_only, typical, and rejection and vllm for chains). On a CPU both need "
-                        "TRITON_INTERPRET=1 and float32 or float16")
+                        "every --acceptance). On a CPU both need TRITON_INTERPRET=1 and float32 or float16")
     p.add_argument("--deterministic", action="store_true",
                    help="batch-invariant verify: every node computed as a one-token decode computes it, so "
                         "greedy output is bit-identical to plain decoding's in any dtype (slower; backends "

@@ -43,6 +43,8 @@ CASES = [  # (algo, options): batch 3 is a ragged batch in a bucket of 4 (one pa
     # (the second request's drafts first when the first has none)
     ("ngram", dict(batch=2, prompts=[HELD_OUT_PROMPTS[0], REPEATING_PROMPTS[0]], prompt_lookup_min=1,
                    prompt_lookup_max=3, temperature=0.5, seed=11, acceptance="vllm")),
+    # a sampled tree ranked by each request's sibling worth, walked by recursive rejection sampling
+    ("eagle", dict(topk=4, batch=2, temperature=1.0, seed=12, acceptance="tree_rejection")),
     ("medusa", dict(batch=2, temperature=1.0, seed=9, acceptance="typical")),  # Medusa's own rule
     ("eagle", dict(topk=4, batch=1, temperature=0.7, seed=10, acceptance="typical")),
     ("eagle", dict(topk=1, num_steps=3, adaptive=True, batch=2)),  # tiers switched (quick_tiers)
@@ -144,7 +146,9 @@ def test_fast_engine_decides_every_step_as_the_explicit_one(algo, options, tmp_p
         assert {r["adaptive"]["switched_to"] for r in step_records(fast_trace)} > {None}, "no tier switched"
     for key in ("completion_tokens", "verify_ct", "accept_length", "accept_rate", "accept_len_histogram"):
         assert fast.metrics[key] == explicit.metrics[key], key
-    if algo != "mtp" and not options.get("adaptive"):  # the loop without a trace: overlapped, or tiers
+    # the loop without a trace: overlapped, or (adaptive tiers, tree_rejection's sibling worth) fed
+    # by the step's counts from the device alone
+    if algo != "mtp" and not options.get("adaptive") and options.get("acceptance") != "tree_rejection":
         return
     # without a trace the next step is launched before the last is read (overlap): the same run
     untraced = run(RunConfig(algo=algo, backend="fast", trace_level="off", max_new_tokens=6, **options))
@@ -164,7 +168,6 @@ def test_fast_engine_trace_opens_in_the_walkthrough(tmp_path):
 
 @pytest.mark.parametrize("options,message", [
     (dict(algo="dflash"), "--backend fast runs every --algo but dflash"),
-    (dict(algo="eagle", temperature=1.0, acceptance="tree_rejection"), "runs --acceptance greedy, target_only"),
     (dict(algo="eagle", batch=65), "at most 64 requests"),
     (dict(algo="none", dtype="bfloat16"), "no bfloat16"),
 ])

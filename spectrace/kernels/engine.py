@@ -37,10 +37,12 @@ chains and trees; Medusa's static tree (fast_medusa.py); n-gram drafted on the h
 explicit drafters (fast_ngram.py); adaptive steps (a set of graphs per tier, switched between
 steps). Greedy acceptance, at temperature > 0 SGLang's target_only over the deterministic tree,
 for chains of drafts sampled from q SGLang's rejection sampling and vLLM's rejection sampler
-(which also takes n-gram's one-hot chains), and Medusa's typical acceptance over any tree
-(fast_typical.py). Every random number is drawn on the host from its request's generator in the
-explicit engine's order (the draft loop's race noise, then the rule's) and copied in before the
-launch. DFLASH and tree_rejection run on --backend explicit or triton. Prefill is a graph
+(which also takes n-gram's one-hot chains), for sampled trees tree_rejection
+(fast_tree_rejection.py; its trees ranked by sibling worth the host keeps from the walk's
+counts), and Medusa's typical acceptance over any tree (fast_typical.py). Every random number is
+drawn on the host from its request's generator in the explicit engine's order (the draft loop's
+race noise, then the rule's) and copied in before the launch. DFLASH runs on --backend explicit
+or triton. Prefill is a graph
 too, every prompt padded to the run's longest. On a CPU (TRITON_INTERPRET=1) the same code runs
 eagerly, which is how the parity tests check it against the explicit engine.
 """
@@ -54,6 +56,7 @@ import torch.nn.functional as F
 from spectrace.algos import ALGOS
 from spectrace.core.adaptive import AdaptiveSpeculativeParams
 from spectrace.core.acceptance import RULES, AcceptResult, Randoms, bonus_from
+from spectrace.core.acceptance.tree_rejection import SiblingStats
 from spectrace.core.batch import ForwardBatch
 from spectrace.core.drafters import SampledDrafts
 from spectrace.core.drafters.eagle_worker import draft_candidates, draft_forward, level_tensors
@@ -73,13 +76,12 @@ from spectrace.kernels import vllm as vllm_kernels
 from spectrace.kernels.fast_frozen_kv_mtp import FastFrozenKVMtp
 from spectrace.kernels.fast_medusa import FastMedusa
 from spectrace.kernels.fast_ngram import HostDraft
+from spectrace.kernels.fast_tree_rejection import tree_rejection_accept
 from spectrace.kernels.fast_typical import typical_accept
 from spectrace.kernels import backend  # noqa: F401  (registers the twins: the models' attention runs through them)
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # batch sizes a run is padded up to, one set of graphs each
 NOT_FAST = ("dflash",)  # the algorithms the fast engine does not run (yet)
-# target_only verifies the deterministic top-k tree; rejection and vllm sample a chain's drafts from q
-FAST_RULES = ("greedy", "target_only", "rejection", "vllm", "typical")
 
 
 def check_fast(spec: SpecConfig, batch: int) -> None:
@@ -87,9 +89,6 @@ def check_fast(spec: SpecConfig, batch: int) -> None:
     if spec.algo in NOT_FAST:
         raise SpectraceError(f"--backend fast runs every --algo but {', '.join(NOT_FAST)}; run {spec.algo} on "
                              "--backend explicit or triton")
-    if spec.acceptance not in FAST_RULES:
-        raise SpectraceError(f"--backend fast runs --acceptance {', '.join(FAST_RULES)}; run --acceptance "
-                             f"{spec.acceptance} on --backend explicit or triton")
     if batch > BUCKETS[-1]:
         raise SpectraceError(f"--backend fast captures batches of at most {BUCKETS[-1]} requests, not {batch}")
 
@@ -314,6 +313,10 @@ class FastEngine:
         loop = self.drafter or self.frozen  # the EAGLE draft loop's drafter
         self.draft_probs = None  # (bs, n-1, V) q at each node's parent: sampled rules, --record-probs
         self.sampled = self.rule.samples_drafts and loop is not None  # drafts sampled from q
+        # tree_rejection's trees: ranked by what each sibling rank was worth on the request's earlier
+        # steps (SiblingStats, on the host, fed by the walk's counts), copied in before each step
+        self.ranks_worth = spec.acceptance == "tree_rejection" and self.K > 1
+        self.worth = torch.ones(self.bs, self.K, device=self.device)
         self.vocab = V = target.config.vocab_size
         if self.sampled:
             loop.temperature = spec.temperature  # q at the run's temperature, as the explicit drafters
@@ -398,12 +401,14 @@ class FastEngine:
         GPU runs it while the host checks EOS and lengths (SGLang's overlap scheduler); a request
         that finished runs one step more, frozen, whose tokens nobody reads."""
         reqs = [Request(i, list(p), gen=request_generator(self.spec.seed, i)) for i, p in enumerate(prompts)]
+        self.sibling_stats = {r.req_pool_idx: SiblingStats(self.K) for r in reqs}
         t0 = time.perf_counter()
         self.prefill(reqs)
         pending = self.launch(reqs) if any(not r.finish_reason for r in reqs) else None
         # n-gram drafts from the last step's tokens, an adaptive step's tier follows the last
         # step's acceptance: neither overlaps
-        overlap = not self.recording and not self.host and not self.adaptive
+        # (and tree_rejection's next tree is ranked by this step's walk)
+        overlap = not self.recording and not self.host and not self.adaptive and not self.ranks_worth
         while pending is not None:
             ahead = self.launch(reqs) if overlap else None
             self.finish_step(reqs, pending)
@@ -528,6 +533,8 @@ class FastEngine:
                                      if d is not None and d.coins is not None else [0.0] * self.n for d in trees])
             self.upload(self.coin_final, [float(d.coin_final) if d else 0.0 for d in trees])
         self.upload(self.coin64, [d if isinstance(d, float) else 0.0 for d in draws])
+        if self.ranks_worth:
+            self.upload(self.worth, torch.stack([self.sibling_stats[r.req_pool_idx].worth() for r in reqs]))
         return draws
 
     def upload(self, buffer: torch.Tensor, rows) -> None:
@@ -565,6 +572,9 @@ class FastEngine:
             size = self.host.sizes[b] if self.host else self.n if self.drafts else 1
             self.metrics.observe(b, self.step_count, timing, len(committed), num, size - 1 if size > 1 else None,
                                  num + 1, adaptive and adaptive["num_steps"])
+            if self.ranks_worth:  # the walk's tries and acceptances by sibling rank rank the next trees
+                counts = rows[b][self.S + 1:-1]
+                self.sibling_stats[r.req_pool_idx].add(counts[:self.K], counts[self.K:])
             if self.recording:
                 randoms = launched["randoms"][b] if launched["randoms"] else None
                 rec = self.record(b, r, host, rows[b][:num + 1], randoms, committed, launched["before"][b], timing,
@@ -605,7 +615,8 @@ class FastEngine:
                 self.keep_tree_rows()
             return
         K, S, n = self.K, self.S, self.n
-        sampled = SampledDrafts(None, noise=iter(self.noise)) if self.sampled else None
+        sampled = SampledDrafts(None, self.worth if self.ranks_worth else None, iter(self.noise)) if self.sampled \
+            else None
         if self.frozen:  # the assistant's pass at the root first (it keeps no q between steps)
             probs, hidden = self.frozen.forward(self.roots, self.frozen.seed, 1)
             levels = draft_forward(lambda i, ids, h, parents: self.frozen.forward(ids, h, K), probs, hidden, S, K,
@@ -734,6 +745,13 @@ class FastEngine:
                 self.accept_index.copy_(index)
                 self.accept_num.copy_(num)
                 predicts.scatter_(0, index.gather(1, num[:, None]).flatten(), bonus)
+            elif self.spec.acceptance == "tree_rejection":
+                index, num, bonus, self.tried, self.accepted = tree_rejection_accept(
+                    p, self.draft_probs, candidates, next_token, next_sibling, self.coins, self.coin_final,
+                    sample_rows, S, self.K)
+                self.accept_index.copy_(index)
+                self.accept_num.copy_(num)
+                predicts.scatter_(0, index.gather(1, num[:, None]).flatten(), bonus)
             elif self.spec.acceptance == "rejection":
                 sglang.chain_speculative_sampling(predicts, self.accept_index, self.accept_num, candidates,
                                                   retrive_index, self.coins, self.coin_final, p, self.draft_probs)
@@ -748,7 +766,9 @@ class FastEngine:
             bonus = torch.where(self.host.drafted, bonus, self.next_tokens(self.logits.view(bs, n, -1)[:, 0]))
         self.accept_tokens = torch.where(j < self.accept_num[:, None], drafts,
                                          torch.where(j == self.accept_num[:, None], bonus[:, None], -1))
-        self.step_out = torch.cat([self.accept_tokens, self.accept_num[:, None]], dim=1)  # what the host reads
+        # what the host reads: accept_tokens, (tree_rejection: tries and acceptances by rank,) accept_num
+        counts = [self.tried, self.accepted] if self.spec.acceptance == "tree_rejection" and self.drafts else []
+        self.step_out = torch.cat([self.accept_tokens, *counts, self.accept_num[:, None]], dim=1)
         self.commit(path - (torch.arange(bs, device=device) * n)[:, None], j)
         self.roots.copy_(torch.where(self.live, bonus, self.roots))
 
@@ -859,6 +879,7 @@ class FastEngine:
         device_tree = self.drafts and not self.host  # n-gram's trees are on the host already
         if device_tree:
             names += ["tree_rows", "q", "scores"] + (["draft_probs"] if self.draft_probs is not None else [])
+            names += ["worth"] if self.ranks_worth else []
         host = {name: getattr(self, name).cpu() for name in names}
         greedy = self.sampling.greedy  # p as the trace shows it: softmax at temperature 0, else after T, top-k, top-p
         p = torch.softmax(self.logits, dim=-1) if greedy else probs_from_logits(self.logits, self.sampling)
@@ -891,7 +912,7 @@ class FastEngine:
                 draft_tokens=host["draft_tokens"], tree_mask=host["tree_rows"], positions=host["positions"],
                 retrive_index=host["retrive_index"], retrive_next_token=host["retrive_next_token"],
                 retrive_next_sibling=host["retrive_next_sibling"], q=host["q"], scores=host["scores"],
-                draft_topk=host["draft_topk"], candidates=host["candidates"])
+                draft_topk=host["draft_topk"], candidates=host["candidates"], sibling_worth=host.get("worth"))
         row = StepRow(r, seq_before, None, None, b=i, drafted=size > 1, committed=committed)
         row.target_predict = host["target_predict"][b, :size].tolist()
         row.target_probs = host["target_probs"][b, :size]

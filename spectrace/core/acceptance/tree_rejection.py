@@ -92,9 +92,16 @@ class SiblingStats:
     def observe(self, decisions: list[dict], retrive_next_token: list[int], retrive_next_sibling: list[int]) -> None:
         rank = {c: j for node in range(len(retrive_next_token))  # node -> its index among its parent's children
                 for j, c in enumerate(children(node, retrive_next_token, retrive_next_sibling))}
+        tried, accepted = torch.zeros_like(self.tried), torch.zeros_like(self.accepted)
         for d in decisions:
-            self.tried[rank[d["node"]]] += 1
-            self.accepted[rank[d["node"]]] += d["accepted"]
+            tried[rank[d["node"]]] += 1
+            accepted[rank[d["node"]]] += d["accepted"]
+        self.add(tried, accepted)
+
+    def add(self, tried, accepted) -> None:
+        """(K,) tries and acceptances by sibling rank, from one step's walk."""
+        self.tried += torch.as_tensor(tried, dtype=self.tried.dtype)
+        self.accepted += torch.as_tensor(accepted, dtype=self.accepted.dtype)
 
     def worth(self) -> torch.Tensor:
         """(K,) a_j = r_j * prod_{i<j} (1 - r_i), made non-increasing (a later draw is only
