@@ -393,7 +393,7 @@ def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = N
     prompts = resolve_prompts(cfg.prompts, cfg.batch)
     if cfg.backend == "fast":  # before any model is loaded
         from spectrace.kernels.engine import check_fast
-        check_fast(spec, len(prompts))
+        check_fast(len(prompts))
     trace_path = Path(cfg.trace or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.algo}.jsonl")
     tok = load_tokenizer(cfg.target_model)
     writer = None

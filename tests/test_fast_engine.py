@@ -26,6 +26,7 @@ CASES = [  # (algo, options): batch 3 is a ragged batch in a bucket of 4 (one pa
     ("mtp", dict(topk=1, num_steps=3, batch=1)),
     ("frozen_kv_mtp", dict(topk=2, num_steps=3, num_draft_tokens=5, batch=1)),  # reads the target's KV
     ("medusa", dict(batch=1)),  # the static tree of 24 choices, depth 3
+    ("dflash", dict(batch=2)),  # a block of 8 in one non-causal pass over each request's context
     ("ngram", dict(batch=2, prompt_lookup_min=1, prompt_lookup_max=3)),  # chains of 0..5 drafted on the host
     ("ngram", dict(batch=2, ngram_style="sglang")),  # SGLang's trie: trees of 12 nodes
     # SGLang's stochastic default: target_only over the top-k tree, the same coins; and plain sampling
@@ -38,6 +39,7 @@ CASES = [  # (algo, options): batch 3 is a ragged batch in a bucket of 4 (one pa
     # rejection sampling or vLLM's rejection sampler
     ("eagle", dict(topk=1, num_steps=3, batch=2, temperature=0.9, seed=6, acceptance="rejection")),
     ("standalone", dict(batch=2, temperature=1.0, seed=7, acceptance="vllm")),
+    ("dflash", dict(batch=2, temperature=1.0, seed=13, acceptance="vllm")),  # one-hot drafts: q None
     ("frozen_kv_mtp", dict(topk=1, num_steps=3, batch=2, temperature=1.0, seed=8, acceptance="vllm")),
     # vLLM's sampler over n-gram chains, 0 or 5 drafts per request, packed as vLLM packs them
     # (the second request's drafts first when the first has none)
@@ -167,7 +169,6 @@ def test_fast_engine_trace_opens_in_the_walkthrough(tmp_path):
 
 
 @pytest.mark.parametrize("options,message", [
-    (dict(algo="dflash"), "--backend fast runs every --algo but dflash"),
     (dict(algo="eagle", batch=65), "at most 64 requests"),
     (dict(algo="none", dtype="bfloat16"), "no bfloat16"),
 ])

@@ -73,6 +73,7 @@ from spectrace.core.tree import DraftTree, TreeMaskMode, organize_draft_results
 from spectrace.errors import SpectraceError
 from spectrace.kernels import attention, sglang
 from spectrace.kernels import vllm as vllm_kernels
+from spectrace.kernels.fast_dflash import FastDFlash
 from spectrace.kernels.fast_frozen_kv_mtp import FastFrozenKVMtp
 from spectrace.kernels.fast_medusa import FastMedusa
 from spectrace.kernels.fast_ngram import HostDraft
@@ -81,14 +82,10 @@ from spectrace.kernels.fast_typical import typical_accept
 from spectrace.kernels import backend  # noqa: F401  (registers the twins: the models' attention runs through them)
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # batch sizes a run is padded up to, one set of graphs each
-NOT_FAST = ("dflash",)  # the algorithms the fast engine does not run (yet)
 
 
-def check_fast(spec: SpecConfig, batch: int) -> None:
-    """One line for what the fast engine does not run."""
-    if spec.algo in NOT_FAST:
-        raise SpectraceError(f"--backend fast runs every --algo but {', '.join(NOT_FAST)}; run {spec.algo} on "
-                             "--backend explicit or triton")
+def check_fast(batch: int) -> None:
+    """One line for what the fast engine does not run: a batch over its largest bucket."""
     if batch > BUCKETS[-1]:
         raise SpectraceError(f"--backend fast captures batches of at most {BUCKETS[-1]} requests, not {batch}")
 
@@ -260,7 +257,7 @@ class FastEngine:
         Fusing changes the models in place (their modules' forwards), wherever they run next.
         medusa_tree, ngram: --algo medusa's static tree, --algo ngram's NgramConfig (run.py
         resolves both); probs: keeps each walk's inputs for `spectrace rejudge` (--record-probs)."""
-        check_fast(spec, len(prompt_ids))
+        check_fast(len(prompt_ids))
         self.target, self.spec, self.trace, self.on_step = target, spec, trace, on_step
         self.recording, self.probs = trace is not None or on_step is not None, probs
         self.eos = set(eos_token_ids)
@@ -277,19 +274,22 @@ class FastEngine:
         committed = max(len(p) for p in prompt_ids) + spec.max_new_tokens + 2 * (S + 1)
         self.kv = StaticKV(target, self.bs, committed + n)
         dtype = target.lm_head.weight.dtype
-        self.medusa = None  # the static tree's drafter, or the draft loop's (drafter), or none
+        self.medusa = None  # Medusa's static tree
         if spec.algo == "medusa":
             self.medusa = FastMedusa(draft, medusa_tree, self.bs, torch.zeros(
                 self.bs, target.config.hidden_size, dtype=dtype, device=self.device), spec.trace_topk)
+        self.dflash = FastDFlash(draft, target, self.bs, committed + n, spec.trace_topk) if spec.algo == "dflash" \
+            else None
+        self.static = self.medusa or self.dflash  # one pass into a tree of a fixed shape
         self.host = None  # n-gram: drafted on the host (kernels/fast_ngram.py)
         if spec.algo == "ngram":
             self.host = HostDraft((ngram or NgramConfig()).drafter(S, n, target.config.max_position_embeddings,
                                                                    "cpu"), self.bs, n, self.device)
         self.frozen = FastFrozenKVMtp(draft, target, self.kv, self.bs) if spec.algo == "frozen_kv_mtp" else None
-        self.drafter = (DraftModel(spec.algo, draft, target) if draft is not None and not self.medusa
+        self.drafter = (DraftModel(spec.algo, draft, target) if draft is not None and not self.static
                         and not self.frozen else None)  # the draft loop's model, with a draft KV
-        self.drafts = any(d is not None for d in (self.drafter, self.frozen, self.medusa, self.host))
-        self.capture_layers = self.drafter.capture_layers if self.drafter else ()
+        self.drafts = any(d is not None for d in (self.drafter, self.frozen, self.static, self.host))
+        self.capture_layers = (self.drafter or self.dflash).capture_layers if self.drafter or self.dflash else ()
         if self.drafter is not None:  # + the draft loop's scratch or the padded extend
             self.draft_kv = StaticKV(draft, self.bs, committed + max(S + 1, self.K * max(S - 1, 0)))
             H = draft.config.hidden_size
@@ -465,6 +465,9 @@ class FastEngine:
         for seed in (self.medusa.last_hidden if self.medusa else None, self.frozen.seed if self.frozen else None):
             if seed is not None:  # heads without KV read the hidden state whose lm_head gave the first token
                 seed.copy_(out.hidden_states[last])
+        if self.dflash:  # the prompt's context K/V (its padding rows land past each prompt, masked)
+            features = torch.cat(out.aux_hidden_states, dim=-1).view(bs, L, -1)
+            self.dflash.write(features, torch.zeros_like(self.prompt_lens))
         if not self.drafter:
             return
         width = L if self.drafter.is_head else L + 1
@@ -601,14 +604,15 @@ class FastEngine:
     def draft(self) -> None:
         """DRAFT: num_steps levels of K paths (select_top_k_tokens), the n - 1 best candidates
         (organize_draft_results), the tree with its FULL_MASK over each prefix (build_tree).
-        Medusa: one pass of the heads into the static tree (kernels/fast_medusa.py)."""
-        if self.medusa:
-            tree = self.medusa.draft(self.roots, self.kv.seq_lens)
-            self.tree_mask = full_mask(self.medusa.masks, self.kv.seq_lens, self.mask_capacity)
+        Medusa and DFLASH: one pass into a tree of a fixed shape, Medusa's static tree
+        (kernels/fast_medusa.py) or DFLASH's block chain (kernels/fast_dflash.py)."""
+        if self.static:
+            tree = self.static.draft(self.roots, self.kv.seq_lens)
+            self.tree_mask = full_mask(self.static.masks, self.kv.seq_lens, self.mask_capacity)
             self.positions, self.draft_tokens = tree["positions"], tree["draft_tokens"]
-            self.retrive_index = self.medusa.retrive_index
-            self.retrive_next_token, self.retrive_next_sibling = (self.medusa.retrive_next_token,
-                                                                  self.medusa.retrive_next_sibling)
+            self.retrive_index = self.static.retrive_index
+            self.retrive_next_token, self.retrive_next_sibling = (self.static.retrive_next_token,
+                                                                  self.static.retrive_next_sibling)
             if self.recording:
                 self.q, self.scores, self.draft_top = tree["q"], tree["scores"], tree["draft_top"]
                 self.candidates = None
@@ -851,6 +855,10 @@ class FastEngine:
         """EXTEND (DRAFT_EXTEND): each request's accept_tokens, padded to num_steps + 1, with the
         features of the accepted path's rows (root .. last correct draft) for a head; q and the
         output after the last real row are what the next DRAFT starts from."""
+        if self.dflash:  # the accepted rows' context, after the columns committed before this step
+            self.dflash.write(self.features[self.accept_index.clamp(min=0)],
+                              self.kv.seq_lens - torch.where(self.live, self.accept_num + 1, 0))
+            return
         if self.medusa or self.frozen:  # no KV: they read the hidden state of the last accepted row
             last_row = self.accept_index.gather(1, self.accept_num[:, None]).clamp(min=0).flatten()
             h = self.medusa.last_hidden if self.medusa else self.frozen.seed

@@ -1,0 +1,62 @@
+"""DFLASH on the fast engine (kernels/engine.py): drafters/dflash.py's block drafter with the
+batch on the device, graph-safe.
+
+The explicit drafter keeps each request's context keys and values in a list that grows by
+torch.cat as tokens commit; here each draft layer's context lives in a static buffer
+(bs, columns, kvh, d), request b in row b, column t holding committed token t. A request's
+context always covers exactly its committed target KV, so the engine's seq_lens say how much
+of a row is real: DRAFT masks the columns past it, EXTEND writes the accepted rows' context at
+the columns after the last commit (the rows past accept_num land past the new end, where the
+mask hides them until they are overwritten). The block is one non-causal pass over every
+request; its chain (topk 1) is static like Medusa's tree, so the engine handles both alike.
+"""
+from __future__ import annotations
+
+import torch
+
+from spectrace.core.drafters.dflash import DFlashDraftModel
+
+
+class FastDFlash:
+    """The block drafter, its context buffers and the chain's fixed shape: (n, n) causal masks
+    and retrive_* lists, n = block_size."""
+
+    def __init__(self, model: DFlashDraftModel, target, bs: int, columns: int, trace_topk: int):
+        p = next(model.parameters())
+        cfg, device = model.config, p.device
+        self.model, self.embed, self.lm_head = model, target.model.embed_tokens, target.lm_head
+        self.capture_layers = model.capture_layers
+        self.n = n = model.block_size
+        self.ctx = [tuple(torch.zeros(bs, columns, cfg.num_key_value_heads, cfg.head_dim, dtype=p.dtype,
+                                      device=device) for _ in range(2)) for _ in model.layers]
+        self.columns = torch.arange(columns, device=device)
+        self.offsets = torch.arange(n, device=device)
+        self.block = torch.full((bs, n), model.mask_token_id, device=device)  # [root, MASK, ..., MASK]
+        self.masks = torch.ones(n, n, dtype=torch.bool, device=device).tril().expand(bs, n, n)  # a chain
+        chain = torch.where(self.offsets < n - 1, self.offsets + 1, -1)
+        self.retrive_next_token = chain.expand(bs, n).contiguous()
+        self.retrive_next_sibling = torch.full((bs, n), -1, device=device)
+        self.retrive_index = torch.arange(bs * n, device=device).view(bs, n)
+        self.width = max(trace_topk, 1)
+
+    def write(self, features: torch.Tensor, starts: torch.Tensor) -> None:
+        """The context K/V of features (bs, T, F), the target's captured rows, into columns
+        starts[b] .. starts[b] + T - 1 of each row (drafters/dflash.py: _extend)."""
+        bs, T = features.shape[:2]
+        cols = starts[:, None] + torch.arange(T, device=starts.device)
+        rows = torch.arange(bs, device=starts.device)[:, None]
+        for (k_buf, v_buf), (k, v) in zip(self.ctx, self.model.context_kv(features, cols)):
+            k_buf[rows, cols] = k
+            v_buf[rows, cols] = v
+
+    def draft(self, roots: torch.Tensor, seq_lens: torch.Tensor) -> dict:
+        """Every request's block after its committed context (seq_lens): drafts are each row's
+        argmax; q, path scores (the product of q) and each row's top-k for the trace."""
+        self.block[:, 0] = roots
+        positions = seq_lens[:, None] + self.offsets
+        h = self.model(self.embed(self.block), positions, self.ctx, self.columns < seq_lens[:, None])
+        probs = torch.softmax(self.lm_head(h[:, 1:]).float(), dim=-1)  # (bs, n-1, V)
+        q, drafts = probs.max(dim=-1)
+        top = torch.topk(probs, min(self.width, probs.shape[-1]), dim=-1)
+        return {"draft_tokens": torch.cat([roots[:, None], drafts], dim=1), "positions": positions, "q": q,
+                "scores": torch.cumprod(q, dim=1), "draft_top": (top.values, top.indices)}
