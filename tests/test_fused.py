@@ -58,11 +58,12 @@ def test_split_rope_equals_the_explicit_projections_and_rope(tokens, heads, head
 
 @settings(max_examples=10, deadline=None)
 @given(rows=st.integers(0, 4), inner=st.sampled_from([3, 64, 1500]), dtype=st.sampled_from(DTYPES),
-       seed=st.integers(0, 2**16))
-def test_silu_mul_equals_swiglu(rows, inner, dtype, seed):
+       seed=st.integers(0, 2**16), lead=st.sampled_from([(), (3,)]))
+def test_silu_mul_equals_swiglu(rows, inner, dtype, seed, lead):
+    """(N, 2I) rows, and (bs, block, 2I) as DFLASH's block runs."""
     torch.manual_seed(seed)
-    gate_up = (torch.randn(rows, 2 * inner) * 4).to(DEVICE, dtype)
-    gate, up = gate_up.split(inner, dim=1)
+    gate_up = (torch.randn(*lead, rows, 2 * inner) * 4).to(DEVICE, dtype)
+    gate, up = gate_up.split(inner, dim=-1)
     assert_equal_or_ulp(fused.silu_mul(gate_up), F.silu(gate) * up)
 
 

@@ -116,12 +116,15 @@ def _silu_mul_kernel(gate_up, out, I: tl.constexpr, BLOCK: tl.constexpr):
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """gate_up (N, 2I) = [gate | up] -> silu(gate) * up (N, I): the SwiGLU between MLP's GEMMs."""
-    N, I = gate_up.shape[0], gate_up.shape[1] // 2
+    """gate_up (..., 2I) = [gate | up] -> silu(gate) * up (..., I): the SwiGLU between MLP's GEMMs
+    (DFLASH's block runs (bs, block, H) through the layers, the others (N, H))."""
+    lead, I = gate_up.shape[:-1], gate_up.shape[-1] // 2
+    gate_up = gate_up.reshape(-1, 2 * I).contiguous()
+    N = gate_up.shape[0]
     out = gate_up.new_empty(N, I)
     if N:
-        _silu_mul_kernel[(N, triton.cdiv(I, 1024))](gate_up.contiguous(), out, I=I, BLOCK=1024)
-    return out
+        _silu_mul_kernel[(N, triton.cdiv(I, 1024))](gate_up, out, I=I, BLOCK=1024)
+    return out.view(*lead, I)
 
 
 # ---- the modules' fused forwards ----------------------------------------------------------------
