@@ -87,7 +87,7 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, help="float32 (CPU default), bfloat16 (GPU default), float16")
     p.add_argument("--backend", choices=["explicit", "triton", "fast"], default="explicit",
                    help="triton: the hot operations through the Triton twins; fast: the whole batch's step on "
-                        "the twins, CUDA graphs on a GPU (every algorithm but dflash, adaptive steps included; "
+                        "the twins, CUDA graphs on a GPU (every algorithm, adaptive steps included; "
                         "every --acceptance). On a CPU both need TRITON_INTERPRET=1 and float32 or float16")
     p.add_argument("--deterministic", action="store_true",
                    help="batch-invariant verify: every node computed as a one-token decode computes it, so "
