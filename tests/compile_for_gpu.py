@@ -44,6 +44,7 @@ from spectrace.compat.vllm import SamplingMetadata, SpecDecodeMetadata  # noqa: 
 from spectrace.core.tree import TreeMaskMode  # noqa: E402
 from spectrace.kernels import attention, fused, kv, sglang, vllm  # noqa: E402
 from spectrace.kernels.bench import attention_inputs, chain_inputs, draft_tree_inputs, walk_outputs  # noqa: E402
+from spectrace.kernels.fast_tree_rejection import tree_rejection_accept  # noqa: E402
 
 gen = torch.Generator().manual_seed(0)
 bs, n, V = 2, 8, 64
@@ -57,6 +58,8 @@ sglang.verify_tree_greedy(*walk_outputs(bs, n, "cpu").values(), *tree, torch.zer
 sglang.tree_speculative_sampling_target_only(*walk_outputs(bs, n, "cpu").values(), *tree, t["uniform_samples"],
                                              t["uniform_samples_for_final_sampling"], t["target_probs"],
                                              t["draft_probs"])
+tree_rejection_accept(t["target_probs"], t["draft_probs"], *tree[:1], *tree[2:], t["uniform_samples"],
+                      t["uniform_samples_for_final_sampling"], lambda p, coins: p.argmax(-1), 5, 4)
 sglang.chain_speculative_sampling(*walk_outputs(bs, n, "cpu").values(), t["candidates"], t["retrive_index"],
                                   t["uniform_samples"], t["uniform_samples_for_final_sampling"], t["target_probs"],
                                   t["draft_probs"][:, :-1].contiguous())
