@@ -289,7 +289,8 @@ class FastEngine:
         self.drafter = (DraftModel(spec.algo, draft, target) if draft is not None and not self.static
                         and not self.frozen else None)  # the draft loop's model, with a draft KV
         self.drafts = any(d is not None for d in (self.drafter, self.frozen, self.static, self.host))
-        self.capture_layers = (self.drafter or self.dflash).capture_layers if self.drafter or self.dflash else ()
+        reads_target = self.drafter or self.dflash  # drafters fed the target's captured layers
+        self.capture_layers = reads_target.capture_layers if reads_target else ()
         if self.drafter is not None:  # + the draft loop's scratch or the padded extend
             self.draft_kv = StaticKV(draft, self.bs, committed + max(S + 1, self.K * max(S - 1, 0)))
             H = draft.config.hidden_size

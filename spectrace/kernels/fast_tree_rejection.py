@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from spectrace.kernels.sampling import residual_weights
+
 BLOCK_V = 1024
 
 
@@ -33,17 +35,12 @@ def _reject(p_row, q_row, tok, V, BLOCK: tl.constexpr):
     q'(x) = 0 and q' = q' / sum. Returns q's remaining mass (0: no draw left to try)."""
     mass = 0.0
     for start in range(0, V, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        p = tl.load(p_row + offs, mask=offs < V, other=0.0)
-        q = tl.load(q_row + offs, mask=offs < V, other=0.0)
-        mass += tl.sum(tl.maximum(p - q, 0.0), axis=0)
+        mass += tl.sum(residual_weights(p_row, q_row, 1, start + tl.arange(0, BLOCK), V), axis=0)
     tl.debug_barrier()
     if mass > 0:
         for start in range(0, V, BLOCK):
             offs = start + tl.arange(0, BLOCK)
-            p = tl.load(p_row + offs, mask=offs < V, other=0.0)
-            q = tl.load(q_row + offs, mask=offs < V, other=0.0)
-            tl.store(p_row + offs, tl.math.div_rn(tl.maximum(p - q, 0.0), mass), mask=offs < V)
+            tl.store(p_row + offs, tl.math.div_rn(residual_weights(p_row, q_row, 1, offs, V), mass), mask=offs < V)
     tl.debug_barrier()
     tl.store(q_row + tok, 0.0)
     tl.debug_barrier()
