@@ -2,7 +2,7 @@
 # # 16 · Around the loop: CUDA graphs, overlap, buckets and wasted rows
 #
 # **Objectives.** See what a serving engine wraps around the speculative step, using spectrace's
-# fast engine (`--backend fast`, `spectrace/kernels/engine.py`), which does it the way SGLang does:
+# fast engine (`--backend fast`, `spectrace/fast/engine.py`), which does it the way SGLang does:
 # each phase a fixed-shape CUDA graph per batch bucket, the next step launched before the last one
 # is read (overlap), finished requests frozen in their rows. Count what the fixed shapes cost:
 # padded rows and verify rows that are thrown away.
@@ -32,8 +32,8 @@ from _lib import OUT, ROOT  # noqa: E402
 
 from spectrace.core.engine import Request
 from spectrace.core.trace import read_trace
-from spectrace.kernels.engine import BUCKETS, FastEngine, bucket
-from spectrace.run import RunConfig, load_drafter_model, load_tokenizer, resolve
+from spectrace.fast.graphs import BUCKETS, bucket
+from spectrace.run import RunConfig, build_engine, load_drafter_model, load_tokenizer, resolve
 from spectrace.core.model import load_model
 from spectrace.zoo.prompts import HELD_OUT_PROMPTS
 
@@ -67,11 +67,11 @@ for name, model in (("target", target), ("draft", draft)):
     forward = model.forward
     model.forward = (lambda batch, *a, _f=forward, _n=name, **k:
                      rows.append((_n, len(batch.input_ids))) or _f(batch, *a, **k))
-engine = FastEngine(target, draft, spec, prompts, [])
+engine = build_engine(target, draft, spec, prompts, [], backend="fast")
 engine.prefill([Request(i, p) for i, p in enumerate(prompts)])
 rows.clear()
-for _, phase in engine.phases:  # one step's DRAFT, VERIFY and EXTEND
-    phase()
+for _, phases in engine.launches:  # one step's DRAFT, VERIFY + ACCEPT + COMMIT and EXTEND
+    engine.phases(phases)()
 print("bucket for 3 requests:", engine.bs, " forwards of one step (model, rows):", rows)
 
 # %% [markdown]

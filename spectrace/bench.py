@@ -217,6 +217,28 @@ def forward_ms(model, kv_len: int, bs: int, rows: int, repeat: int) -> float:
     return sorted(times[1:])[len(times[1:]) // 2]
 
 
+def fast_forward_ms(model, kv_len: int, bs: int, rows: int, repeat: int) -> float:
+    """forward_ms as the fast engine runs a forward (fused layers, Triton attention, replayed from a
+    CUDA graph, timed with CUDA events): a decode (rows 1), a verify (rows n; a tree mask costs
+    about the same) or a draft level. For `spectrace bench --target-shape` with --backend fast."""
+    from spectrace.fast.batch import extend_batch
+    from spectrace.fast.graphs import capture, place_rotary, replay_ms
+    from spectrace.fast.kv import StaticKV
+    from spectrace.kernels import backend
+    from spectrace.kernels.fused import fuse
+
+    backend.install()
+    fuse(model)
+    kv = StaticKV(model, bs, kv_len + rows)
+    device = kv.seq_lens.device
+    place_rotary(model, device)
+    kv.seq_lens.fill_(kv_len)
+    ids = torch.ones(bs * rows, dtype=torch.int64, device=device)
+    positions = (kv_len + torch.arange(rows, device=device)).repeat(bs)
+    graph = capture([("forward", lambda: model(extend_batch(kv, ids, positions, rows), kv))])["forward"]
+    return replay_ms(graph, repeat)
+
+
 def shape_table(config: Config, shape: str, batch_sizes: list[int], repeat: int, kv_len: int = 1024,
                 tau: float | None = None) -> dict[int, dict[str, float]]:
     """A *predicted* speed-up by batch size at a real model shape: the phase costs measured at
@@ -250,7 +272,7 @@ def shape_table(config: Config, shape: str, batch_sizes: list[int], repeat: int,
         head = CausalLM(ModelConfig.from_json({**raw, "num_hidden_layers": 1})).to(dtype).eval()
     cost = forward_ms
     if cfg.backend == "fast":  # the fast engine's forwards: fused, Triton attention, one CUDA graph each
-        from spectrace.kernels.engine import forward_cost_ms as cost
+        cost = fast_forward_ms
     print(f"predicted, not measured end to end: costs at the {shape} shape (random weights, {kv_len}-token "
           f"context, {cfg.device} {str(dtype)[6:]}, {cfg.backend} forwards), tau {tau:.3f} of the embedded "
           f"eagle ({S},{K},{n})")

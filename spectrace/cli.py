@@ -347,13 +347,13 @@ def cmd_rejudge(args) -> int:
 
 def cmd_bench(args) -> int:
     """spectrace/bench.py: each prompt of the set alone (batch 1), or every batch size of
-    --batch-sizes; best wall time of --repeat runs. `bench kernels`: spectrace/kernels/bench.py."""
+    --batch-sizes; best wall time of --repeat runs. `bench kernels`: spectrace/bench_kernels.py."""
     if args.repeat < 1:
         raise UsageError(f"--repeat must be at least 1, got {args.repeat}")
     if args.what == "kernels":
         from spectrace.kernels import require
         require(args.device)
-        from spectrace.kernels.bench import bench_kernels
+        from spectrace.bench_kernels import bench_kernels
         if args.device.startswith("cuda"):
             bench_kernels(args.device)
         else:  # interpreted: small shapes, to see the table work, not to measure

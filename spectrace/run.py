@@ -21,32 +21,29 @@ from typing import Callable
 import torch
 
 from spectrace.algos import ALGOS, auto_shape
-from spectrace.core.acceptance import RULES
 from spectrace.core.adaptive import AdaptiveConfig
 from spectrace.core.config import read_config_json
-from spectrace.core.drafters.dflash import DFlashDrafter, load_dflash
+from spectrace.core.drafters.dflash import load_dflash
 from spectrace.core.drafters.eagle3 import load_eagle3
 from spectrace.core.drafters.eagle import load_eagle
-from spectrace.core.drafters.eagle_worker import EagleDrafter
-from spectrace.core.drafters.frozen_kv_mtp import FrozenKVMtpDrafter, load_frozen_kv_mtp
-from spectrace.core.drafters.medusa import DEFAULT_CHOICES, MC_SIM_7B_63, MedusaDrafter, MedusaHeads, MedusaTree, \
-    load_choices, load_medusa
+from spectrace.core.drafters.frozen_kv_mtp import load_frozen_kv_mtp
+from spectrace.core.drafters.medusa import DEFAULT_CHOICES, MC_SIM_7B_63, MedusaHeads, MedusaTree, load_choices, \
+    load_medusa
 from spectrace.core.drafters.mtp import load_mtp
 from spectrace.core.drafters.ngram import NgramConfig
-from spectrace.core.drafters.standalone import StandaloneDrafter
-from spectrace.core.engine import Engine, Request, SpecConfig
-from spectrace.core.kv import KVCache
+from spectrace.core.engine import Request, SpecConfig
 from spectrace.core.model import CausalLM, load_model, weights_digest
 from spectrace.core.ngram.trie import TrieConfig
 from spectrace.core.probs import UNSEALED, ProbsRecorder, seal, sidecar_path
 from spectrace.core.trace import SCHEMA, TraceError, TraceWriter
+from spectrace.engines import build_engine, context, lookahead
 from spectrace.errors import SpectraceError
 from spectrace.zoo import MODELS_DIR, TARGET_DIR
 from spectrace.zoo.prompts import HELD_OUT_PROMPTS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # explicit: the reference; triton: the same engine, its hot operations through the Triton twins
-# (kernels/backend.py); fast: the batched engine on the twins with CUDA graphs (kernels/engine.py)
+# (kernels/backend.py); fast: the batched engine on the twins with CUDA graphs (fast/engine.py)
 BACKENDS = ("explicit", "triton", "fast")
 # What the trace keeps: full, every step record with the target's and drafter's top-k at each tree
 # node; steps, the same records without the top-k lists; off, no trace file at all.
@@ -323,63 +320,6 @@ def choose_threads(target: CausalLM, device: str) -> int:
     return torch.get_num_threads()
 
 
-# ---- the engine ------------------------------------------------------------------------------
-
-def _lookahead(spec: SpecConfig) -> int:
-    """Positions past the committed ones a step may reach: the root and num_steps levels."""
-    return spec.max_steps + 1 if spec.algo != "none" else 1
-
-
-def _scratch_columns(spec: SpecConfig) -> int:
-    """`req_to_token` columns past the committed ones a step may map: the verify tree's nodes
-    (target) or the draft's [topk][step] scratch (draft)."""
-    steps = spec.max_steps
-    return max(spec.num_draft_tokens, steps + 1, spec.topk * (steps - 1) + 1) + 1
-
-
-def _context(target: CausalLM, draft) -> int:
-    return min(m.config.max_position_embeddings for m in (target, draft) if hasattr(m, "config"))  # Medusa has none
-
-
-def build_engine(target: CausalLM, draft, spec: SpecConfig, prompt_ids: list[list[int]], eos_token_ids,
-                 trace: TraceWriter | None = None, ngram: NgramConfig | None = None,
-                 medusa_tree: MedusaTree | None = None, on_step=None, backend: str = "explicit",
-                 probs: ProbsRecorder | None = None) -> Engine:
-    """An engine whose KV pools hold every request at full length at once, with the drafter
-    of `spec.algo` around `draft` (the loaded draft model; None for none and ngram). ngram and
-    medusa_tree: those drafters' options, checked (NgramConfig.check, MedusaTree.from_choices).
-    backend "triton": the KV caches are TritonKVCaches, whose backend routes the hot operations
-    to the Triton twins (spectrace/kernels/backend.py)."""
-    cache_class = KVCache
-    if backend == "triton":
-        import spectrace.kernels.backend  # noqa: F401  (registers the twins)
-        from spectrace.kernels.kv import TritonKVCache
-        cache_class = TritonKVCache
-    columns = _context(target, draft) + _scratch_columns(spec)
-    num_slots = sum(len(p) + spec.max_new_tokens + _scratch_columns(spec) for p in prompt_ids)
-    kv = target.new_kv_cache("target", spec.commit_style, num_slots, len(prompt_ids), columns, cache_class)
-    fmt = ALGOS[spec.algo].checkpoint
-    shape = dict(num_steps=spec.num_steps, topk=spec.topk, num_draft_tokens=spec.num_draft_tokens,
-                 temperature=spec.temperature if RULES[spec.acceptance].samples_drafts else 1.0,
-                 trace_topk=spec.trace_topk)
-    drafter = None
-    if spec.algo == "ngram":
-        drafter = (ngram or NgramConfig()).drafter(spec.num_steps, spec.num_draft_tokens,
-                                                   target.config.max_position_embeddings, target.lm_head.weight.device)
-    elif fmt == "medusa":
-        tree = medusa_tree or MedusaTree.from_choices(MC_SIM_7B_63[:DEFAULT_CHOICES], draft.num_heads)
-        drafter = MedusaDrafter(draft, tree, spec.trace_topk)
-    elif fmt == "dflash":
-        drafter = DFlashDrafter(draft, target, spec.trace_topk)
-    elif fmt == "frozen_kv_mtp":  # no draft KV: it reads the target's
-        drafter = FrozenKVMtpDrafter(draft, target, kv, **shape)
-    elif fmt is not None:
-        draft_kv = draft.new_kv_cache("draft", spec.commit_style, num_slots, len(prompt_ids), columns, cache_class)
-        drafter = (StandaloneDrafter(draft, draft_kv, **shape) if fmt == "lm" else
-                   EagleDrafter(draft, target, draft_kv, **shape))
-    return Engine(target, kv, spec, eos_token_ids, drafter, trace, on_step, probs)
-
-
 # ---- the run ---------------------------------------------------------------------------------
 
 def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = None) -> RunResult:
@@ -392,8 +332,8 @@ def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = N
     spec, options = resolve(cfg)
     prompts = resolve_prompts(cfg.prompts, cfg.batch)
     if cfg.backend == "fast":  # before any model is loaded
-        from spectrace.kernels.engine import check_fast
-        check_fast(len(prompts))
+        from spectrace.fast.graphs import check_batch
+        check_batch(len(prompts))
     trace_path = Path(cfg.trace or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.algo}.jsonl")
     tok = load_tokenizer(cfg.target_model)
     writer = None
@@ -410,15 +350,11 @@ def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = N
         target = load_model(cfg.target_model, dtype, cfg.device)
         draft = load_drafter_model(cfg.algo, cfg.draft_path, target, tok, dtype, cfg.device) if cfg.draft_path else None
         ids = [tok.encode(p) for p in prompts]
-        check_prompts(ids, spec, _context(target, draft))
+        check_prompts(ids, spec, context(target, draft))
         check_topk(spec, target, draft)
         eos = target.config.eos_token_ids or ((tok.eos_token_id,) if tok.eos_token_id is not None else ())
-        if cfg.backend == "fast":
-            from spectrace.kernels.engine import FastEngine
-            engine = FastEngine(target, draft, spec, ids, eos, writer, on_step=on_step, probs=probs, **options)
-        else:
-            engine = build_engine(target, draft, spec, ids, eos, writer, on_step=on_step, backend=cfg.backend,
-                                  probs=probs, **options)
+        engine = build_engine(target, draft, spec, ids, eos, writer, on_step=on_step, backend=cfg.backend,
+                              probs=probs, **options)
         threads = choose_threads(target, cfg.device)
         if writer:
             writer.write(header(cfg, spec, prompts, target, draft, engine, threads, probs),
@@ -457,13 +393,13 @@ def check_prompts(ids: list[list[int]], spec: SpecConfig, context: int) -> None:
     for i, p in enumerate(ids):
         if not p:
             raise SpectraceError(f"prompt {i} is empty")
-        need = len(p) + spec.max_new_tokens + _lookahead(spec)
+        need = len(p) + spec.max_new_tokens + lookahead(spec)
         if need > context:
             raise SpectraceError(f"prompt {i} is {len(p)} tokens: with --max-new-tokens {spec.max_new_tokens} it "
                                  f"needs {need} positions, more than the model's context of {context}")
 
 
-def header(cfg: RunConfig, spec: SpecConfig, prompts: list[str], target, draft, engine: Engine, threads: int,
+def header(cfg: RunConfig, spec: SpecConfig, prompts: list[str], target, draft, engine, threads: int,
            probs: ProbsRecorder | None = None) -> dict:
     """The trace's first record: the resolved options, the models' identities and, with
     --record-probs, the sidecar (its hash sealed in once it is saved)."""

@@ -42,9 +42,10 @@ JITFunction.run = compile_only
 
 from spectrace.compat.vllm import SamplingMetadata, SpecDecodeMetadata  # noqa: E402
 from spectrace.core.tree import TreeMaskMode  # noqa: E402
-from spectrace.kernels import attention, fused, kv, sglang, vllm  # noqa: E402
-from spectrace.kernels.bench import attention_inputs, chain_inputs, draft_tree_inputs, walk_outputs  # noqa: E402
-from spectrace.kernels.fast_tree_rejection import tree_rejection_accept  # noqa: E402
+from spectrace.bench_kernels import attention_inputs, chain_inputs, draft_tree_inputs, walk_outputs  # noqa: E402
+from spectrace.compat import triton as sglang  # noqa: E402  (the twins under SGLang's and vLLM's names)
+from spectrace.kernels import attention, fused, kv  # noqa: E402
+from spectrace.kernels.acceptance.tree_rejection import tree_rejection_walk  # noqa: E402
 
 gen = torch.Generator().manual_seed(0)
 bs, n, V = 2, 8, 64
@@ -58,7 +59,7 @@ sglang.verify_tree_greedy(*walk_outputs(bs, n, "cpu").values(), *tree, torch.zer
 sglang.tree_speculative_sampling_target_only(*walk_outputs(bs, n, "cpu").values(), *tree, t["uniform_samples"],
                                              t["uniform_samples_for_final_sampling"], t["target_probs"],
                                              t["draft_probs"])
-tree_rejection_accept(t["target_probs"], t["draft_probs"], *tree[:1], *tree[2:], t["uniform_samples"],
+tree_rejection_walk(t["target_probs"], t["draft_probs"], *tree[:1], *tree[2:], t["uniform_samples"],
                       t["uniform_samples_for_final_sampling"], lambda p, coins: p.argmax(-1), 5, 4)
 sglang.chain_speculative_sampling(*walk_outputs(bs, n, "cpu").values(), t["candidates"], t["retrive_index"],
                                   t["uniform_samples"], t["uniform_samples_for_final_sampling"], t["target_probs"],
@@ -66,10 +67,10 @@ sglang.chain_speculative_sampling(*walk_outputs(bs, n, "cpu").values(), t["candi
 
 meta = SpecDecodeMetadata.make_dummy([[1, 2, 3], [4]], "cpu")
 logits, bonus = torch.randn(4, V), torch.zeros(2, 1, dtype=torch.int64)
-vllm.RejectionSampler()(meta, None, logits, bonus, SamplingMetadata(None, all_greedy=True, all_random=False))
+sglang.RejectionSampler()(meta, None, logits, bonus, SamplingMetadata(None, all_greedy=True, all_random=False))
 mixed = SamplingMetadata(torch.tensor([-1.0, 1.0]), all_greedy=False, all_random=False)
 for draft_probs in (None, torch.softmax(torch.randn(4, V), -1)):
-    vllm.RejectionSampler()(meta, draft_probs, logits, bonus, mixed)
+    sglang.RejectionSampler()(meta, draft_probs, logits, bonus, mixed)
 
 for dtype in (torch.float32, torch.bfloat16):
     a = attention_inputs(bs, 16, 4, 2, 80, dtype, "cpu", gen)

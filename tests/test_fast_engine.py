@@ -1,4 +1,4 @@
-"""`--backend fast` (spectrace/kernels/engine.py) decides every step as the explicit engine does:
+"""`--backend fast` (spectrace/fast/) decides every step as the explicit engine does:
 for each algorithm it runs, chains and trees, batch 1 and ragged batches padded to a bucket,
 greedy and sampled (target_only, plain sampling; the same seeds), the same draft trees, the same
 walk, the same committed tokens, correct_drafts and bonus_token, the same sequence lengths; its
@@ -179,7 +179,7 @@ def test_fast_engine_refuses_what_it_does_not_run(options, message):
 
 
 def test_typical_on_the_device_walks_as_the_explicit_walk_with_ties():
-    """kernels/fast_typical.py against core/acceptance/typical.py on 300 random trees whose
+    """fast/acceptance/typical.py against core/acceptance/typical.py on 300 random trees whose
     target rows take three values, so sibling paths tie in depth and summed log p (as bf16 makes
     them): the same path, the same bonus."""
     import random
@@ -187,8 +187,7 @@ def test_typical_on_the_device_walks_as_the_explicit_walk_with_ties():
     from spectrace.core.acceptance import Randoms, RuleParams
     from spectrace.core.acceptance.typical import typical_walk
     from spectrace.core.tree import reconstruct_indices_from_tree_mask
-    from spectrace.kernels.engine import sample_rows
-    from spectrace.kernels.fast_typical import typical_accept
+    from spectrace.fast.acceptance import typical as fast_typical
 
     rng = random.Random(0)
     for _ in range(300):
@@ -203,6 +202,6 @@ def test_typical_on_the_device_walks_as_the_explicit_walk_with_ties():
         depth = int(positions.max())
         want = typical_walk(candidates, next_token[0].tolist(), next_sibling[0].tolist(), p.argmax(-1).tolist(), p,
                             None, Randoms(coin_final=coin), depth, RuleParams())
-        index, num, bonus = typical_accept(p[None], torch.tensor([candidates]), mask[None], positions.view(1, n),
-                                           coin.view(1), sample_rows, depth + 1)
+        index, num, bonus = fast_typical.typical_walk(p[None], torch.tensor([candidates]), mask[None],
+                                                      positions.view(1, n), coin.view(1), depth + 1)
         assert (index[0, :int(num[0]) + 1].tolist(), int(bonus[0])) == (want.accept_nodes, want.bonus_token)

@@ -72,7 +72,9 @@ def test_silu_mul_equals_swiglu(rows, inner, dtype, seed, lead):
 def test_a_fused_model_computes_the_explicit_forward(target, drafters, name):
     """The embedded target (and the EAGLE-3 head, whose q/k/v read 2H) fused: the same logits, and
     its old q/k/v and gate/up weights are views of the fused ones (no copy)."""
-    from spectrace.kernels.backend import paged_attention  # noqa: F401  (registers the twins)
+    from spectrace.kernels import backend
+
+    backend.install()  # the fused attention routes through the twins
 
     model = copy.deepcopy(target if name == "target" else drafters["eagle3"])
     ids = list(range(5, 17))

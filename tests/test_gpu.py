@@ -124,7 +124,7 @@ def test_gpu_build_tree_twin_equals_the_explicit_build(bs, K, S, data):
     """bs <= 8, topk <= 8, depth <= 8, n <= 64, every mask layout."""
     from spectrace.compat import sglang as explicit
     from spectrace.core.tree import TreeMaskMode
-    from spectrace.kernels import sglang as kernels
+    from spectrace.compat import triton as kernels
 
     n = data.draw(st.integers(2, min(tree_capacity(K, S) + 1, 64)))
     seq_lens = torch.tensor(data.draw(st.lists(st.integers(0, 300), min_size=bs, max_size=bs)))
@@ -145,7 +145,7 @@ def test_gpu_walk_twins_equal_the_explicit_walks(vocab):
     from test_compat import outputs
 
     from spectrace.compat import sglang as explicit
-    from spectrace.kernels import sglang as kernels
+    from spectrace.compat import triton as kernels
 
     bs, K, S, n = 64, 4, 5, 8
     g = torch.Generator().manual_seed(vocab)
@@ -200,7 +200,7 @@ def test_gpu_walk_twins_keep_the_target_distribution(rule):
     from spectrace.testing import V, chi_square, markov, samples_for
     from test_compat import outputs
 
-    from spectrace.kernels import sglang as kernels
+    from spectrace.compat import triton as kernels
 
     p0, P, q0, Q = markov(3)
     exact = p0[:, None] * P
@@ -253,7 +253,7 @@ def test_gpu_walk_twins_keep_the_target_distribution(rule):
 def test_gpu_vllm_sampler_twin_equals_the_explicit_sampler(vocab):
     """64 requests of 0 to 7 drafts, half greedy, seeded, with and without draft_probs."""
     from spectrace.compat.vllm import GREEDY_TEMPERATURE, RejectionSampler, SamplingMetadata, SpecDecodeMetadata
-    from spectrace.kernels import vllm as twin
+    from spectrace.compat import triton as twin
 
     g = torch.Generator().manual_seed(1)
     B = 64
@@ -372,7 +372,7 @@ def test_gpu_deterministic_bf16_speculative_output_equals_plain_decoding(tokeniz
           f"--deterministic")
 
 
-# ---- the fast engine (kernels/engine.py) ------------------------------------------------------
+# ---- the fast engine (fast/engine.py) ------------------------------------------------------
 
 @pytest.mark.usefixtures("quick_tiers")
 @pytest.mark.parametrize("batch", [1, 8])
@@ -393,7 +393,6 @@ def test_gpu_fast_engine_graph_replay_equals_eager(algo, options):
     """bf16, batch 8: every step's record (tree, q, path scores, p, walk, tokens) from replayed
     CUDA graphs equals the eager run's, bit for bit (an adaptive run: a graph set per tier, switched
     between steps); and overlapped steps give the same tokens."""
-    from spectrace.kernels.engine import FastEngine
     from spectrace.run import RunConfig, load_drafter_model, resolve, resolve_prompts
 
     cfg = RunConfig(algo=algo, **{**options, "batch": 8}, max_new_tokens=32, device="cuda", dtype="bfloat16")
@@ -405,8 +404,9 @@ def test_gpu_fast_engine_graph_replay_equals_eager(algo, options):
     records = {}
     for graphs in (False, True):
         seen = records[graphs] = []
-        engine = FastEngine(target, draft, spec, ids, (0,), on_step=seen.append, graphs=graphs, **options)
-        assert (engine.graphs is not None) == graphs
+        engine = build_engine(target, draft, spec, ids, (0,), on_step=seen.append, backend="fast", graphs=graphs,
+                              **options)
+        assert all((t.graphs is not None) == graphs for t in engine.tiers.values())
         reqs, _ = engine.generate(ids)
         seen.append([r.output_ids for r in reqs])
     strip = lambda recs: [{k: v for k, v in r.items() if k != "timing"} if isinstance(r, dict) else r  # noqa: E731
@@ -414,5 +414,5 @@ def test_gpu_fast_engine_graph_replay_equals_eager(algo, options):
     assert strip(records[True]) == strip(records[False])
     assert len(records[True]) > 8
     # nothing recording: steps overlap the host's reading; the same tokens
-    reqs, _ = FastEngine(target, draft, spec, ids, (0,), **options).generate(ids)
+    reqs, _ = build_engine(target, draft, spec, ids, (0,), backend="fast", **options).generate(ids)
     assert [r.output_ids for r in reqs] == records[True][-1]

@@ -15,7 +15,7 @@ from spectrace.core.tree import TreeMaskMode, tree_capacity
 from spectrace.errors import SpectraceError
 
 triton = pytest.importorskip("triton")
-kernels = pytest.importorskip("spectrace.kernels.sglang")
+kernels = pytest.importorskip("spectrace.compat.triton")  # the twins under SGLang's and vLLM's names
 
 
 @st.composite
@@ -182,7 +182,7 @@ def test_twins_refuse_bad_tensors_in_one_line():
 
 # ---- vLLM's rejection sampler --------------------------------------------------------------
 
-vllm_kernels = pytest.importorskip("spectrace.kernels.vllm")
+vllm_kernels = kernels
 
 
 def test_vllm_twin_on_vllm_greedy_table():
@@ -264,7 +264,7 @@ def test_expand_twin_equals_the_explicit_expand():
 
 def test_bench_kernels_prints_a_row_per_twin(capsys):
     """The benchmark's table at toy shapes, interpreted: every twin runs beside its explicit twin."""
-    from spectrace.kernels.bench import bench_kernels
+    from spectrace.bench_kernels import bench_kernels
 
     bench_kernels("cpu", batch_sizes=(2,), vocabs=(64,), prefix=16, heads=2, kv_heads=1, head_dim=16, layers=2)
     out = capsys.readouterr().out

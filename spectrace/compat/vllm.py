@@ -19,12 +19,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from spectrace.core.acceptance.vllm import PLACEHOLDER_TOKEN_ID, sampler_randoms, vllm_walk
+from spectrace.core.acceptance.vllm import MAX_SPEC_LEN, PLACEHOLDER_TOKEN_ID, sampler_randoms, vllm_walk
 from spectrace.core.ngram.lookup import find_subarray_kmp, kmp_lps_array, propose_first_match
 from spectrace.core.sampling import SamplingParams, probs_from_logits
 
 GREEDY_TEMPERATURE = -1
-MAX_SPEC_LEN = 32
 
 __all__ = ["RejectionSampler", "SpecDecodeMetadata", "calc_spec_decode_metadata", "SamplingMetadata",
            "PLACEHOLDER_TOKEN_ID", "GREEDY_TEMPERATURE", "MAX_SPEC_LEN", "NgramProposer", "_kmp_lps_array",

@@ -1,21 +1,28 @@
-"""Triton twins of the explicit path's hot operations (`--backend triton`).
+"""Triton twins of the explicit path's hot operations, file for file and named as the core function
+each mirrors (the twin of core/X.py:f is kernels/X.py:f), with every random number an input tensor:
 
-Each module mirrors one explicit module, function for function, with the same name and the
-same (in-place) signature, and takes all randomness as input tensors:
+    tree.py                      build_tree                         core/tree.py
+    acceptance/greedy.py         greedy_walk                        core/acceptance/greedy.py
+    acceptance/target_only.py    target_only_walk                   core/acceptance/target_only.py
+    acceptance/rejection.py      rejection_walk                     core/acceptance/rejection.py
+    acceptance/vllm.py           vllm_walk, vllm_greedy_walk,       core/acceptance/vllm.py
+                                 recovered_tokens, expand_batch_to_tokens
+    acceptance/tree_rejection.py tree_rejection_walk                core/acceptance/tree_rejection.py
+    sampling.py                  sample_from_prob (a walk's bonus)  core/sampling.py
+    kv.py                        assign_req_to_token_pool,          core/kv.py: KVCache.assign,
+                                 fill_accept_out_cache_loc,           accepted_slots, TokenToKVPool.move
+                                 move_kv_cache, TritonKVCache
+    attention.py                 extend_attention_fwd,              core/model.py: attend over the paged KV
+                                 decode_attention_fwd, create_kv_indices, pack_custom_mask
+    fused.py                     rms_norm, split_rope, silu_mul     core/model.py: RMSNorm, Attention, MLP
+    backend.py                   install(): the twins under --backend triton
 
-    sglang.py    build_tree_kernel_efficient, verify_tree_greedy, tree_speculative_sampling_target_only,
-                 chain_speculative_sampling          (twins of spectrace.compat.sglang)
-    vllm.py      RejectionSampler: greedy, random, expand and recovered-token kernels
-                 (twin of spectrace.compat.vllm)
-    attention.py extend_attention_fwd, decode_attention_fwd over the paged KV with tree masks,
-                 create_kv_indices, pack_custom_mask (twins of core/model.py: attend, per request)
-    kv.py        assign_req_to_token_pool, fill_accept_out_cache_loc, move_kv_cache, and
-                 TritonKVCache, the explicit KVCache running them (twins of core/kv.py)
-    sampling.py  sample_bonus: every walk's bonus drawn from its residual row, the vocabulary split into tiles
-
+A twin batches what its explicit function does for one request (one program per request), with
+SGLang's in-place layouts; SGLang's and vLLM's names for them are spectrace/compat/triton.py's.
 They run on CUDA tensors compiled, and on CPU tensors under Triton's interpreter: set
 TRITON_INTERPRET=1 before importing a kernel module (tests/conftest.py does so without a GPU).
-Triton is a Linux-only dependency; nothing outside this package imports it.
+Triton is a Linux-only dependency; nothing outside this package, spectrace/fast/ and
+spectrace/compat/triton.py imports it.
 """
 from __future__ import annotations
 

@@ -1,24 +1,26 @@
 """`--backend triton`: the engine's hot operations through the Triton twins.
 
-Importing this module registers the twins under the name "triton" in the explicit path's tables,
-which the engine consults by its KV caches' `backend` (a TritonKVCache says "triton"):
+`install()` registers the twins under the name "triton" in the explicit path's tables, which the
+engines consult by their KV caches' `backend` (a TritonKVCache and the fast engine's StaticKV say
+"triton"); spectrace/engines.py calls it when a run asks for either:
 
     core/model.py  ATTENTION          paged self-attention  -> attention.extend_attention_fwd (prefill,
                                                                decode, verify, draft extend) or, for the
                                                                draft tree's scratch levels, the per-branch
                                                                decode form
-    core/tree.py   BUILD_TREE         build_tree            -> sglang.build_tree
+    core/tree.py   BUILD_TREE         build_tree            -> kernels/tree.py: build_tree
     drafters/frozen_kv_mtp.py         the assistant's queries -> decode_attention_fwd, a sequence per
                    FROZEN_ATTENTION   over the target's KV      query row over its request's prefix
-    core/acceptance TWIN_WALKS        greedy, target_only,  -> verify_tree_greedy, tree_speculative_sampling_
-                                      rejection, vllm          target_only, chain_speculative_sampling, vLLM's
-                                                               recovered-token and rejection kernels
+    core/acceptance TWIN_WALKS        greedy, target_only,  -> kernels/acceptance/: the same walk of each
+                                      rejection, vllm          rule over a batch of one (adapters below)
     kernels/kv.py  TritonKVCache      req_to_token writes, accepted slots, KV moves
 
 The explicit walk still runs beside the kernel walk: its per-node decisions are what the trace
 records, and the engine stops with one line if the kernel's path or bonus differs, so a triton
-trace is the same file as an explicit one. Rules without a twin (tree_rejection, typical) and
-DFLASH's attention (its own module, not the paged self-attention) stay explicit.
+trace is the same file as an explicit one. On this backend tree_rejection and typical walk on the
+host (their device forms run on the fast engine: kernels/acceptance/tree_rejection.py and
+fast/acceptance/typical.py), and DFLASH's attention (its own module, not the paged
+self-attention) stays explicit.
 """
 from __future__ import annotations
 
@@ -29,8 +31,9 @@ from spectrace.core import acceptance, model, tree
 from spectrace.core.drafters import frozen_kv_mtp
 from spectrace.core.batch import ForwardBatch
 from spectrace.core.kv import KVCache
-from spectrace.kernels import attention, sglang
-from spectrace.kernels import vllm as vllm_kernels
+from spectrace.kernels import attention
+from spectrace.kernels.acceptance import greedy, rejection, target_only, vllm
+from spectrace.kernels.tree import build_tree
 
 # ---- attention ---------------------------------------------------------------------------------
 
@@ -130,7 +133,7 @@ def _outputs(n: int, width: int, device):
 def greedy_walk(device, candidates, next_token, next_sibling, target_predict, target_probs, draft_probs, randoms,
                 max_depth, params):
     outs = _outputs(len(candidates), max_depth + 1, device)
-    sglang.verify_tree_greedy(*outs, *_tree_tensors(device, candidates, next_token, next_sibling),
+    greedy.greedy_walk(*outs, *_tree_tensors(device, candidates, next_token, next_sibling),
                               torch.tensor([target_predict], dtype=torch.int64, device=device))
     return _path(*outs)
 
@@ -141,7 +144,7 @@ def target_only_walk(device, candidates, next_token, next_sibling, target_predic
     outs = _outputs(n, max_depth + 1, device)
     p = target_probs.to(device, torch.float32)
     q = torch.zeros_like(p) if draft_probs is None else draft_probs.to(device, torch.float32, copy=True)
-    sglang.tree_speculative_sampling_target_only(
+    target_only.target_only_walk(
         *outs, *_tree_tensors(device, candidates, next_token, next_sibling), randoms.coins.view(1, n).to(device),
         randoms.coin_final.view(1).to(device), p.unsqueeze(0), q.unsqueeze(0), params.threshold_single,
         params.threshold_acc)
@@ -153,7 +156,7 @@ def rejection_walk(device, candidates, next_token, next_sibling, target_predict,
     n = len(candidates)
     outs = _outputs(n, n, device)
     chain, index = _tree_tensors(device, candidates, next_token, next_sibling)[:2]
-    sglang.chain_speculative_sampling(*outs, chain, index, randoms.coins.view(1, n).to(device),
+    rejection.rejection_walk(*outs, chain, index, randoms.coins.view(1, n).to(device),
                                       randoms.coin_final.view(1).to(device),
                                       target_probs.to(device, torch.float32).unsqueeze(0),
                                       draft_probs[:n - 1].to(device, torch.float32).unsqueeze(0))
@@ -170,17 +173,19 @@ def vllm_walk(device, candidates, next_token, next_sibling, target_predict, targ
     drafts = torch.tensor(candidates[1:], dtype=torch.int64, device=device)
     cu = torch.tensor([k], dtype=torch.int64, device=device)
     bonus = torch.argmax(p[k] / randoms.bonus_noise.to(device)).view(1, 1)
-    recovered = vllm_kernels.sample_recovered_tokens(k, [k], cu, drafts, q, p[:k].contiguous(),
+    recovered = vllm.recovered_tokens(k, [k], cu, drafts, q, p[:k].contiguous(),
                                                      randoms.inv_q.view(1, -1).to(device))
     out = torch.full((1, k + 1), -1, dtype=torch.int32, device=device)
-    vllm_kernels.rejection_random_sample(out, cu, drafts, q, p[:k].contiguous(), bonus, recovered,
+    vllm.vllm_walk(out, cu, drafts, q, p[:k].contiguous(), bonus, recovered,
                                          randoms.uniforms.to(device), None, k)
     emitted = [t for t in out[0].tolist() if t != -1]
     return list(range(len(emitted))), emitted[-1]
 
 
-model.ATTENTION["triton"] = paged_attention
-tree.BUILD_TREE["triton"] = sglang.build_tree
-frozen_kv_mtp.FROZEN_ATTENTION["triton"] = frozen_kv_attention
-acceptance.TWIN_WALKS["triton"] = {"greedy": greedy_walk, "target_only": target_only_walk,
-                                   "rejection": rejection_walk, "vllm": vllm_walk}
+def install() -> None:
+    """Register the twins under "triton" in the explicit path's tables (idempotent)."""
+    model.ATTENTION["triton"] = paged_attention
+    tree.BUILD_TREE["triton"] = build_tree
+    frozen_kv_mtp.FROZEN_ATTENTION["triton"] = frozen_kv_attention
+    acceptance.TWIN_WALKS["triton"] = {"greedy": greedy_walk, "target_only": target_only_walk,
+                                       "rejection": rejection_walk, "vllm": vllm_walk}

@@ -2,7 +2,7 @@
 from a residual: flashinfer's DeviceSamplingFromProb over vocabulary tiles.
 
 The walk kernels do not draw the bonus themselves: each leaves, per request, where its bonus goes
-and which rows it is drawn from (`bonus_draw`), and `sample_bonus` draws all of them in two launches:
+and which rows it is drawn from (`bonus_draw`), and `sample_from_prob` draws all of them in two launches:
 
     tile sums  grid (bs, tiles): every tile of every request's residual row summed at once, so the
                row is read once at the GPU's full bandwidth instead of by one program per request
@@ -39,7 +39,7 @@ def residual_weights(p_row, d_row, subtract, idx, vocab_size):
 @triton.jit
 def store_bonus_draw(bonus_draw, b, slot, p_row, d_row, subtract):
     """A walk's last act: where request b's bonus goes (its slot in predicts) and the rows it is drawn
-    from (element offsets of p's and q's rows; subtract 0: p alone), for sample_bonus."""
+    from (element offsets of p's and q's rows; subtract 0: p alone), for sample_from_prob."""
     tl.store(bonus_draw + b * 4 + 0, slot.to(tl.int64))
     tl.store(bonus_draw + b * 4 + 1, p_row.to(tl.int64))
     tl.store(bonus_draw + b * 4 + 2, d_row.to(tl.int64))
@@ -78,7 +78,7 @@ def _draw_kernel(bonus_draw, p, d, tile_sums, coins, predicts, vocab_size, num_t
     tl.store(predicts + tl.load(bonus_draw + b * 4), token.to(predicts.dtype.element_ty))
 
 
-def sample_bonus(bonus_draw: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
+def sample_from_prob(bonus_draw: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
                  coins: torch.Tensor, predicts: torch.Tensor) -> None:
     """Every request's bonus into predicts, drawn as the bonus_draw rows say: bonus_draw (bs, 4) int64
     (slot, p row offset, q row offset, subtract) from the walk kernel; coins (bs,) float32."""

@@ -22,6 +22,7 @@ import torch
 from spectrace.core.acceptance import AcceptResult, Randoms, bonus_from, decision
 
 PLACEHOLDER_TOKEN_ID = -1
+MAX_SPEC_LEN = 32  # vLLM's bound on the drafts of one request
 F32 = np.float32
 
 

@@ -1,5 +1,5 @@
-"""Medusa's typical acceptance (core/acceptance/typical.py: typical_walk) for the fast engine: every
-request's tree at once, in torch on the device, graph-safe.
+"""Medusa's typical acceptance on the device (core/acceptance/typical.py: typical_walk): every
+request's tree at once, in torch.
 
 The explicit walk searches paths depth first; here each node's verdicts are computed together:
 
@@ -21,13 +21,15 @@ from __future__ import annotations
 import torch
 
 from spectrace.core.acceptance.typical import POSTERIOR_ALPHA, POSTERIOR_THRESHOLD
+from spectrace.fast.acceptance import Verdict, target_probs
+from spectrace.fast.sampling import sample_rows
+from spectrace.fast.tree import tree_mask_rows
 
 
-def typical_accept(p: torch.Tensor, candidates: torch.Tensor, tree_rows: torch.Tensor, depths: torch.Tensor,
-                   coin_final: torch.Tensor, sample_rows, width: int) -> tuple[torch.Tensor, ...]:
+def typical_walk(p: torch.Tensor, candidates: torch.Tensor, tree_rows: torch.Tensor, depths: torch.Tensor,
+                 coin_final: torch.Tensor, width: int) -> tuple[torch.Tensor, ...]:
     """p (bs, n, V) after each node; candidates (bs, n) root first; tree_rows (bs, n, n) each
-    node's ancestors and itself; depths (bs, n) (root 0); coin_final (bs,). sample_rows(w, coins):
-    the engine's inverse-CDF draw. Returns accept_index (bs, width) as flat rows (-1 past the
+    node's ancestors and itself; depths (bs, n) (root 0); coin_final (bs,). Returns accept_index (bs, width) as flat rows (-1 past the
     path), accept_num (bs,) and the bonus (bs,)."""
     bs, n, _ = p.shape
     device = p.device
@@ -74,3 +76,12 @@ def search_order(parent: torch.Tensor, tree_rows: torch.Tensor, depths: torch.Te
     weight = (n + 1) ** (max_depth - depths.clamp(min=1))
     digits = torch.where(nodes >= 1, (n - rank) * weight, 0)
     return (tree_rows.long() * digits[:, None, :]).sum(-1)
+
+
+def typical_accept(tree, logits, target_predict, randoms, spec, max_depth) -> Verdict:
+    """The rule's entry (fast/acceptance: FAST_RULES)."""
+    seq_lens = tree.positions[:, 0]  # the root sits at the committed length
+    rows = tree.tree_rows if tree.tree_rows is not None else tree_mask_rows(tree.tree_mask, seq_lens, tree.num_nodes)
+    index, num, bonus = typical_walk(target_probs(logits, tree, spec), tree.draft_tokens, rows,
+                                     tree.positions - seq_lens[:, None], randoms.coin_final, max_depth + 1)
+    return Verdict(index, num, bonus)

@@ -1,5 +1,6 @@
-"""`spectrace bench kernels`: each Triton twin against the explicit function it mirrors, on the same
-device and the same inputs.
+"""`spectrace bench kernels`: each Triton twin (spectrace/kernels/, under the peers' names of
+spectrace/compat/triton.py) against the explicit function it mirrors, on the same device and the
+same inputs.
 
 A row prints the twin's time twice: replayed from a CUDA graph with the L2 cache flushed (the GPU's
 work alone, as the CUDA-graph engine will run it) and called eagerly from Python (launches included,
@@ -51,24 +52,11 @@ def replay_ms(fn, device: str, reps: int = 40) -> float:
     runs it). Wall time on the CPU."""
     if not device.startswith("cuda"):
         return time_ms(fn, device)
+    from spectrace.fast.graphs import capture, replay_ms as graph_ms
+
     fn()  # compile outside the capture
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
     flush = torch.empty(256 << 20, dtype=torch.int8, device=device)
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for start, end in events:
-        flush.zero_()
-        start.record()
-        graph.replay()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(start.elapsed_time(end) for start, end in events)
+    return graph_ms(capture([("fn", fn)], warmup=1)["fn"], reps, before=flush.zero_)
 
 
 def twin_ms(fn, device: str) -> tuple[float, float]:
@@ -142,8 +130,8 @@ def walk_outputs(bs: int, width: int, device: str):
 
 
 def bench_tree_and_walks(table: Table, device: str, batch_sizes, vocabs, gen) -> None:
-    from spectrace.kernels import sglang as twin
-    from spectrace.kernels.sampling import sample_bonus
+    from spectrace.compat import triton as twin
+    from spectrace.kernels.sampling import sample_from_prob
 
     n = NUM_VERIFY_TOKENS
     for bs in batch_sizes:
@@ -197,15 +185,15 @@ def bench_tree_and_walks(table: Table, device: str, batch_sizes, vocabs, gen) ->
             rows = (torch.arange(bs, device=device) * n + n // 2) * vocab
             bonus_draw = torch.stack((rows // vocab, rows, rows, torch.ones_like(rows)), 1)
             predicts = next(iter(twin_outs))
-            table.row("sample_bonus (the walks' draw)", shape,
-                      twin_ms(lambda: sample_bonus(bonus_draw, t["target_probs"], t["draft_probs"],
+            table.row("sample_from_prob (the walks' draw)", shape,
+                      twin_ms(lambda: sample_from_prob(bonus_draw, t["target_probs"], t["draft_probs"],
                                                    t["uniform_samples_for_final_sampling"], predicts), device),
                       None, 2 * bs * row_bytes)
 
 
 def bench_vllm(table: Table, device: str, batch_sizes, vocabs, gen) -> None:
     from spectrace.compat import vllm as explicit_vllm
-    from spectrace.kernels import vllm as twin
+    from spectrace.compat import triton as twin
 
     k = NUM_VERIFY_TOKENS - 1
     for bs in batch_sizes:

@@ -1,5 +1,5 @@
-"""tree_rejection on the fast engine (kernels/engine.py): core/acceptance/tree_rejection.py's walk
-as one Triton program per request, graph-safe.
+"""Triton twin of core/acceptance/tree_rejection.py: tree_rejection_walk, one program per request
+(the fast engine's device form of the rule: fast/acceptance/tree_rejection.py).
 
 The explicit walk moves down one node per level and, at each node, tries its children in draw
 order against (p', q'), updating both after each rejection. A program runs the same loops for
@@ -9,7 +9,7 @@ place: p' = relu(p' - q') / mass, q'(x) = 0, q' / sum, each a pass over the voca
 blocks, divisions rounded as IEEE (div_rn) as torch divides. It also counts each sibling rank's
 tries and acceptances: the host's SiblingStats need them to rank the next step's trees, and
 without a trace nothing else tells the host what the walk decided. The bonus is drawn after the
-kernel from the p' it leaves (the engine's inverse-CDF draw, float64 as the explicit one).
+kernel from the p' it leaves, by the caller's inverse-CDF draw (float64, as the explicit one).
 """
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def _block(V: int, device: torch.device) -> int:
     return triton.next_power_of_2(V) if device.type == "cpu" else min(BLOCK_V, triton.next_power_of_2(V))
 
 
-def tree_rejection_accept(p: torch.Tensor, q: torch.Tensor, candidates: torch.Tensor, next_token: torch.Tensor,
+def tree_rejection_walk(p: torch.Tensor, q: torch.Tensor, candidates: torch.Tensor, next_token: torch.Tensor,
                           next_sibling: torch.Tensor, coins: torch.Tensor, coin_final: torch.Tensor, sample,
                           max_depth: int, topk: int):
     """p (bs, n, V) float32, the target after each node; q (bs, n-1, V) float32, the distribution

@@ -1,18 +1,18 @@
-"""Triton twin of `spectrace.compat.vllm.RejectionSampler`: vLLM's rejection sampler on kernels
-(`vllm/v1/sample/rejection_sampler.py`), same `forward(metadata, draft_probs, target_logits,
-bonus_token_ids, sampling_metadata)`, same conventions (`temperature=None` when all requests are
-greedy, `draft_probs=None` for drafts without a distribution).
+"""Triton twins of core/acceptance/vllm.py: vLLM's rejection sampler on kernels
+(`vllm/v1/sample/rejection_sampler.py`), with its conventions (drafts packed request after request,
+`cu_num_draft_tokens` inclusive, `draft_probs=None` for drafts without a distribution):
 
-    rejection_greedy_sample   one program per request: the target's argmax up to the first mismatch
-    rejection_random_sample   one program per request: accept iff q > 0 and p / q >= u
-    expand_batch_to_tokens    one program per request: its value over its tokens
-    sample_recovered_tokens   one program per (request, position): argmax(prob * inv_q) over
-                              vocabulary tiles, the first maximum winning as torch.argmax's does
-
-Each mirrors `spectrace.core.acceptance.vllm` (vllm_walk, recovered_tokens, expand_batch_to_tokens).
-The random numbers are drawn on the host, per request, as the explicit sampler draws them
-(`sampler_randoms`), and handed to the kernels as tensors; p after temperature, top-k and top-p
-is torch's, as in vLLM (`probs_from_logits`, once per distinct setting).
+    vllm_greedy_walk        vllm_walk(greedy=True), one program per request: the target's argmax
+                            up to the first mismatch            (vLLM's rejection_greedy_sample)
+    vllm_walk               vllm_walk(greedy=False), one program per request: accept iff q > 0
+                            and p / q >= u                       (rejection_random_sample)
+    expand_batch_to_tokens  one program per request: its value over its tokens
+    recovered_tokens        one program per (request, position): argmax(prob * inv_q) over
+                            vocabulary tiles, the first maximum winning as torch.argmax's does
+                                                                 (sample_recovered_tokens)
+The random numbers are drawn on the host, per request, as the explicit sampler draws them, and
+handed to the kernels as tensors. vLLM's RejectionSampler module over them is
+spectrace/compat/triton.py's.
 """
 from __future__ import annotations
 
@@ -20,13 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
-from spectrace.compat.vllm import GREEDY_TEMPERATURE, MAX_SPEC_LEN, SamplingMetadata, SpecDecodeMetadata
-from spectrace.core.acceptance.vllm import PLACEHOLDER_TOKEN_ID, sampler_randoms
-from spectrace.core.sampling import SamplingParams, probs_from_logits
-from spectrace.kernels import check
+from spectrace.core.acceptance.vllm import MAX_SPEC_LEN
 
-__all__ = ["RejectionSampler", "rejection_greedy_sample", "rejection_random_sample", "expand_batch_to_tokens",
-           "sample_recovered_tokens"]
+__all__ = ["vllm_greedy_walk", "vllm_walk", "expand_batch_to_tokens", "recovered_tokens"]
 
 BLOCK_V = 8192  # vLLM's vocabulary tile for recovered tokens
 
@@ -120,7 +116,7 @@ def _recovered_kernel(recovered_token_ids, cu_num_draft_tokens, draft_token_ids,
         tl.store(recovered_token_ids + start + pos, best_token)
 
 
-def rejection_greedy_sample(out, cu_num_draft_tokens, draft_token_ids, target_argmax, bonus_token_ids, is_greedy,
+def vllm_greedy_walk(out, cu_num_draft_tokens, draft_token_ids, target_argmax, bonus_token_ids, is_greedy,
                             max_spec_len) -> None:
     """In place: greedy requests' rows of out (B, max_spec_len + 1). is_greedy (B,) bool or None (all)."""
     B = cu_num_draft_tokens.shape[0]
@@ -129,7 +125,7 @@ def rejection_greedy_sample(out, cu_num_draft_tokens, draft_token_ids, target_ar
                          HAS_IS_GREEDY=is_greedy is not None)
 
 
-def rejection_random_sample(out, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, bonus_token_ids,
+def vllm_walk(out, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, bonus_token_ids,
                             recovered_token_ids, uniforms, is_greedy, max_spec_len) -> None:
     """In place: the other requests' rows. draft_probs (N, V) or None; uniforms (N,) float64."""
     B, vocab_size = cu_num_draft_tokens.shape[0], target_probs.shape[-1]
@@ -148,7 +144,7 @@ def expand_batch_to_tokens(x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tok
     return out
 
 
-def sample_recovered_tokens(max_spec_len, num_draft_tokens, cu_num_draft_tokens, draft_token_ids, draft_probs,
+def recovered_tokens(max_spec_len, num_draft_tokens, cu_num_draft_tokens, draft_token_ids, draft_probs,
                             target_probs, inv_q) -> torch.Tensor:
     """The recovered token of every draft position (N,): argmax(relu(p - q) * inv_q[request])."""
     recovered = torch.empty_like(draft_token_ids)
@@ -158,64 +154,3 @@ def sample_recovered_tokens(max_spec_len, num_draft_tokens, cu_num_draft_tokens,
             target_probs, inv_q, target_probs.shape[-1], NO_DRAFT_PROBS=draft_probs is None,
             BLOCK_V=min(BLOCK_V, triton.next_power_of_2(target_probs.shape[-1])))
     return recovered
-
-
-class RejectionSampler(torch.nn.Module):
-    def forward(self, metadata: SpecDecodeMetadata, draft_probs: torch.Tensor | None, target_logits: torch.Tensor,
-                bonus_token_ids: torch.Tensor, sampling_metadata: SamplingMetadata) -> torch.Tensor:
-        """draft_probs [N, V] or None; target_logits [N, V]; bonus_token_ids [B, 1] -> [B, max_spec_len + 1]."""
-        device, B, N = target_logits.device, len(metadata.num_draft_tokens), sum(metadata.num_draft_tokens)
-        check("target_logits", target_logits, (torch.float32, torch.bfloat16, torch.float16), (N, None))
-        if draft_probs is not None:
-            check("draft_probs", draft_probs, torch.float32, tuple(target_logits.shape), device)
-        check("bonus_token_ids", bonus_token_ids, shape=(B, 1), device=device)
-        assert metadata.max_spec_len <= MAX_SPEC_LEN
-        out = torch.full((B, metadata.max_spec_len + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int32, device=device)
-        sm, cu = sampling_metadata, metadata.cu_num_draft_tokens.to(device)
-        draft_ids = metadata.draft_token_ids.to(device)
-        is_greedy = None if sm.all_greedy else (sm.temperature == GREEDY_TEMPERATURE).to(device)
-        if sm.all_greedy or bool(is_greedy.any()):
-            rejection_greedy_sample(out, cu, draft_ids, target_logits.argmax(-1), bonus_token_ids, is_greedy,
-                                    metadata.max_spec_len)
-            if sm.all_greedy:
-                return out
-        uniforms, inv_q = self.randoms(metadata, sm, target_logits.shape[-1], device)
-        target_probs = self.target_probs(target_logits, metadata, sm)
-        recovered = sample_recovered_tokens(metadata.max_spec_len, metadata.num_draft_tokens, cu, draft_ids,
-                                            draft_probs, target_probs, inv_q)
-        rejection_random_sample(out, cu, draft_ids, draft_probs, target_probs, bonus_token_ids, recovered, uniforms,
-                                is_greedy, metadata.max_spec_len)
-        return out
-
-    @staticmethod
-    def randoms(metadata, sm, vocab: int, device):
-        """Each random request's uniforms and inv_q, drawn as the explicit sampler draws them
-        (greedy requests and requests without drafts draw nothing)."""
-        gens = sm.generators or {}
-        uniforms = torch.zeros(sum(metadata.num_draft_tokens), dtype=torch.float64)
-        inv_q = torch.zeros(len(metadata.num_draft_tokens), vocab)
-        start = 0
-        for r, n in enumerate(metadata.num_draft_tokens):
-            if n and not (sm.all_greedy or float(sm.temperature[r]) == GREEDY_TEMPERATURE):
-                uniforms[start:start + n], inv_q[r] = sampler_randoms(n, vocab, gens.get(r))
-            start += n
-        return uniforms.to(device), inv_q.to(device)
-
-    @staticmethod
-    def target_probs(target_logits, metadata, sm) -> torch.Tensor:
-        """p of every draft row after its request's temperature, top-k and top-p: expanded to the
-        tokens, then torch's `probs_from_logits` once per distinct setting (vLLM's compute_probs)."""
-        cu, N = metadata.cu_num_draft_tokens.to(target_logits.device), target_logits.shape[0]
-        B = len(metadata.num_draft_tokens)
-        temperature = expand_batch_to_tokens(sm.temperature.float().to(target_logits.device), cu, N,
-                                             float(GREEDY_TEMPERATURE), 1.0)
-        top_k = expand_batch_to_tokens((sm.top_k if sm.top_k is not None else torch.zeros(B)).long()
-                                       .to(target_logits.device), cu, N)
-        top_p = expand_batch_to_tokens((sm.top_p if sm.top_p is not None else torch.ones(B)).float()
-                                       .to(target_logits.device), cu, N)
-        settings = torch.stack([temperature, top_k.float(), top_p], 1)
-        probs = torch.empty(target_logits.shape, dtype=torch.float32, device=target_logits.device)
-        for t, k, p in torch.unique(settings, dim=0).tolist():
-            rows = (settings == torch.tensor([t, k, p], device=settings.device)).all(1)
-            probs[rows] = probs_from_logits(target_logits[rows], SamplingParams(t, int(k), p))
-        return probs

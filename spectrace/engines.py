@@ -1,0 +1,152 @@
+"""Either engine from one spec (the application layer, above core and fast): the target's KV sized
+for every request, the drafter of the algorithm's checkpoint format around the loaded draft
+model, and the engine that runs them.
+
+    backend    KV                             drafters                  engine
+    explicit   core/kv.py KVCache             core/drafters/            core/engine.py Engine
+    triton     kernels/kv.py TritonKVCache    core/drafters/            the same Engine; attention, tree
+                                                                        build and walks through the twins
+    fast       fast/kv.py StaticKV            fast/drafters/            fast/engine.py FastEngine
+"""
+from __future__ import annotations
+
+from spectrace.algos import ALGOS
+from spectrace.core.acceptance import RULES
+from spectrace.core.drafters.dflash import DFlashDrafter
+from spectrace.core.drafters.eagle_worker import EagleDrafter
+from spectrace.core.drafters.frozen_kv_mtp import FrozenKVMtpDrafter
+from spectrace.core.drafters.medusa import DEFAULT_CHOICES, MC_SIM_7B_63, MedusaDrafter, MedusaTree
+from spectrace.core.drafters.ngram import NgramConfig
+from spectrace.core.drafters.standalone import StandaloneDrafter
+from spectrace.core.engine import Engine, SpecConfig
+from spectrace.core.kv import KVCache
+from spectrace.core.model import CausalLM
+from spectrace.core.probs import ProbsRecorder
+from spectrace.core.trace import TraceWriter
+
+
+def lookahead(spec: SpecConfig) -> int:
+    """Positions past the committed ones a step may reach: the root and num_steps levels."""
+    return spec.max_steps + 1 if spec.algo != "none" else 1
+
+
+def scratch_columns(spec: SpecConfig) -> int:
+    """`req_to_token` columns past the committed ones a step may map: the verify tree's nodes
+    (target) or the draft's [topk][step] scratch (draft)."""
+    steps = spec.max_steps
+    return max(spec.num_draft_tokens, steps + 1, spec.topk * (steps - 1) + 1) + 1
+
+
+def context(target: CausalLM, draft) -> int:
+    return min(m.config.max_position_embeddings for m in (target, draft) if hasattr(m, "config"))  # Medusa has none
+
+
+def build_engine(target: CausalLM, draft, spec: SpecConfig, prompt_ids: list[list[int]], eos_token_ids,
+                 trace: TraceWriter | None = None, ngram: NgramConfig | None = None,
+                 medusa_tree: MedusaTree | None = None, on_step=None, backend: str = "explicit",
+                 probs: ProbsRecorder | None = None, graphs: bool | None = None):
+    """The engine of `spec.algo` around `draft` (the loaded draft model; None for none and ngram),
+    its KV pools holding every request at full length at once. ngram and medusa_tree: those
+    drafters' options, checked (NgramConfig.check, MedusaTree.from_choices). graphs: the fast
+    engine's CUDA graphs (default: on a GPU)."""
+    medusa_tree = medusa_tree or (MedusaTree.from_choices(MC_SIM_7B_63[:DEFAULT_CHOICES], draft.num_heads)
+                                  if spec.algo == "medusa" else None)
+    ngram = ngram or NgramConfig()
+    if backend == "fast":
+        return fast_engine(target, draft, spec, prompt_ids, eos_token_ids, trace, ngram, medusa_tree, on_step, probs,
+                           graphs)
+    cache_class = KVCache
+    if backend == "triton":
+        from spectrace.kernels import backend as twins
+        from spectrace.kernels.kv import TritonKVCache
+
+        twins.install()
+        cache_class = TritonKVCache
+    columns = context(target, draft) + scratch_columns(spec)
+    num_slots = sum(len(p) + spec.max_new_tokens + scratch_columns(spec) for p in prompt_ids)
+    kv = target.new_kv_cache("target", spec.commit_style, num_slots, len(prompt_ids), columns, cache_class)
+    drafter = None
+    if spec.algo != "none":
+        drafter = explicit_drafter(target, draft, spec, kv, ngram, medusa_tree, lambda: draft.new_kv_cache(
+            "draft", spec.commit_style, num_slots, len(prompt_ids), columns, cache_class))
+    return Engine(target, kv, spec, eos_token_ids, drafter, trace, on_step, probs)
+
+
+def explicit_drafter(target, draft, spec: SpecConfig, kv, ngram: NgramConfig, medusa_tree, draft_kv):
+    """The explicit drafter of the algorithm's checkpoint format; draft_kv() makes its own KV."""
+    fmt = ALGOS[spec.algo].checkpoint
+    shape = dict(num_steps=spec.num_steps, topk=spec.topk, num_draft_tokens=spec.num_draft_tokens,
+                 temperature=spec.temperature if RULES[spec.acceptance].samples_drafts else 1.0,
+                 trace_topk=spec.trace_topk)
+    if spec.algo == "ngram":
+        return ngram.drafter(spec.num_steps, spec.num_draft_tokens, target.config.max_position_embeddings,
+                             target.lm_head.weight.device)
+    if fmt == "medusa":
+        return MedusaDrafter(draft, medusa_tree, spec.trace_topk)
+    if fmt == "dflash":
+        return DFlashDrafter(draft, target, spec.trace_topk)
+    if fmt == "frozen_kv_mtp":  # no draft KV: it reads the target's
+        return FrozenKVMtpDrafter(draft, target, kv, **shape)
+    if fmt == "lm":
+        return StandaloneDrafter(draft, draft_kv(), **shape)
+    return EagleDrafter(draft, target, draft_kv(), **shape)
+
+
+def fast_engine(target, draft, spec: SpecConfig, prompt_ids, eos_token_ids, trace, ngram, medusa_tree, on_step, probs,
+                graphs):
+    """The fast engine over the batch bucket. A request's row holds its prompt, max_new_tokens,
+    up to num_steps tokens committed past them by its last step, num_steps + 1 more of a step
+    launched ahead of the host's reading (overlap), and one more step's columns, since a finished
+    request still runs every phase, frozen. On a GPU the models' layers run fused
+    (kernels/fused.py; in place: their modules' forwards, wherever they run next)."""
+    from spectrace.fast.engine import FastEngine
+    from spectrace.fast.graphs import bucket, check_batch, place_rotary
+    from spectrace.fast.kv import StaticKV
+    from spectrace.kernels import backend as twins
+
+    check_batch(len(prompt_ids))
+    twins.install()  # the models' attention, through StaticKV's backend
+    S = spec.max_steps if spec.algo != "none" else 0
+    n = spec.num_draft_tokens + spec.max_steps - spec.num_steps  # the deepest tier's nodes
+    committed = max(len(p) for p in prompt_ids) + spec.max_new_tokens + 2 * (S + 1)
+    kv = StaticKV(target, bucket(len(prompt_ids)), committed + n)
+    models = [m for m in (target, draft) if m is not None]
+    if kv.seq_lens.device.type == "cuda":
+        from spectrace.kernels.fused import fuse
+
+        for m in models:
+            fuse(m)
+    for m in models:
+        place_rotary(m, kv.seq_lens.device)
+    drafter = fast_drafter(target, draft, spec, kv, committed, ngram, medusa_tree,
+                           trace is not None or on_step is not None, probs is not None) if spec.algo != "none" else None
+    return FastEngine(target, kv, spec, drafter, prompt_ids, eos_token_ids, trace, on_step, probs, graphs)
+
+
+def fast_drafter(target, draft, spec: SpecConfig, kv, committed: int, ngram: NgramConfig, medusa_tree,
+                 recording: bool, record_probs: bool):
+    """The fast drafter of the algorithm's checkpoint format, its buffers over the bucket."""
+    from spectrace.fast.drafters.dflash import DFlash
+    from spectrace.fast.drafters.eagle_worker import EagleWorker
+    from spectrace.fast.drafters.frozen_kv_mtp import FrozenKVMtp
+    from spectrace.fast.drafters.medusa import Medusa
+    from spectrace.fast.drafters.ngram import Ngram
+    from spectrace.fast.tree import full_mask_size
+
+    fmt, rule, bs = ALGOS[spec.algo].checkpoint, RULES[spec.acceptance], kv.seq_lens.shape[0]
+    n, S, K = spec.num_draft_tokens, spec.max_steps, spec.topk
+    trace_topk = spec.trace_topk if recording else None
+    sampling = dict(sampled=rule.samples_drafts, keep_q=rule.samples_drafts or record_probs, trace_topk=trace_topk,
+                    temperature=spec.temperature if rule.samples_drafts else 1.0)
+    if spec.algo == "ngram":
+        return Ngram(ngram.drafter(S, n, target.config.max_position_embeddings, "cpu"), bs, n,
+                     full_mask_size(kv.req_to_token, n), kv.seq_lens.device)
+    if fmt == "medusa":
+        return Medusa(draft, medusa_tree, bs, target.config.hidden_size, full_mask_size(kv.req_to_token, n),
+                      spec.trace_topk, recording)
+    if fmt == "dflash":
+        return DFlash(draft, target, bs, kv.req_to_token.shape[1], full_mask_size(kv.req_to_token, n), trace_topk)
+    if fmt == "frozen_kv_mtp":
+        return FrozenKVMtp(draft, target, kv, K, **sampling)
+    return EagleWorker(draft, target, fmt != "lm", bs, committed + max(S + 1, K * max(S - 1, 0)), K,
+                       kv.req_to_token.numel(), **sampling)

@@ -1,0 +1,101 @@
+"""Forward batches with their attention metadata computed on the device (core/batch.py:
+ForwardBatch.build and kernels/backend.py's host-side metadata, here from the step's tensors), so
+a CUDA graph replays them without the host. Three layouts:
+
+    extend_batch    `width` new tokens after each request's committed KV, causal or under a
+                    FULL_MASK (prefill, verify, draft extend): extend_attention_fwd's metadata
+    scratch_batch   one level of the draft loop: each kept path is its own sequence, the
+                    committed draft KV then its path's scratch columns (drafters/scratch.py's
+                    [topk][step] layout): decode_attention_fwd's metadata
+    prefix_rows     rows that each read their request's committed prefix (FROZEN_KV_MTP)
+`one_token_forwards` is --deterministic's verify: every row a one-token decode of its own.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from spectrace.core.batch import ForwardBatch
+from spectrace.core.model import ForwardOutput
+from spectrace.fast.tree import tree_mask_rows
+from spectrace.kernels import attention
+
+
+def prefix_rows(req_to_token: torch.Tensor, seq_lens: torch.Tensor, rows: int) -> dict:
+    """kv_indptr and kv_indices of `rows` sequences per request, each over the request's
+    committed prefix (seq_lens); kv_indices sized for any prefixes, so no sync."""
+    bs, device = seq_lens.shape[0], seq_lens.device
+    lens = seq_lens.repeat_interleave(rows)
+    kv_indptr = F.pad(lens.cumsum(0), (1, 0))
+    kv_indices = torch.empty(bs * rows * req_to_token.shape[1], dtype=torch.int64, device=device)
+    attention.create_kv_indices(req_to_token, torch.arange(bs, device=device).repeat_interleave(rows), lens,
+                                kv_indptr, None, kv_indices)
+    return dict(kv_indptr=kv_indptr, kv_indices=kv_indices)
+
+
+def extend_batch(kv, input_ids, positions, width: int, tree_mask=None) -> ForwardBatch:
+    """A forward adding `width` tokens to every request after its seq_lens: tree_mask (FULL_MASK,
+    as build_tree lays it out) for a verify, else causal. Shapes are fixed by (bs, width)."""
+    bs, device = kv.seq_lens.shape[0], kv.seq_lens.device
+    prefix = kv.seq_lens
+    meta = prefix_rows(kv.req_to_token, prefix, 1)
+    meta.update(qo_indptr=torch.arange(bs + 1, device=device) * width, custom_mask=tree_mask, mask_indptr=None,
+                max_len_extend=width)
+    if tree_mask is not None:  # request b's rows (width, prefix + width) start where build_tree wrote them
+        meta["mask_indptr"] = F.pad((width * (prefix + width)).cumsum(0), (1, 0))
+    return ForwardBatch(input_ids=input_ids, positions=positions, req_pool_indices=list(range(bs)),
+                        seq_lens=[], extend_lens=[width] * bs, out_cache_loc=kv.slots(prefix, width).flatten(),
+                        custom_masks=[], attn_metadata={"extend": meta})
+
+
+def scratch_batch(kv, input_ids, level: int, paths: torch.Tensor) -> ForwardBatch:
+    """Level `level` of the draft loop over K kept paths per request: paths (bs, K, level + 1) the
+    scratch columns of each path's nodes, its own last; the path writes its own column after the
+    committed draft KV and reads that KV, then its path's columns (drafters/scratch.py)."""
+    bs, K = paths.shape[:2]
+    T = kv.seq_lens  # committed draft KV
+    # each path reads T + level + 1 columns: the committed ones, then in place of the columns
+    # after them, its own path's scratch columns
+    meta = prefix_rows(kv.req_to_token, T + level + 1, K)
+    rows_T = T.repeat_interleave(K)  # (bs*K,)
+    at = meta["kv_indptr"][:-1, None] + rows_T[:, None] + torch.arange(level + 1, device=T.device)
+    meta["kv_indices"][at.flatten()] = kv.req_to_token.gather(1, T[:, None] + paths.flatten(1)).flatten()
+    return ForwardBatch(input_ids=input_ids, positions=rows_T + level, req_pool_indices=[], seq_lens=[],
+                        extend_lens=[K] * bs, custom_masks=[], attn_metadata={"branch": meta},
+                        out_cache_loc=kv.req_to_token.gather(1, T[:, None] + paths[..., -1]).flatten())
+
+
+def one_token_forwards(target, kv, tree, capture_layers) -> ForwardOutput:
+    """--deterministic: the target over a tree's (bs, w) nodes as bs * w one-token forwards, each a
+    decode over its request's committed KV, then the slots of the nodes its tree row shows (its
+    ancestors, in index order: parents come first) and its own, in one KV split. Every operation
+    then has a one-token decode's shapes and reads the keys an autoregressive decode of that token
+    reads, in the same order, so bf16 greedy speculative output equals bf16 greedy autoregressive
+    output. core/model.py's batch_invariant, on the device."""
+    input_ids, positions = tree.draft_tokens, tree.positions
+    bs, w = input_ids.shape
+    tree_rows = tree.tree_rows if tree.tree_rows is not None or w == 1 else \
+        tree_mask_rows(tree.tree_mask, kv.seq_lens, w)  # (bs, w, w)
+    col = torch.arange(kv.req_to_token.shape[1], device=input_ids.device)
+    outs = []
+    for b in range(bs):  # a tree's rows in index order: a node's ancestors have written their KV
+        seq = kv.seq_lens[b]
+        node = (col - seq).clamp(0, w - 1)  # which node a verify column holds
+        verify = (col >= seq) & (col < seq + w)
+        for j in range(w):
+            shown = (col < seq) | (verify & tree_rows[b, j, node]) if w > 1 else col <= seq
+            order = torch.argsort((~shown).to(torch.int8), stable=True)  # the shown columns first, in order
+            meta = dict(kv_indptr=F.pad(shown.sum()[None], (1, 0)), kv_indices=kv.req_to_token[b, order],
+                        num_kv_splits=1)
+            batch = ForwardBatch(input_ids=input_ids[b, j:j + 1], positions=positions[b, j:j + 1],
+                                 req_pool_indices=[], seq_lens=[], extend_lens=[1],
+                                 out_cache_loc=kv.req_to_token[b].gather(0, (seq + j)[None]), custom_masks=[],
+                                 attn_metadata={"branch": meta})
+            outs.append(target(batch, kv, capture_layers))
+    return ForwardOutput(torch.cat([o.logits for o in outs]), torch.cat([o.hidden_states for o in outs]),
+                         [torch.cat(a) for a in zip(*(o.aux_hidden_states for o in outs))])
+
+
+def features(out) -> torch.Tensor:
+    """What drafters read of a target forward: the captured layers' inputs, or the last hidden state."""
+    return torch.cat(out.aux_hidden_states, dim=-1) if out.aux_hidden_states else out.hidden_states

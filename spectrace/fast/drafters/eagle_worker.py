@@ -1,0 +1,127 @@
+"""The EAGLE worker on the fast engine (core/drafters/eagle_worker.py and scratch.py): the EAGLE-1,
+EAGLE-3 and NEXTN/MTP heads and the standalone draft LM, drafting over a draft KV of their own.
+
+    DRAFT          core's draft_forward with a forward whose attention metadata is built on the
+                   device (fast/batch.py: scratch_batch): level i's K paths each write scratch
+                   column k * (num_steps - 1) + i after the committed draft KV and read that KV
+                   and their own path's columns; then build_draft_tree (organize_draft_results,
+                   the Triton build_tree, what the sampling rules and the trace keep)
+    DRAFT_EXTEND   the step's accept_tokens padded to num_steps + 1 per request (causal: a real
+                   row never sees a padding row), as SGLang's draft-extend graph runs them
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from spectrace.core.drafters import SampledDrafts
+from spectrace.core.drafters.eagle_worker import DraftLevels, draft_forward, level_tensors
+from spectrace.core.tree import TreeMaskMode, organize_draft_results
+from spectrace.fast.batch import extend_batch, scratch_batch
+from spectrace.fast.kv import StaticKV
+from spectrace.fast.tree import DeviceTree, tree_mask_rows
+from spectrace.kernels.tree import build_tree
+
+
+def build_draft_tree(levels: DraftLevels, roots: torch.Tensor, seq_lens: torch.Tensor, topk: int, n: int,
+                     mask_bound: int, keep_q: bool, trace_topk: int | None) -> DeviceTree:
+    """core/drafters/eagle_worker.py: build_draft_tree on the device. mask_bound: the target's
+    req_to_token size, bounding the FULL_MASK's prefixes without a sync; keep_q: the q each node
+    was drawn from (sampled rules, --record-probs); trace_topk: what the trace keeps (None: no trace)."""
+    bs = roots.shape[0]
+    parent_list, top_scores_index, draft_tokens = organize_draft_results(
+        levels.score_list, levels.token_list, levels.parents_list, n)
+    tree_mask, positions, retrive_index, retrive_next_token, retrive_next_sibling = build_tree(
+        parent_list, top_scores_index, seq_lens, topk, n, TreeMaskMode.FULL_MASK, seq_lens_sum=mask_bound)
+    tree = DeviceTree(torch.cat([roots[:, None], draft_tokens], dim=1), positions.view(bs, n), tree_mask,
+                      retrive_index, retrive_next_token, retrive_next_sibling)
+    dists = torch.cat([p.view(bs, -1, p.shape[-1]) for p in levels.probs_list], dim=1)  # a row per parent_list row
+    parent_rows = (top_scores_index // topk)[..., None]  # (bs, n-1, 1): the kernel's parent_tb_idx
+    if keep_q:
+        tree.draft_probs = torch.gather(dists, 1, parent_rows.expand(-1, -1, dists.shape[-1]))  # (bs, n-1, V)
+    if trace_topk is not None:  # recording runs only: a dozen kernels more
+        tree.tree_rows = tree_mask_rows(tree_mask, seq_lens, n)
+        tree.q = torch.gather(torch.cat(levels.q_list, dim=1), 1, top_scores_index)
+        tree.scores = torch.gather(torch.cat([s.flatten(1) for s in levels.score_list], dim=1), 1, top_scores_index)
+        top = torch.topk(dists, min(max(topk, trace_topk, 1), dists.shape[-1]), dim=-1)
+        rows = parent_rows.expand(-1, -1, top.values.shape[-1])
+        tree.draft_top = (torch.gather(top.values, 1, rows), torch.gather(top.indices, 1, rows))
+        tree.candidates = (*level_tensors(levels), top_scores_index)  # every candidate the loop scored
+    return tree
+
+
+class EagleWorker:
+    """A head (reads (token, target feature) pairs shifted by one and feeds its own output to
+    deeper levels) or a draft LM (reads tokens at their own positions), its draft KV, and what
+    the next DRAFT starts from: q after each request's last committed token, and a head's output there."""
+
+    on_host = False
+
+    def __init__(self, model, target, is_head: bool, bs: int, columns: int, topk: int, mask_bound: int,
+                 sampled: bool, keep_q: bool, trace_topk: int | None, temperature: float = 1.0):
+        self.model, self.target, self.is_head = model, target, is_head
+        self.capture_layers = model.capture_layers if is_head else ()
+        self.kv = StaticKV(model, bs, columns)
+        self.topk, self.mask_bound, self.sampled, self.keep_q, self.trace_topk = topk, mask_bound, sampled, keep_q, \
+            trace_topk
+        self.temperature = temperature  # q = softmax(logits / T): the run's T when drafts are sampled
+        device, dtype = target.lm_head.weight.device, target.lm_head.weight.dtype
+        self.next_probs = torch.zeros(bs, target.config.vocab_size, device=device)  # q after the root
+        self.last_hidden = torch.zeros(bs, model.config.hidden_size, dtype=dtype, device=device)
+
+    def reset(self) -> None:
+        self.kv.reset()
+
+    def forward(self, batch, features) -> torch.Tensor:
+        return self.model(batch, self.kv, features) if self.is_head else self.model(batch, self.kv).hidden_states
+
+    def probs(self, h: torch.Tensor) -> torch.Tensor:
+        logits = self.model.compute_logits(h, self.target.lm_head) if self.is_head else self.model.lm_head(h).float()
+        return torch.softmax(logits / self.temperature, dim=-1)
+
+    def prefill(self, prompt_ids, prompt_lens, roots, features) -> None:
+        """Heads read pairs (f_t, x_{t+1}): the prompt shifted by one, ending with the first token;
+        a draft LM reads the prompt and the first token."""
+        bs, L = prompt_ids.shape
+        width = L if self.is_head else L + 1
+        tokens = F.pad(prompt_ids[:, 1:] if self.is_head else prompt_ids, (0, 1))  # (bs, width)
+        tokens.scatter_(1, (prompt_lens - 1 if self.is_head else prompt_lens)[:, None], roots[:, None])
+        rows = torch.arange(width, device=roots.device)
+        h = self.forward(extend_batch(self.kv, tokens.flatten(), rows.repeat(bs), width),
+                         features if self.is_head else None)
+        lens = prompt_lens if self.is_head else prompt_lens + 1
+        last = torch.arange(bs, device=roots.device) * width + lens - 1
+        self.next_probs.copy_(self.probs(h[last]))
+        self.last_hidden.copy_(h[last])
+        self.kv.seq_lens.copy_(lens)
+
+    def draft(self, roots, seq_lens, num_steps, num_draft_tokens, randoms) -> DeviceTree:
+        K, bs = self.topk, roots.shape[0]
+        own = (torch.arange(K, device=roots.device) * (num_steps - 1)).view(1, K, 1).expand(bs, K, 1)
+        paths = []  # the scratch columns of each kept path's nodes, (bs, K, level + 1)
+
+        def forward(i, input_ids, hidden_states, parents):
+            if i == 0:
+                paths.append(own)
+            else:  # a kept path extends path (parents // K - 1) % K of level i - 1
+                beam = (parents // K - 1 - K * (i - 1))[..., None].expand(-1, -1, i)
+                paths.append(torch.cat([torch.gather(paths[-1], 1, beam), own + i], dim=2))
+            h = self.forward(scratch_batch(self.kv, input_ids, i, paths[-1]), hidden_states)
+            return self.probs(h), h if self.is_head else None
+
+        sampled = SampledDrafts(None, randoms.worth if K > 1 else None, iter(randoms.noise)) if self.sampled else None
+        levels = draft_forward(forward, self.next_probs, self.last_hidden if self.is_head else None, num_steps, K,
+                               sampled)
+        return build_draft_tree(levels, roots, seq_lens, K, num_draft_tokens, self.mask_bound, self.keep_q,
+                                self.trace_topk)
+
+    def extend(self, tree, verdict, features, live) -> None:
+        bs, E = verdict.accept_tokens.shape
+        kv = self.kv
+        cols = kv.seq_lens[:, None] + torch.arange(E, device=live.device)
+        batch = extend_batch(kv, verdict.accept_tokens.clamp(min=0).flatten(), cols.flatten(), E)
+        h = self.forward(batch, features[verdict.accept_index.clamp(min=0).flatten()] if self.is_head else None)
+        last = torch.arange(bs, device=live.device) * E + verdict.accept_num
+        self.next_probs.copy_(torch.where(live[:, None], self.probs(h[last]), self.next_probs))
+        self.last_hidden.copy_(torch.where(live[:, None], h[last], self.last_hidden))
+        kv.seq_lens.add_(torch.where(live, verdict.accept_num + 1, 0))

@@ -1,0 +1,123 @@
+"""The explicit engine's step records (core/step_record.py) from a fast step's tensors.
+
+A recording run (a trace, or on_step) copies the step's tensors to the host after the step
+(`host_tensors`), rebuilds each request's draft tree and StepRow from them, and runs the
+explicit rule's walk over the same tree with the same p and random numbers: its per-node
+decisions are what the trace records, and a step whose kernel path or bonus differs from the
+explicit walk's is refused with one line. The KV part records lengths and the req_to_token
+pointers; the static KV has no allocator, so it has no events.
+"""
+from __future__ import annotations
+
+import torch
+
+from spectrace.core.acceptance import RULES, AcceptResult, Randoms, bonus_from
+from spectrace.core.drafters.eagle_worker import draft_candidates
+from spectrace.core.engine import Request, SpecConfig, StepRow
+from spectrace.core.probs import ProbsRecorder
+from spectrace.core.sampling import as_pairs, probs_from_logits
+from spectrace.core.step_record import prefill_record, step_record
+from spectrace.core.tree import DraftTree
+from spectrace.errors import SpectraceError
+
+TREE_FIELDS = ("draft_tokens", "positions", "retrive_index", "retrive_next_token", "retrive_next_sibling")
+
+
+class StepRecorder:
+    def __init__(self, spec: SpecConfig, drafter, probs: ProbsRecorder | None):
+        self.spec, self.drafter, self.probs = spec, drafter, probs
+        self.walk = RULES[spec.acceptance].walk
+
+    def prefill_record(self, r: Request, first_token: int, ms: float) -> dict:
+        kv = {"style": "sglang", "target_seq_len": [0, len(r.prompt_ids)], "events": [], "free_slots": None}
+        return prefill_record(StepRow(r, 0, None, None), first_token, kv, {"prefill": ms})
+
+    def host_tensors(self, tier, kv) -> dict:
+        """The step's tensors on the host (the cost of --trace-level steps/full)."""
+        tree, verdict, bs, n = tier.tree, tier.verdict, *tier.tree.draft_tokens.shape
+        host = {"target_predict": tier.target_predict.view(bs, n).cpu(), "accept_index": verdict.accept_index.cpu(),
+                "accept_num": verdict.accept_num.cpu(), "req_to_token": kv.req_to_token.cpu(),
+                "seq_lens": kv.seq_lens.cpu()}
+        sampling = self.spec.sampling  # p as the trace shows it: softmax at temperature 0, else after T, top-k, top-p
+        p = torch.softmax(tier.logits, dim=-1) if sampling.greedy else probs_from_logits(tier.logits, sampling)
+        host["target_probs"] = p.view(bs, n, -1).cpu()
+        if self.probs is not None:
+            host["logits"] = tier.logits.float().view(bs, n, -1).cpu()
+        if self.drafter is None:
+            return host
+        host.update({name: getattr(tree, name).cpu() for name in TREE_FIELDS})
+        if self.drafter.kv is not None:
+            host["draft_seq_lens"] = self.drafter.kv.seq_lens.cpu()
+        if not self.drafter.on_host:  # n-gram's trees are on the host already
+            host.update({name: getattr(tree, name).cpu() for name in ("tree_rows", "q", "scores")})
+            host["draft_probs"] = tree.draft_probs.cpu() if tree.draft_probs is not None else None
+            host["worth"] = tier.randoms.worth.cpu() if self.spec.acceptance == "tree_rejection" and \
+                self.spec.topk > 1 else None
+            values, indices = tree.draft_top
+            host["draft_topk"] = [as_pairs(ib, vb) for ib, vb in zip(indices.tolist(), values.tolist())]
+            host["candidates"] = (draft_candidates(*(t.cpu() for t in tree.candidates), self.spec.topk)
+                                  if tree.candidates is not None else None)
+        return host
+
+    def draft_tree(self, host: dict, b: int) -> tuple[DraftTree | None, int, int]:
+        """The step's trees as core's DraftTree, request b's index in them, and its size."""
+        if self.drafter is None:
+            return None, b, 1
+        if self.drafter.on_host:  # the trees the host drafted (they keep the n-gram's match)
+            tree, i = self.drafter.tree, self.drafter.index[b]
+            return tree, i, tree.size(i)
+        tree = DraftTree(
+            draft_tokens=host["draft_tokens"], tree_mask=host["tree_rows"], positions=host["positions"],
+            retrive_index=host["retrive_index"], retrive_next_token=host["retrive_next_token"],
+            retrive_next_sibling=host["retrive_next_sibling"], q=host["q"], scores=host["scores"],
+            draft_topk=host["draft_topk"], candidates=host["candidates"], sibling_worth=host["worth"])
+        return tree, b, host["draft_tokens"].shape[1]
+
+    def record(self, step: int, b: int, r: Request, host: dict, tokens: list[int], randoms, committed: list[int],
+               seq_before: int, timing: dict, adaptive: dict | None, max_depth: int) -> dict:
+        """Request b's step record (tokens: the step's accept tokens, the bonus last)."""
+        tree, i, size = self.draft_tree(host, b)
+        row = StepRow(r, seq_before, None, None, b=i, drafted=size > 1, committed=committed)
+        row.target_predict = host["target_predict"][b, :size].tolist()
+        row.target_probs = host["target_probs"][b, :size]
+        if size == 1:  # plain decoding, or an n-gram request that drafted nothing: core's plain_result
+            row.candidates, row.positions = [r.output_ids[-len(committed) - 1]], [seq_before]
+            row.result = AcceptResult([], tokens[-1], [0], [], None if self.spec.sampling.greedy else
+                                      bonus_from("target", 0, row.target_probs[0], self.spec.trace_topk))
+        else:
+            self.walk_explicitly(step, b, row, host, tokens, randoms, max_depth)
+        return step_record(step, row, tree, self.spec.acceptance, self.kv_record(b, host, seq_before), timing,
+                           self.spec.trace_topk, adaptive)
+
+    def walk_explicitly(self, step: int, b: int, row: StepRow, host: dict, tokens: list[int], randoms,
+                        max_depth: int) -> None:
+        """The explicit rule's walk over request b's tree, which must reach the kernels' path and bonus."""
+        size, n = len(row.target_predict), host["draft_tokens"].shape[1]
+        draft_probs = host.get("draft_probs")
+        if self.probs is not None:  # the walk's inputs, for spectrace rejudge
+            self.probs.add(step, row.req.req_pool_idx, host["logits"][b, :size],
+                           draft_probs[b] if draft_probs is not None else None, randoms or Randoms())
+        row.candidates = host["draft_tokens"][b, :size].tolist()
+        row.positions = host["positions"][b, :size].tolist()
+        sampled = getattr(self.drafter, "sampled", False)
+        row.result = self.walk(row.candidates, host["retrive_next_token"][b, :size].tolist(),
+                               host["retrive_next_sibling"][b, :size].tolist(), row.target_predict, row.target_probs,
+                               draft_probs[b] if sampled else None, randoms, max_depth, self.spec.rule_params)
+        num = int(host["accept_num"][b])
+        kernel_path = (host["accept_index"][b, :num + 1] - b * n).tolist()
+        if (kernel_path, tokens[-1]) != (row.result.accept_nodes, row.result.bonus_token):
+            raise SpectraceError(
+                f"--backend fast: the {self.spec.acceptance} kernel walked {kernel_path} with bonus {tokens[-1]} "
+                f"where the explicit walk walked {row.result.accept_nodes} with bonus {row.result.bonus_token} "
+                f"(request {b}, step {step})")
+
+    def kv_record(self, b: int, host: dict, seq_before: int) -> dict:
+        after = int(host["seq_lens"][b])
+        kv = {"style": "sglang", "target_seq_len": [seq_before, after],
+              "req_to_token_tail": {"start": max(0, after - 16),
+                                    "slots": host["req_to_token"][b, max(0, after - 16):after].tolist()},
+              "events": [], "free_slots": None}
+        if "draft_seq_lens" in host:
+            d_after, num = int(host["draft_seq_lens"][b]), int(host["accept_num"][b])
+            kv["draft_seq_len"] = [d_after - num - 1, d_after]  # EXTEND ran over every accepted token
+        return kv
