@@ -1,6 +1,7 @@
-"""The code's shape, checked from its syntax: short phase methods in the engine, no long function
-in core, imports that point down, one list of the algorithms, no comment pointing outside the
-repository. `pytest tests/test_layout.py -s` prints the longest functions."""
+"""The code's shape, checked from its syntax: short phase methods in the engines, no long function
+in core or fast, no long file, imports that point down, backends installed by a call (not by an
+import), one list of the algorithms, no comment pointing outside the repository.
+`pytest tests/test_layout.py -s` prints the longest functions."""
 import ast
 from pathlib import Path
 
@@ -10,6 +11,8 @@ from spectrace.algos import ALGOS
 
 PACKAGE = Path(__file__).resolve().parents[1] / "spectrace"
 ENGINE_LIMIT, CORE_LIMIT = 45, 70  # lines from `def` to the function's end, docstring included
+FILE_LIMIT = 450  # lines of any module but the embedded models' training scripts
+FAST_ENGINE_LINES, FAST_ENGINE_ATTRIBUTES = 300, 25
 
 
 def modules(under: Path = PACKAGE):
@@ -18,8 +21,10 @@ def modules(under: Path = PACKAGE):
 
 
 def functions(tree: ast.AST):
+    """(name, lines) of every function but Triton kernels (@triton.jit: one GPU program, read as one)."""
     for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                not any("jit" in ast.unparse(d) for d in node.decorator_list):
             yield node.name, node.end_lineno - node.lineno + 1
 
 
@@ -46,15 +51,56 @@ def imported(tree: ast.AST) -> set[str]:
     return names
 
 
+APP = ("spectrace.cli", "spectrace.run", "spectrace.engines", "spectrace.bench", "spectrace.rejudge")
+
+
 @pytest.mark.parametrize("layer, above", [
-    ("core", ("spectrace.zoo", "spectrace.cli", "spectrace.viz", "spectrace.run")),
-    ("viz", ("spectrace.zoo", "spectrace.cli", "spectrace.run", "torch")),
-    ("compat", ("spectrace.zoo", "spectrace.cli", "spectrace.viz", "spectrace.run")),
+    ("core", ("spectrace.zoo", "spectrace.viz", "spectrace.kernels", "spectrace.fast", "spectrace.compat", *APP)),
+    ("viz", ("spectrace.zoo", "torch", *APP)),
+    ("compat", ("spectrace.zoo", "spectrace.viz", "spectrace.fast", *APP)),
+    ("kernels", ("spectrace.zoo", "spectrace.viz", "spectrace.fast", "spectrace.compat", *APP)),
+    ("fast", ("spectrace.zoo", "spectrace.viz", "spectrace.compat", *APP)),
 ])
 def test_imports_point_down(layer, above):
     for path, tree in modules(PACKAGE / layer):
         bad = sorted(m for m in imported(tree) if m.startswith(above))
         assert not bad, f"{path.relative_to(PACKAGE)} imports {bad}"
+
+
+def test_the_fast_engine_has_cores_shape(capsys):
+    """fast/ mirrors core/: no function over ENGINE_LIMIT lines anywhere in it, and FastEngine a
+    class a reader holds in mind (its lines, the attributes it sets)."""
+    fast = [(path.relative_to(PACKAGE), name, n) for path, tree in modules(PACKAGE / "fast")
+            for name, n in functions(tree)]
+    longest = max(fast, key=lambda f: f[2])
+    assert longest[2] <= ENGINE_LIMIT, f"{longest[0]}: {longest[1]} is {longest[2]} lines"
+    (_, engine), = [m for m in modules(PACKAGE / "fast") if m[0].name == "engine.py"]
+    cls, = [node for node in ast.walk(engine) if isinstance(node, ast.ClassDef) and node.name == "FastEngine"]
+    attributes = {t.attr for t in ast.walk(cls) if isinstance(t, ast.Attribute) and isinstance(t.ctx, ast.Store)
+                  and isinstance(t.value, ast.Name) and t.value.id == "self"}
+    with capsys.disabled():
+        print(f"\nFastEngine: {cls.end_lineno - cls.lineno + 1} lines, {len(attributes)} attributes; longest in "
+              f"fast: {longest[0]}:{longest[1]} ({longest[2]})")
+    assert cls.end_lineno - cls.lineno + 1 <= FAST_ENGINE_LINES
+    assert len(attributes) <= FAST_ENGINE_ATTRIBUTES, sorted(attributes)
+    assert len((PACKAGE / "fast" / "engine.py").read_text().splitlines()) <= FAST_ENGINE_LINES
+
+
+def test_no_module_is_long():
+    for path in PACKAGE.rglob("*.py"):
+        if path.parent.name != "zoo" or not path.name.startswith("train"):
+            lines = len(path.read_text(encoding="utf-8").splitlines())
+            assert lines <= FILE_LIMIT, f"{path.relative_to(PACKAGE)} is {lines} lines"
+
+
+def test_backends_are_installed_by_a_call():
+    """No module writes into another's table when imported: the Triton twins are registered by
+    kernels/backend.py's install(), which the engines call when a run asks for them."""
+    for path, tree in modules():
+        for node in tree.body:
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            assert not any(isinstance(t, (ast.Subscript, ast.Attribute)) for t in targets), \
+                f"{path.relative_to(PACKAGE)}:{node.lineno} registers into a table at import"
 
 
 def test_one_module_lists_the_algorithms():
