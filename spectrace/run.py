@@ -14,7 +14,7 @@ import json
 import os
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Callable
 
@@ -53,6 +53,10 @@ SMALL_MODEL = 50_000_000  # parameters; below this a CPU run uses one thread (se
 
 @dataclass
 class RunConfig:
+    """A run's options as given (the CLI's, as data; the trace header records them). The fields it
+    shares with SpecConfig keep their names and pass to it as they are (`resolve`), except the
+    shape, which may be None here for SGLang's automatic choice: that needs the models' configs."""
+
     algo: str = "standalone"
     num_steps: int | None = None  # None: SGLang's automatic choice (see resolve_shape)
     topk: int | None = None
@@ -138,6 +142,9 @@ class RunConfig:
         return self.draft_model or (str(MODELS_DIR / embedded) if embedded else None)
 
 
+RUN_FIELDS = {f.name for f in fields(RunConfig)}
+
+
 @dataclass
 class RunResult:
     requests: list[Request]
@@ -217,11 +224,9 @@ def resolve(cfg: RunConfig) -> tuple[SpecConfig, dict]:
     arch = (read_config_json(cfg.target_model).get("architectures") or [""])[0]
     tree = medusa_tree(cfg) if cfg.algo == "medusa" else None
     num_steps, topk, n = resolve_shape(cfg, arch, tree)
-    spec = SpecConfig(algo=cfg.algo, num_steps=num_steps, topk=topk, num_draft_tokens=n,
-                      max_new_tokens=cfg.max_new_tokens, commit_style=cfg.commit_style, acceptance=cfg.acceptance,
-                      temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, seed=cfg.seed,
-                      threshold_single=cfg.threshold_single, threshold_acc=cfg.threshold_acc, adaptive=cfg.adaptive,
-                      trace_topk=TRACE_LEVELS[cfg.trace_level], deterministic=cfg.deterministic)
+    given = {f.name: getattr(cfg, f.name) for f in fields(SpecConfig) if f.name in RUN_FIELDS}  # as given
+    spec = SpecConfig(**{**given, "num_steps": num_steps, "topk": topk, "num_draft_tokens": n,
+                         "trace_topk": TRACE_LEVELS[cfg.trace_level]})
     ngram = ngram_config(cfg) if cfg.algo == "ngram" else None
     if ngram is not None and ngram.style == "vllm" and spec.topk != 1:
         raise SpectraceError("vLLM's n-gram proposer drafts a chain: it needs --topk 1")

@@ -165,19 +165,15 @@ def rejection_walk(device, candidates, next_token, next_sibling, target_predict,
 
 def vllm_walk(device, candidates, next_token, next_sibling, target_predict, target_probs, draft_probs, randoms,
               max_depth, params):
-    """core/acceptance/vllm.py: vllm_accept. The bonus after the last draft is vLLM's Sampler
-    (argmax(p / noise), torch as in vLLM); the rejection sampler's kernels do the rest."""
+    """core/acceptance/vllm.py: vllm_accept, a batch of one."""
     k = len(candidates) - 1
     p = target_probs.to(device, torch.float32)
     q = draft_probs[:k].to(device, torch.float32) if draft_probs is not None else None
     drafts = torch.tensor(candidates[1:], dtype=torch.int64, device=device)
-    cu = torch.tensor([k], dtype=torch.int64, device=device)
-    bonus = torch.argmax(p[k] / randoms.bonus_noise.to(device)).view(1, 1)
-    recovered = vllm.recovered_tokens(k, [k], cu, drafts, q, p[:k].contiguous(),
-                                                     randoms.inv_q.view(1, -1).to(device))
     out = torch.full((1, k + 1), -1, dtype=torch.int32, device=device)
-    vllm.vllm_walk(out, cu, drafts, q, p[:k].contiguous(), bonus, recovered,
-                                         randoms.uniforms.to(device), None, k)
+    vllm.vllm_accept(out, torch.tensor([k], device=device), drafts, q, p[:k].contiguous(), p[k:],
+                     randoms.bonus_noise.view(1, -1).to(device), randoms.inv_q.view(1, -1).to(device),
+                     randoms.uniforms.to(device), k)
     emitted = [t for t in out[0].tolist() if t != -1]
     return list(range(len(emitted))), emitted[-1]
 

@@ -1,8 +1,8 @@
 """vLLM's rejection sampler on the device (core/acceptance/vllm.py: vllm_accept; the Triton
 kernels of kernels/acceptance/vllm.py), over each request's chain of sampled drafts.
 
-The bonus comes from the Sampler's race on p after the last draft, the recovered tokens and the
-walk from the kernels; the output row is turned into SGLang's path. A model drafter's chains all
+The kernels' vllm_accept draws the bonus (the Sampler's race on p after the last draft), the
+recovered tokens and the walk; the output row is turned into SGLang's path. A model drafter's chains all
 hold k = n - 1 drafts; n-gram's vary per request (its one-hot drafts: q None), so the drafts are
 packed as vLLM packs them, request after request, into a buffer of bs * k rows
 (cu_num_draft_tokens says where each request's end).
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from spectrace.fast.acceptance import Verdict, target_probs
-from spectrace.kernels.acceptance.vllm import recovered_tokens, vllm_walk
+from spectrace.kernels.acceptance.vllm import vllm_accept as accept_packed
 
 
 def vllm_accept(tree, logits, target_predict, randoms, spec, max_depth) -> Verdict:
@@ -30,10 +30,9 @@ def vllm_accept(tree, logits, target_predict, randoms, spec, max_depth) -> Verdi
     p = target_probs(logits, tree, spec)
     drafts, target, uniforms = pack(tree.draft_tokens[:, 1:]), pack(p[:, :k]), pack(randoms.uniforms)
     q = pack(tree.draft_probs) if tree.draft_probs is not None else None
-    bonus = torch.argmax(p[torch.arange(bs, device=device), counts] / randoms.bonus_noise, dim=-1)
-    recovered = recovered_tokens(k, [k] * bs, cu, drafts, q, target, randoms.inv_q)
     out = torch.full((bs, n), -1, dtype=torch.int32, device=device)
-    vllm_walk(out, cu, drafts, q, target, bonus[:, None], recovered, uniforms, None, k)
+    accept_packed(out, cu, drafts, q, target, p[torch.arange(bs, device=device), counts], randoms.bonus_noise,
+                  randoms.inv_q, uniforms, k)
     accept_num = (out != -1).sum(dim=1) - 1
     rows = torch.arange(bs, device=device)[:, None] * n + torch.arange(n, device=device)
     accept_index = torch.where(torch.arange(n, device=device) <= accept_num[:, None], rows, -1)

@@ -6,6 +6,8 @@
                             up to the first mismatch            (vLLM's rejection_greedy_sample)
     vllm_walk               vllm_walk(greedy=False), one program per request: accept iff q > 0
                             and p / q >= u                       (rejection_random_sample)
+    vllm_accept             core's vllm_accept over a packed batch: the bonus from the Sampler's
+                            race, the recovered tokens, then vllm_walk
     expand_batch_to_tokens  one program per request: its value over its tokens
     recovered_tokens        one program per (request, position): argmax(prob * inv_q) over
                             vocabulary tiles, the first maximum winning as torch.argmax's does
@@ -22,7 +24,7 @@ import triton.language as tl
 
 from spectrace.core.acceptance.vllm import MAX_SPEC_LEN
 
-__all__ = ["vllm_greedy_walk", "vllm_walk", "expand_batch_to_tokens", "recovered_tokens"]
+__all__ = ["vllm_accept", "vllm_greedy_walk", "vllm_walk", "expand_batch_to_tokens", "recovered_tokens"]
 
 BLOCK_V = 8192  # vLLM's vocabulary tile for recovered tokens
 
@@ -117,7 +119,7 @@ def _recovered_kernel(recovered_token_ids, cu_num_draft_tokens, draft_token_ids,
 
 
 def vllm_greedy_walk(out, cu_num_draft_tokens, draft_token_ids, target_argmax, bonus_token_ids, is_greedy,
-                            max_spec_len) -> None:
+                     max_spec_len) -> None:
     """In place: greedy requests' rows of out (B, max_spec_len + 1). is_greedy (B,) bool or None (all)."""
     B = cu_num_draft_tokens.shape[0]
     _greedy_kernel[(B,)](out, cu_num_draft_tokens, draft_token_ids, target_argmax, bonus_token_ids,
@@ -126,7 +128,7 @@ def vllm_greedy_walk(out, cu_num_draft_tokens, draft_token_ids, target_argmax, b
 
 
 def vllm_walk(out, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, bonus_token_ids,
-                            recovered_token_ids, uniforms, is_greedy, max_spec_len) -> None:
+              recovered_token_ids, uniforms, is_greedy, max_spec_len) -> None:
     """In place: the other requests' rows. draft_probs (N, V) or None; uniforms (N,) float64."""
     B, vocab_size = cu_num_draft_tokens.shape[0], target_probs.shape[-1]
     _random_kernel[(B,)](out, cu_num_draft_tokens, draft_token_ids,
@@ -145,7 +147,7 @@ def expand_batch_to_tokens(x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tok
 
 
 def recovered_tokens(max_spec_len, num_draft_tokens, cu_num_draft_tokens, draft_token_ids, draft_probs,
-                            target_probs, inv_q) -> torch.Tensor:
+                     target_probs, inv_q) -> torch.Tensor:
     """The recovered token of every draft position (N,): argmax(relu(p - q) * inv_q[request])."""
     recovered = torch.empty_like(draft_token_ids)
     if len(num_draft_tokens) and max_spec_len:
@@ -154,3 +156,17 @@ def recovered_tokens(max_spec_len, num_draft_tokens, cu_num_draft_tokens, draft_
             target_probs, inv_q, target_probs.shape[-1], NO_DRAFT_PROBS=draft_probs is None,
             BLOCK_V=min(BLOCK_V, triton.next_power_of_2(target_probs.shape[-1])))
     return recovered
+
+
+def vllm_accept(out, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, bonus_probs, bonus_noise, inv_q,
+                uniforms, max_spec_len) -> None:
+    """core/acceptance/vllm.py: vllm_accept for a packed batch of B requests, into out
+    (B, max_spec_len + 1) (-1 filled): the bonus is vLLM's Sampler's race on bonus_probs (B, V), p
+    after each request's last draft (argmax(p / noise), torch as in vLLM); then the recovered
+    tokens and the walk. target_probs, draft_probs (N, V) at the N packed drafts."""
+    bonus = torch.argmax(bonus_probs / bonus_noise, dim=-1)
+    B = cu_num_draft_tokens.shape[0]
+    recovered = recovered_tokens(max_spec_len, [max_spec_len] * B, cu_num_draft_tokens, draft_token_ids, draft_probs,
+                                 target_probs, inv_q)
+    vllm_walk(out, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs, bonus[:, None], recovered, uniforms,
+              None, max_spec_len)
