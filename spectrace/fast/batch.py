@@ -21,15 +21,12 @@ from spectrace.fast.tree import tree_mask_rows
 from spectrace.kernels import attention
 
 
-def prefix_rows(req_to_token: torch.Tensor, seq_lens: torch.Tensor, rows: int) -> dict:
-    """kv_indptr and kv_indices of `rows` sequences per request, each over the request's
-    committed prefix (seq_lens); kv_indices sized for any prefixes, so no sync."""
-    bs, device = seq_lens.shape[0], seq_lens.device
-    lens = seq_lens.repeat_interleave(rows)
+def prefix_rows(req_to_token: torch.Tensor, lens: torch.Tensor, reqs: torch.Tensor) -> dict:
+    """kv_indptr and kv_indices of R sequences, sequence i over the first lens[i] columns of
+    req_to_token's row reqs[i]; kv_indices sized for any lengths, so no sync."""
     kv_indptr = F.pad(lens.cumsum(0), (1, 0))
-    kv_indices = torch.empty(bs * rows * req_to_token.shape[1], dtype=torch.int64, device=device)
-    attention.create_kv_indices(req_to_token, torch.arange(bs, device=device).repeat_interleave(rows), lens,
-                                kv_indptr, None, kv_indices)
+    kv_indices = torch.empty(reqs.shape[0] * req_to_token.shape[1], dtype=torch.int64, device=lens.device)
+    attention.create_kv_indices(req_to_token, reqs, lens, kv_indptr, None, kv_indices)
     return dict(kv_indptr=kv_indptr, kv_indices=kv_indices)
 
 
@@ -38,7 +35,7 @@ def extend_batch(kv, input_ids, positions, width: int, tree_mask=None) -> Forwar
     as build_tree lays it out) for a verify, else causal. Shapes are fixed by (bs, width)."""
     bs, device = kv.seq_lens.shape[0], kv.seq_lens.device
     prefix = kv.seq_lens
-    meta = prefix_rows(kv.req_to_token, prefix, 1)
+    meta = prefix_rows(kv.req_to_token, prefix, torch.arange(bs, device=device))
     meta.update(qo_indptr=torch.arange(bs + 1, device=device) * width, custom_mask=tree_mask, mask_indptr=None,
                 max_len_extend=width)
     if tree_mask is not None:  # request b's rows (width, prefix + width) start where build_tree wrote them
@@ -54,10 +51,10 @@ def scratch_batch(kv, input_ids, level: int, paths: torch.Tensor) -> ForwardBatc
     committed draft KV and reads that KV, then its path's columns (drafters/scratch.py)."""
     bs, K = paths.shape[:2]
     T = kv.seq_lens  # committed draft KV
+    rows_T = T.repeat_interleave(K)  # (bs*K,)
     # each path reads T + level + 1 columns: the committed ones, then in place of the columns
     # after them, its own path's scratch columns
-    meta = prefix_rows(kv.req_to_token, T + level + 1, K)
-    rows_T = T.repeat_interleave(K)  # (bs*K,)
+    meta = prefix_rows(kv.req_to_token, rows_T + level + 1, torch.arange(bs, device=T.device).repeat_interleave(K))
     at = meta["kv_indptr"][:-1, None] + rows_T[:, None] + torch.arange(level + 1, device=T.device)
     meta["kv_indices"][at.flatten()] = kv.req_to_token.gather(1, T[:, None] + paths.flatten(1)).flatten()
     return ForwardBatch(input_ids=input_ids, positions=rows_T + level, req_pool_indices=[], seq_lens=[],

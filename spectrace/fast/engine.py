@@ -281,7 +281,7 @@ class FastEngine:
             v.bonus = torch.where(tree.num_drafts > 0, v.bonus, next_tokens(first, self.spec.sampling,
                                                                             tier.randoms.coin64))
         j = torch.arange(v.accept_index.shape[1], device=self.device)
-        drafts = F.pad(tree.draft_tokens.flatten()[v.accept_index.clamp(min=0)[:, 1:]], (0, 1))
+        drafts = F.pad(tree.draft_tokens.flatten()[v.path[:, 1:]], (0, 1))
         v.accept_tokens = torch.where(j < v.accept_num[:, None], drafts,
                                       torch.where(j == v.accept_num[:, None], v.bonus[:, None], -1))
         counts = [v.sibling_counts] if v.sibling_counts is not None else []
@@ -290,8 +290,8 @@ class FastEngine:
     def commit(self) -> None:
         """COMMIT: each live request keeps the accepted path's KV; its next root is the bonus."""
         v, n = self.tier.verdict, self.tier.tree.num_nodes
-        path = v.accept_index.clamp(min=0) - (torch.arange(self.bs, device=self.device) * n)[:, None]
-        self.kv.commit(path, v.accept_num, self.live, n)
+        nodes = v.path - (torch.arange(self.bs, device=self.device) * n)[:, None]
+        self.kv.commit(nodes, v.accept_num, self.live, n)
         self.roots.copy_(torch.where(self.live, v.bonus, self.roots))
 
     def extend(self) -> None:

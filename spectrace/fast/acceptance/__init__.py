@@ -38,6 +38,10 @@ class Verdict:
     bonus: torch.Tensor  # (bs,) the bonus token
     accept_tokens: torch.Tensor | None = None  # (bs, max_depth + 1) correct drafts, the bonus, -1 after (engine)
     sibling_counts: torch.Tensor | None = None  # (bs, 2 topk) tree_rejection: tries, then acceptances, by rank
+    path: torch.Tensor | None = None  # accept_index with -1 read as row 0: safe to gather with (made once)
+
+    def __post_init__(self):
+        self.path = self.accept_index.clamp(min=0)
 
 
 def walk_outputs(bs: int, n: int, width: int, device) -> tuple[torch.Tensor, ...]:
@@ -48,8 +52,9 @@ def walk_outputs(bs: int, n: int, width: int, device) -> tuple[torch.Tensor, ...
 
 def verdict(predicts: torch.Tensor, accept_index: torch.Tensor, accept_num: torch.Tensor, **extra) -> Verdict:
     """The bonus is what the walk left in predicts at the last accepted row."""
-    last = accept_index.clamp(min=0).gather(1, accept_num[:, None]).flatten()
-    return Verdict(accept_index, accept_num, predicts.gather(0, last), **extra)
+    v = Verdict(accept_index, accept_num, None, **extra)
+    v.bonus = predicts.gather(0, v.path.gather(1, accept_num[:, None]).flatten())
+    return v
 
 
 def target_probs(logits: torch.Tensor, tree, spec) -> torch.Tensor:

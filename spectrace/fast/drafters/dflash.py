@@ -76,4 +76,4 @@ class DFlash:
 
     def extend(self, tree, verdict, features, live) -> None:
         """The accepted rows' context, after the columns committed before this step (the root's position)."""
-        self.write(features[verdict.accept_index.clamp(min=0)], tree.positions[:, 0])
+        self.write(features[verdict.path], tree.positions[:, 0])

@@ -35,6 +35,8 @@ def build_draft_tree(levels: DraftLevels, roots: torch.Tensor, seq_lens: torch.T
         parent_list, top_scores_index, seq_lens, topk, n, TreeMaskMode.FULL_MASK, seq_lens_sum=mask_bound)
     tree = DeviceTree(torch.cat([roots[:, None], draft_tokens], dim=1), positions.view(bs, n), tree_mask,
                       retrive_index, retrive_next_token, retrive_next_sibling)
+    if not keep_q and trace_topk is None:
+        return tree
     dists = torch.cat([p.view(bs, -1, p.shape[-1]) for p in levels.probs_list], dim=1)  # a row per parent_list row
     parent_rows = (top_scores_index // topk)[..., None]  # (bs, n-1, 1): the kernel's parent_tb_idx
     if keep_q:
@@ -120,7 +122,7 @@ class EagleWorker:
         kv = self.kv
         cols = kv.seq_lens[:, None] + torch.arange(E, device=live.device)
         batch = extend_batch(kv, verdict.accept_tokens.clamp(min=0).flatten(), cols.flatten(), E)
-        h = self.forward(batch, features[verdict.accept_index.clamp(min=0).flatten()] if self.is_head else None)
+        h = self.forward(batch, features[verdict.path.flatten()] if self.is_head else None)
         last = torch.arange(bs, device=live.device) * E + verdict.accept_num
         self.next_probs.copy_(torch.where(live[:, None], self.probs(h[last]), self.next_probs))
         self.last_hidden.copy_(torch.where(live[:, None], h[last], self.last_hidden))

@@ -40,9 +40,10 @@ class FrozenKVMtp:
     def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, paths: int):
         """One assistant pass over `paths` rows per request (input_ids, hidden (bs * paths, ...)),
         each at its root's position over its prefix: (q (bs * paths, V), hidden for the next level)."""
-        kv = self.target_kv
-        h, logits = self.head(self.embed(input_ids), hidden, kv.seq_lens.repeat_interleave(paths), kv,
-                              prefix_rows(kv.req_to_token, kv.seq_lens, paths))
+        kv, bs = self.target_kv, self.target_kv.seq_lens.shape[0]
+        lens = kv.seq_lens.repeat_interleave(paths)  # each row's prefix, and its position (the root's)
+        reqs = torch.arange(bs, device=lens.device).repeat_interleave(paths)
+        h, logits = self.head(self.embed(input_ids), hidden, lens, kv, prefix_rows(kv.req_to_token, lens, reqs))
         return torch.softmax(logits / self.temperature, dim=-1), h
 
     def prefill(self, prompt_ids, prompt_lens, roots, features) -> None:
@@ -62,5 +63,5 @@ class FrozenKVMtp:
 
     def extend(self, tree, verdict, features, live) -> None:
         """No KV to extend: the next root's feature, the target's at the last accepted row."""
-        last_row = verdict.accept_index.gather(1, verdict.accept_num[:, None]).clamp(min=0).flatten()
+        last_row = verdict.path.gather(1, verdict.accept_num[:, None]).flatten()
         self.root_feature.copy_(torch.where(live[:, None], features[last_row], self.root_feature))

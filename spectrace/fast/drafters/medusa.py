@@ -66,5 +66,5 @@ class Medusa:
 
     def extend(self, tree, verdict, features, live) -> None:
         """No KV: the next tree reads the target's hidden state at the last accepted row."""
-        last_row = verdict.accept_index.gather(1, verdict.accept_num[:, None]).clamp(min=0).flatten()
+        last_row = verdict.path.gather(1, verdict.accept_num[:, None]).flatten()
         self.last_hidden.copy_(torch.where(live[:, None], features[last_row], self.last_hidden))
