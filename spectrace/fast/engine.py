@@ -192,12 +192,12 @@ class FastEngine:
                                                                  for r in reqs]))
         for name, names in self.launches:
             marks[name] = self.clock.run(tier.graphs[name].replay if tier.graphs else self.phases(names))
-        out, done = tier.step_out.clone(), None
-        if self.device.type == "cuda":  # copied without waiting; finish_step waits for `done`
-            out = torch.empty(tier.step_out.shape, dtype=tier.step_out.dtype, pin_memory=True)
-            out.copy_(tier.step_out, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record()
+        if self.device.type != "cuda":
+            return {"marks": marks, "out": tier.step_out.clone(), "done": None, "before": before, "randoms": randoms}
+        out = torch.empty(tier.step_out.shape, dtype=tier.step_out.dtype, pin_memory=True)
+        out.copy_(tier.step_out, non_blocking=True)  # without waiting: finish_step waits for `done`
+        done = torch.cuda.Event()
+        done.record()
         return {"marks": marks, "out": out, "done": done, "before": before, "randoms": randoms}
 
     @torch.no_grad()
