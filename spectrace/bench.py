@@ -55,9 +55,9 @@ def algos_table(config: Config, algos: list[str], prompts: list[str], repeat: in
                 progress: Progress = _silent) -> dict[str, list[list[int]]]:
     """Prints a row per algorithm (`none` first when asked for); returns each algorithm's output
     ids, prompt by prompt. Beside tokens/s, τ and α: the mean draft, verify and other (accept,
-    commit, extend) ms of a decode step, r = C_draft / C_verify, the seed's predicted speed-up
+    commit, extend) ms of a decode step, r = C_draft / C_verify, the textbook model's speed-up
     τ / (1 + r) and, with `none` in the table, the realised one (tokens/s over none's) beside the
-    whole-step model τ C_AR / (C_draft + C_verify + C_other), C_AR = none's ms per step: the seed's
+    whole-step model τ C_AR / (C_draft + C_verify + C_other), C_AR = none's ms per step: the textbook
     formula without its two approximations (C_extend dropped, a verify costing one decode)."""
     algos = sorted(algos, key=lambda a: a != "none")
     print(f"{'algo':<20} {'steps,topk,n':>12} {'tokens/s':>9} {'tau':>6} {'alpha':>6} {'verify_ct':>9} "
@@ -191,7 +191,7 @@ TARGET_SHAPES = {
     "embedded": dict(hidden_size=256, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
                      head_dim=32, intermediate_size=704, vocab_size=4096),
 }
-# EAGLE-3's paper (SGLang, Llama-3.1-8B, one H100), as issue 13 quotes it: speed-up by batch size
+# EAGLE-3's paper (SGLang, Llama-3.1-8B, one H100): speed-up by batch size
 EAGLE3_PAPER_SGLANG = {2: 1.81, 64: 1.38}
 
 
@@ -246,7 +246,7 @@ def shape_table(config: Config, shape: str, batch_sizes: list[int], repeat: int,
     (num_steps S, topk K, n verify tokens) costs a draft loop (one row per request, then S-1
     forwards of K rows, of a one-layer head at the target's width with its lm_head), a verify
     of n rows, and a draft extend of about τ rows; plain decoding one row. Predicted speed-up
-    = τ * C_AR / (C_draft + C_verify + C_extend); the seed's τ / (1 + r) beside it."""
+    = τ * C_AR / (C_draft + C_verify + C_extend); the textbook τ / (1 + r) beside it."""
     from spectrace.core.config import ModelConfig
     from spectrace.core.model import CausalLM
 

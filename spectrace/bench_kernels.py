@@ -301,7 +301,7 @@ def bench_kv(table: Table, device: str, batch_sizes, layers: int, kv_heads: int,
 
 def bench_kernels(device: str = "cuda", batch_sizes=(1, 8, 64), vocabs=(4096, 128_256), prefix: int = 2048,
                   heads: int = 32, kv_heads: int = 8, head_dim: int = 128, layers: int = 32) -> None:
-    """The defaults are the issue's shapes: Llama-3-8B's attention (32 query heads, 8 KV heads,
+    """The defaults are Llama-3-8B's shapes: its attention (32 query heads, 8 KV heads,
     head_dim 128, 32 layers), 8 verify tokens, vocabularies of 4096 and Llama 3's 128256."""
     gen = torch.Generator().manual_seed(0)
     bandwidth = copy_bandwidth(device)
