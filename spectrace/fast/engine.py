@@ -59,7 +59,7 @@ class FastEngine:
         self.recorder = StepRecorder(spec, drafter, probs) if trace is not None or on_step is not None else None
         self.adaptive = AdaptiveSpeculativeParams(spec.num_steps) if spec.adaptive else None
         randoms = DeviceRandoms(RULES[spec.acceptance], self.bs, spec.topk, target.config.vocab_size,
-                                getattr(drafter, "sampled", False), self.device)
+                                drafter is not None and drafter.sampled, self.device)
         steps = self.adaptive.candidate_steps if self.adaptive else [spec.num_steps if drafter else 0]
         self.tiers = {S: Tier(S, n, randoms.for_shape(S, n)) for S in steps
                       for n in [S + 1 if self.adaptive else spec.num_draft_tokens]}

@@ -99,7 +99,7 @@ class StepRecorder:
                            draft_probs[b] if draft_probs is not None else None, randoms or Randoms())
         row.candidates = host["draft_tokens"][b, :size].tolist()
         row.positions = host["positions"][b, :size].tolist()
-        sampled = getattr(self.drafter, "sampled", False)
+        sampled = self.drafter.sampled
         row.result = self.walk(row.candidates, host["retrive_next_token"][b, :size].tolist(),
                                host["retrive_next_sibling"][b, :size].tolist(), row.target_predict, row.target_probs,
                                draft_probs[b] if sampled else None, randoms, max_depth, self.spec.rule_params)

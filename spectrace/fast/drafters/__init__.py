@@ -26,7 +26,9 @@ from spectrace.fast.tree import DeviceTree
 class FastDrafter(Protocol):
     kv: StaticKV | None  # a draft KV of its own (the trace shows its lengths), or None
     capture_layers: tuple[int, ...]  # target layers whose inputs are the features; () = last hidden state
-    on_host: bool  # DRAFT runs on the host before the step's graphs (n-gram)
+    on_host: bool  # DRAFT runs on the host before the step's graphs (n-gram: host_prefill, host_draft and
+    #                host_extend over the requests' histories; `sizes`, `tree` and `index` say what it drafted)
+    sampled: bool  # drafts sampled from q (the lossless sampling rules), each level reading randoms' race noise
 
     def reset(self) -> None:
         """Before a run (and after the CUDA-graph captures, which write into the buffers)."""

@@ -21,6 +21,7 @@ from spectrace.fast.tree import DeviceTree, lay_out_mask
 class DFlash:
     kv = None  # its context buffers are not a paged KV
     on_host = False
+    sampled = False  # a block's argmax (vllm takes it one-hot)
 
     def __init__(self, model: DFlashDraftModel, target, bs: int, columns: int, mask_capacity: int,
                  trace_topk: int | None):

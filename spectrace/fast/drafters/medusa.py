@@ -20,6 +20,7 @@ class Medusa:
     kv = None
     capture_layers = ()  # the heads read the target's final hidden state
     on_host = False
+    sampled = False  # a static tree of each head's top-k
 
     def __init__(self, heads: MedusaHeads, tree: MedusaTree, bs: int, hidden_size: int, mask_capacity: int,
                  trace_topk: int, recording: bool):

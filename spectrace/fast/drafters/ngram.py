@@ -27,6 +27,7 @@ class Ngram:
     kv = None
     capture_layers = ()
     on_host = True
+    sampled = False  # copied tokens
 
     def __init__(self, drafter, bs: int, n: int, mask_capacity: int, device: torch.device):
         self.drafter, self.bs, self.n, self.mask_capacity, self.device = drafter, bs, n, mask_capacity, device
