@@ -106,9 +106,9 @@ def fast_engine(target, draft, spec: SpecConfig, prompt_ids, eos_token_ids, trac
 
     check_batch(len(prompt_ids))
     twins.install()  # the models' attention, through StaticKV's backend
-    S = spec.max_steps if spec.algo != "none" else 0
+    num_steps = spec.max_steps if spec.algo != "none" else 0
     n = spec.num_draft_tokens + spec.max_steps - spec.num_steps  # the deepest tier's nodes
-    committed = max(len(p) for p in prompt_ids) + spec.max_new_tokens + 2 * (S + 1)
+    committed = max(len(p) for p in prompt_ids) + spec.max_new_tokens + 2 * (num_steps + 1)
     kv = StaticKV(target, bucket(len(prompt_ids)), committed + n)
     models = [m for m in (target, draft) if m is not None]
     if kv.seq_lens.device.type == "cuda":
@@ -134,12 +134,12 @@ def fast_drafter(target, draft, spec: SpecConfig, kv, committed: int, ngram: Ngr
     from spectrace.fast.tree import full_mask_size
 
     fmt, rule, bs = ALGOS[spec.algo].checkpoint, RULES[spec.acceptance], kv.seq_lens.shape[0]
-    n, S, K = spec.num_draft_tokens, spec.max_steps, spec.topk
+    n, num_steps, topk = spec.num_draft_tokens, spec.max_steps, spec.topk
     trace_topk = spec.trace_topk if recording else None
     sampling = dict(sampled=rule.samples_drafts, keep_q=rule.samples_drafts or record_probs, trace_topk=trace_topk,
                     temperature=spec.temperature if rule.samples_drafts else 1.0)
     if spec.algo == "ngram":
-        return Ngram(ngram.drafter(S, n, target.config.max_position_embeddings, "cpu"), bs, n,
+        return Ngram(ngram.drafter(num_steps, n, target.config.max_position_embeddings, "cpu"), bs, n,
                      full_mask_size(kv.req_to_token, n), kv.seq_lens.device)
     if fmt == "medusa":
         return Medusa(draft, medusa_tree, bs, target.config.hidden_size, full_mask_size(kv.req_to_token, n),
@@ -147,6 +147,7 @@ def fast_drafter(target, draft, spec: SpecConfig, kv, committed: int, ngram: Ngr
     if fmt == "dflash":
         return DFlash(draft, target, bs, kv.req_to_token.shape[1], full_mask_size(kv.req_to_token, n), trace_topk)
     if fmt == "frozen_kv_mtp":
-        return FrozenKVMtp(draft, target, kv, K, **sampling)
-    return EagleWorker(draft, target, fmt != "lm", bs, committed + max(S + 1, K * max(S - 1, 0)), K,
+        return FrozenKVMtp(draft, target, kv, topk, **sampling)
+    scratch = max(num_steps + 1, topk * max(num_steps - 1, 0))  # the padded extend, or the draft loop's [topk][step]
+    return EagleWorker(draft, target, fmt != "lm", bs, committed + scratch, topk,
                        kv.req_to_token.numel(), **sampling)

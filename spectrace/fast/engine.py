@@ -61,8 +61,8 @@ class FastEngine:
         randoms = DeviceRandoms(RULES[spec.acceptance], self.bs, spec.topk, target.config.vocab_size,
                                 drafter is not None and drafter.sampled, self.device)
         steps = self.adaptive.candidate_steps if self.adaptive else [spec.num_steps if drafter else 0]
-        self.tiers = {S: Tier(S, n, randoms.for_shape(S, n)) for S in steps
-                      for n in [S + 1 if self.adaptive else spec.num_draft_tokens]}
+        self.tiers = {num_steps: Tier(num_steps, n, randoms.for_shape(num_steps, n)) for num_steps in steps
+                      for n in [num_steps + 1 if self.adaptive else spec.num_draft_tokens]}
         self.tier = self.tiers[steps[0] if not self.adaptive else spec.num_steps]
         L = max(len(p) for p in prompt_ids)  # prefill pads every prompt to the longest
         self.prompt_ids = torch.zeros(self.bs, L, dtype=torch.int64, device=self.device)
