@@ -45,7 +45,7 @@ from spectrace.errors import SpectraceError
 class SpecConfig:
     """What the engine runs: the algorithm, the tree's shape, sampling and the acceptance rule.
     Checked once, when made. Drafter-only options (n-gram lookup, Medusa choices) belong to the
-    drafters (spectrace/run.py builds them)."""
+    drafters (spectrace/engines.py builds them)."""
 
     algo: str = "standalone"
     num_steps: int = 3  # SGLang's STANDALONE default (steps 3, topk 1, 4 draft tokens)
@@ -166,7 +166,7 @@ class StepRow:
 class Engine:
     def __init__(self, target: CausalLM, kv: KVCache, spec: SpecConfig, eos_token_ids, drafter: Drafter | None = None,
                  trace: TraceWriter | None = None, on_step=None, probs: ProbsRecorder | None = None):
-        """kv: the target's paged KV, sized for every request (spectrace/run.py: build_engine);
+        """kv: the target's paged KV, sized for every request (spectrace/engines.py: build_engine);
         on_step(record): called with every step record, after the metrics saw it; probs: keeps
         each walk's inputs for `spectrace rejudge` (--record-probs)."""
         if (spec.algo == "none") != (drafter is None):

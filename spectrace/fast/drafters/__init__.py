@@ -2,7 +2,7 @@
 
 Each takes the whole bucket at once and returns a DeviceTree; everything it keeps between steps
 lives in buffers allocated once, so DRAFT and EXTEND replay from CUDA graphs. The engine sees
-only this interface; spectrace/run.py builds the drafter of a run's checkpoint format.
+only this interface; spectrace/engines.py builds the drafter of a run's checkpoint format.
 
     eagle_worker.py   EAGLE, EAGLE-3, NEXTN/MTP heads and the standalone draft LM: the draft loop
                       over a draft KV of their own (SGLang's EAGLE worker)
