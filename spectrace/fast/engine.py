@@ -40,7 +40,7 @@ from spectrace.fast.sampling import DeviceRandoms, next_tokens
 from spectrace.fast.step_record import StepRecorder
 from spectrace.fast.tree import root_tree
 
-# one CUDA graph per group of phases (with a drafter on the host, or none, DRAFT is in VERIFY's)
+# a CUDA graph per group of phases (a drafter on the host, or none: DRAFT joins VERIFY's graph)
 LAUNCHES = (("draft", ("draft",)), ("verify", ("verify", "accept", "commit")), ("extend", ("extend",)))
 HOST_LAUNCHES = (("verify", ("draft", "verify", "accept", "commit")),)
 
@@ -55,6 +55,7 @@ class FastEngine:
         self.target, self.kv, self.spec, self.drafter = target, kv, spec, drafter
         self.trace, self.on_step, self.eos = trace, on_step, set(eos_token_ids)
         self.device, self.bs = kv.seq_lens.device, kv.seq_lens.shape[0]
+        # the rule's walk over every tree; plain decoding (no drafter): the root's argmax, or a sample of p
         self.rule = FAST_RULES[spec.acceptance] if drafter else greedy if spec.sampling.greedy else plain_sample
         self.recorder = StepRecorder(spec, drafter, probs) if trace is not None or on_step is not None else None
         self.adaptive = AdaptiveSpeculativeParams(spec.num_steps) if spec.adaptive else None
@@ -63,16 +64,15 @@ class FastEngine:
         steps = self.adaptive.candidate_steps if self.adaptive else [spec.num_steps if drafter else 0]
         self.tiers = {num_steps: Tier(num_steps, n, randoms.for_shape(num_steps, n)) for num_steps in steps
                       for n in [num_steps + 1 if self.adaptive else spec.num_draft_tokens]}
-        self.tier = self.tiers[steps[0] if not self.adaptive else spec.num_steps]
+        self.tier = self.tiers[spec.num_steps if self.adaptive else steps[0]]  # an adaptive run starts at num_steps
         L = max(len(p) for p in prompt_ids)  # prefill pads every prompt to the longest
         self.prompt_ids = torch.zeros(self.bs, L, dtype=torch.int64, device=self.device)
         self.prompt_lens = torch.ones(self.bs, dtype=torch.int64, device=self.device)
         self.roots = torch.zeros(self.bs, dtype=torch.int64, device=self.device)  # each request's last token
         self.live = torch.zeros(self.bs, dtype=torch.bool, device=self.device)
         self.metrics = SpecMetrics(spec.max_steps if drafter else 0, spec.num_draft_tokens)
-        self.step_count, self.clock, self.sibling_stats = 0, PhaseClock(self.device), {}
+        self.step_count, self.clock, self.sibling_stats, self.prefill_graph = 0, PhaseClock(self.device), {}, None
         self.launches = HOST_LAUNCHES if drafter is None or drafter.on_host else LAUNCHES
-        self.prefill_graph = None
         if graphs if graphs is not None else self.device.type == "cuda":
             self.capture()
 
