@@ -43,7 +43,7 @@ class Ngram:
         self.sizes = [1] * bs  # nodes of each row's tree, root included (1: nothing drafted)
 
     def reset(self) -> None:
-        pass
+        pass  # its buffers are rewritten by every host_draft
 
     # ---- the host's part: the explicit drafter over each request's history ------------------
     def host_prefill(self, reqs: list[Request]) -> None:
