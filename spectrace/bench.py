@@ -52,26 +52,31 @@ def shape_of(algo: str, res: RunResult) -> str:
 
 
 def algos_table(config: Config, algos: list[str], prompts: list[str], repeat: int,
-                progress: Progress = _silent) -> dict[str, list[list[int]]]:
+                progress: Progress = _silent, record_level: str = "off") -> dict[str, list[list[int]]]:
     """Prints a row per algorithm (`none` first when asked for); returns each algorithm's output
     ids, prompt by prompt. Beside tokens/s, τ and α: the mean draft, verify and other (accept,
     commit, extend) ms of a decode step, r = C_draft / C_verify, the textbook model's speed-up
     τ / (1 + r) and, with `none` in the table, the realised one (tokens/s over none's) beside the
     whole-step model τ C_AR / (C_draft + C_verify + C_other), C_AR = none's ms per step: the textbook
-    formula without its two approximations (C_extend dropped, a verify costing one decode)."""
+    formula without its two approximations (C_extend dropped, a verify costing one decode).
+    `config` times runs without a trace; record_level "full" or "steps" adds a column: the wall
+    time of the same runs recording a trace at that level over the untraced one."""
     algos = sorted(algos, key=lambda a: a != "none")
+    recording = record_level != "off"
     print(f"{'algo':<20} {'steps,topk,n':>12} {'tokens/s':>9} {'tau':>6} {'alpha':>6} {'verify_ct':>9} "
           f"{'draft ms':>8} {'verify ms':>9} {'other ms':>8} {'r':>6} {'tau/(1+r)':>9} {'step model':>10} "
-          f"{'realised':>8}")
+          f"{'realised':>8}" + (f" {'recording':>9}" if recording else ""))
     outputs, none_tps, c_ar = {}, None, None
     for algo in algos:
-        tokens = wall = verify = correct = proposed = steps = 0
+        tokens = wall = verify = correct = proposed = steps = traced_wall = 0
         phase_ms = Counter()
         outputs[algo] = []
         for i, prompt in enumerate(prompts):
             progress(f"bench: {algo}, prompt {i + 1} of {len(prompts)}")
-            res = best_run(config, repeat, algo=algo, prompts=[prompt], batch=None,
-                           trace=f"runs/bench/{algo}-{i}.jsonl")
+            res = best_run(config, repeat, algo=algo, prompts=[prompt], batch=None, trace=None)
+            if recording:
+                traced_wall += best_run(config, repeat, algo=algo, prompts=[prompt], batch=None,
+                                        trace=f"runs/bench/{algo}-{i}.jsonl", trace_level=record_level).metrics["wall_s"]
             outputs[algo].append(res.requests[0].output_ids)
             m = res.metrics
             tokens += m["completion_tokens"]
@@ -96,6 +101,8 @@ def algos_table(config: Config, algos: list[str], prompts: list[str], repeat: in
             step_model = f"{tau * c_ar / (c_draft + c_verify + c_other):>9.2f}x" if c_ar else f"{'-':>10}"
             cells += [f"{r:>6.3f}", f"{predicted_speedup(tau, r):>8.2f}x", step_model,
                       f"{tps / none_tps:>7.2f}x" if none_tps else f"{'-':>8}"]
+        if recording:
+            cells.append(f"{traced_wall / wall:>8.2f}x")
         progress(None)
         print(f"{algo:<20} {shape_of(algo, res):>12} " + " ".join(cells))
     return outputs
@@ -169,7 +176,7 @@ def batch_table(config: Config, algos: list[str], prompts: list[str], batch_size
         for algo in algos:
             progress(f"bench: batch {bs}, {algo}")
             m = best_run(config, repeat, algo=algo, prompts=[prompts[i % len(prompts)] for i in range(bs)],
-                         batch=bs, trace=f"runs/bench/batch{bs}-{algo}.jsonl").metrics
+                         batch=bs, trace=None).metrics
             row[algo] = (m["tokens_per_s"], m["accept_length"] if algo != "none" else None)
         table[bs] = row
         none_tps = row["none"][0]

@@ -165,6 +165,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the batch-scaling lab: each algorithm and none at each batch size (prompts cycled)")
     bench.add_argument("--prompt-set", dest="prompt_set", choices=["heldout", "repeating"], default="heldout",
                        help="heldout: the 8 held-out prompts; repeating: code that repeats itself (n-gram's case)")
+    bench.add_argument("--profile", action="store_true",
+                       help="kernels per step, phase by phase, and the most frequent ones (--backend fast): measured "
+                            "with torch.profiler on a GPU, counted as the code runs interpreted on a CPU")
+    bench.add_argument("--json", metavar="FILE", help="with --profile: write its numbers to FILE as JSON")
+    # speed rows time runs without a trace; --trace-level full or steps adds a column: what recording costs
+    bench.set_defaults(trace_level="off")
     return ap
 
 
@@ -359,6 +365,10 @@ def cmd_bench(args) -> int:
         else:  # interpreted: small shapes, to see the table work, not to measure
             bench_kernels(args.device, batch_sizes=(1, 8), vocabs=(4096,), prefix=256, layers=4)
         return 0
+    if args.json and not args.profile:
+        raise UsageError("--json writes --profile's numbers: add --profile")
+    if args.profile and args.backend != "fast":
+        raise UsageError("--profile counts the fast engine's kernels: add --backend fast")
     from spectrace import bench
     from spectrace.zoo.prompts import HELD_OUT_PROMPTS, REPEATING_PROMPTS
 
@@ -366,12 +376,19 @@ def cmd_bench(args) -> int:
     batches = f"batch sizes {' '.join(map(str, args.batch_sizes))}" if args.batch_sizes else "batch 1"
     print(f"{'held-out' if args.prompt_set == 'heldout' else 'repeating-code'} prompts: {len(prompts)}, "
           f"max_new_tokens {args.max_new_tokens}, device {args.device}, backend {args.backend}, "
-          f"trace level {args.trace_level}, {batches}, " + (f"temperature {args.temperature}, acceptance "
+          f"timed without a trace" + (f" (recording cost: --trace-level {args.trace_level})"
+                                      if args.trace_level != "off" else "") + f", {batches}, " + (f"temperature {args.temperature}, acceptance "
                                                              f"{args.acceptance or 'target_only'}, seed {args.seed}"
                                                              if args.temperature else "greedy"))
 
+    record_level, args.trace_level = args.trace_level, "off"  # every speed row runs untraced
+
     def config(**over):
         return _run_config(args, **over)
+    if args.profile:
+        from spectrace.bench_profile import profile_table
+        profile_table(config, args.algos, prompts, args.device, args.json, Progress(0).say)
+        return 0
     if args.target_shape:
         bench.shape_table(config, args.target_shape, args.batch_sizes or [1], args.repeat)
         return 0
@@ -384,9 +401,9 @@ def cmd_bench(args) -> int:
     if hf and args.backend != "explicit":  # the reference engine beside the kernels, in the same run
         print("spectrace, --backend explicit:")
         tables["explicit"] = bench.algos_table(lambda **o: _run_config(args, **{"backend": "explicit", **o}),
-                                               args.algos, prompts, args.repeat, progress)
+                                               args.algos, prompts, args.repeat, progress, record_level)
         print(f"spectrace, --backend {args.backend}:")
-    tables[args.backend] = bench.algos_table(config, args.algos, prompts, args.repeat, progress)
+    tables[args.backend] = bench.algos_table(config, args.algos, prompts, args.repeat, progress, record_level)
     if hf:
         for backend, ours in tables.items():
             for algo, outs in ours.items():

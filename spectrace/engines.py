@@ -23,6 +23,7 @@ from spectrace.core.kv import KVCache
 from spectrace.core.model import CausalLM
 from spectrace.core.probs import ProbsRecorder
 from spectrace.core.trace import TraceWriter
+from spectrace.errors import SpectraceError
 
 
 def lookahead(spec: SpecConfig) -> int:
@@ -44,17 +45,19 @@ def context(target: CausalLM, draft) -> int:
 def build_engine(target: CausalLM, draft, spec: SpecConfig, prompt_ids: list[list[int]], eos_token_ids,
                  trace: TraceWriter | None = None, ngram: NgramConfig | None = None,
                  medusa_tree: MedusaTree | None = None, on_step=None, backend: str = "explicit",
-                 probs: ProbsRecorder | None = None, graphs: bool | None = None):
+                 probs: ProbsRecorder | None = None, graphs: bool | None = None, probe=None):
     """The engine of `spec.algo` around `draft` (the loaded draft model; None for none and ngram),
     its KV pools holding every request at full length at once. ngram and medusa_tree: those
     drafters' options, checked (NgramConfig.check, MedusaTree.from_choices). graphs: the fast
-    engine's CUDA graphs (default: on a GPU)."""
+    engine's CUDA graphs (default: on a GPU); probe: bench --profile's (fast engine only)."""
     medusa_tree = medusa_tree or (MedusaTree.from_choices(MC_SIM_7B_63[:DEFAULT_CHOICES], draft.num_heads)
                                   if spec.algo == "medusa" else None)
     ngram = ngram or NgramConfig()
     if backend == "fast":
         return fast_engine(target, draft, spec, prompt_ids, eos_token_ids, trace, ngram, medusa_tree, on_step, probs,
-                           graphs)
+                           graphs, probe)
+    if probe is not None:
+        raise SpectraceError("--profile counts the fast engine's kernels: it needs --backend fast")
     cache_class = KVCache
     if backend == "triton":
         from spectrace.kernels import backend as twins
@@ -93,12 +96,13 @@ def explicit_drafter(target, draft, spec: SpecConfig, kv, ngram: NgramConfig, me
 
 
 def fast_engine(target, draft, spec: SpecConfig, prompt_ids, eos_token_ids, trace, ngram, medusa_tree, on_step, probs,
-                graphs):
+                graphs, probe=None):
     """The fast engine over the batch bucket. A request's row holds its prompt, max_new_tokens,
     up to num_steps tokens committed past them by its last step, num_steps + 1 more of a step
     launched ahead of the host's reading (overlap), and one more step's columns, since a finished
-    request still runs every phase, frozen. On a GPU the models' layers run fused
-    (kernels/fused.py; in place: their modules' forwards, wherever they run next)."""
+    request still runs every phase, frozen. On a GPU (and when a probe counts the kernels a GPU
+    would launch) the models' layers run fused (kernels/fused.py; in place: their modules'
+    forwards, wherever they run next)."""
     from spectrace.fast.engine import FastEngine
     from spectrace.fast.graphs import bucket, check_batch, place_rotary
     from spectrace.fast.kv import StaticKV
@@ -111,7 +115,7 @@ def fast_engine(target, draft, spec: SpecConfig, prompt_ids, eos_token_ids, trac
     committed = max(len(p) for p in prompt_ids) + spec.max_new_tokens + 2 * (num_steps + 1)
     kv = StaticKV(target, bucket(len(prompt_ids)), committed + n)
     models = [m for m in (target, draft) if m is not None]
-    if kv.seq_lens.device.type == "cuda":
+    if kv.seq_lens.device.type == "cuda" or probe is not None:
         from spectrace.kernels.fused import fuse
 
         for m in models:
@@ -120,7 +124,7 @@ def fast_engine(target, draft, spec: SpecConfig, prompt_ids, eos_token_ids, trac
         place_rotary(m, kv.seq_lens.device)
     drafter = fast_drafter(target, draft, spec, kv, committed, ngram, medusa_tree,
                            trace is not None or on_step is not None, probs is not None) if spec.algo != "none" else None
-    return FastEngine(target, kv, spec, drafter, prompt_ids, eos_token_ids, trace, on_step, probs, graphs)
+    return FastEngine(target, kv, spec, drafter, prompt_ids, eos_token_ids, trace, on_step, probs, graphs, probe)
 
 
 def fast_drafter(target, draft, spec: SpecConfig, kv, committed: int, ngram: NgramConfig, medusa_tree,

@@ -327,9 +327,9 @@ def choose_threads(target: CausalLM, device: str) -> int:
 
 # ---- the run ---------------------------------------------------------------------------------
 
-def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = None) -> RunResult:
+def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = None, probe=None) -> RunResult:
     """on_step(record) sees every step record as it is made; progress(message) hears what the
-    run is doing (loading, generating) before it is done."""
+    run is doing (loading, generating) before it is done; probe: bench --profile's PhaseProbe."""
     cfg.check()
     check_model_dir(cfg.target_model, "--target-model")
     if cfg.draft_path is not None:
@@ -359,7 +359,7 @@ def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = N
         check_topk(spec, target, draft)
         eos = target.config.eos_token_ids or ((tok.eos_token_id,) if tok.eos_token_id is not None else ())
         engine = build_engine(target, draft, spec, ids, eos, writer, on_step=on_step, backend=cfg.backend,
-                              probs=probs, **options)
+                              probs=probs, probe=probe, **options)
         threads = choose_threads(target, cfg.device)
         if writer:
             writer.write(header(cfg, spec, prompts, target, draft, engine, threads, probs),

@@ -18,6 +18,7 @@ same code runs eagerly: the parity tests check it against the explicit engine re
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -43,15 +44,18 @@ from spectrace.fast.tree import root_tree
 # a CUDA graph per group of phases (a drafter on the host, or none: DRAFT joins VERIFY's graph)
 LAUNCHES = (("draft", ("draft",)), ("verify", ("verify", "accept", "commit")), ("extend", ("extend",)))
 HOST_LAUNCHES = (("verify", ("draft", "verify", "accept", "commit")),)
+# bench --profile: a graph per phase, so each phase's kernels are counted and timed apart
+PHASE_LAUNCHES = tuple((name, (name,)) for name in ("draft", "verify", "accept", "commit", "extend"))
 
 
 class FastEngine:
     def __init__(self, target, kv: StaticKV, spec: SpecConfig, drafter, prompt_ids: list[list[int]], eos_token_ids,
                  trace: TraceWriter | None = None, on_step=None, probs: ProbsRecorder | None = None,
-                 graphs: bool | None = None):
+                 graphs: bool | None = None, probe=None):
         """kv: the target's static KV over the batch bucket, sized for every request (engines.py:
         build_engine); drafter: a fast/drafters/ drafter or None (--algo none); graphs: capture
-        CUDA graphs (default: on a GPU)."""
+        CUDA graphs (default: on a GPU); probe: bench --profile's PhaseProbe, whose
+        `phase(name)` wraps each phase's launch (each phase then is a launch of its own)."""
         self.target, self.kv, self.spec, self.drafter = target, kv, spec, drafter
         self.trace, self.on_step, self.eos = trace, on_step, set(eos_token_ids)
         self.device, self.bs = kv.seq_lens.device, kv.seq_lens.shape[0]
@@ -73,6 +77,11 @@ class FastEngine:
         self.metrics = SpecMetrics(spec.max_steps if drafter else 0, spec.num_draft_tokens)
         self.step_count, self.clock, self.sibling_stats, self.prefill_graph = 0, PhaseClock(self.device), {}, None
         self.launches = HOST_LAUNCHES if drafter is None or drafter.on_host else LAUNCHES
+        if probe is not None:
+            self.launches = tuple(launch for launch in PHASE_LAUNCHES if drafter or launch[0] != "extend")
+            if self.host_drafts:
+                self.launches = self.launches[1:]
+        self.probe = probe
         if graphs if graphs is not None else self.device.type == "cuda":
             self.capture()
 
@@ -184,14 +193,14 @@ class FastEngine:
         eager), then the step's tokens' copy to the host. Returns what finish_step reads."""
         tier, on_host = self.tier, self.host_drafts
         before = self.kv.seq_lens.tolist() if self.recorder else None
-        marks = {"draft": self.clock.run(lambda: self.drafter.host_draft(reqs))} if on_host else {}
+        marks = {"draft": self.run_phase("draft", lambda: self.drafter.host_draft(reqs))} if on_host else {}
         sizes = self.drafter.sizes if on_host else [tier.num_draft_tokens if self.drafter else 1] * len(reqs)
         randoms = tier.randoms.draw(reqs, sizes) if not self.spec.sampling.greedy else None
         if self.ranks_worth:
             tier.randoms.upload(tier.randoms.worth, torch.stack([self.sibling_stats[r.req_pool_idx].worth()
                                                                  for r in reqs]))
         for name, names in self.launches:
-            marks[name] = self.clock.run(tier.graphs[name].replay if tier.graphs else self.phases(names))
+            marks[name] = self.run_phase(name, tier.graphs[name].replay if tier.graphs else self.phases(names))
         if self.device.type != "cuda":
             return {"marks": marks, "out": tier.step_out.clone(), "done": None, "before": before, "randoms": randoms}
         out = torch.empty(tier.step_out.shape, dtype=tier.step_out.dtype, pin_memory=True)
@@ -199,6 +208,11 @@ class FastEngine:
         done = torch.cuda.Event()
         done.record()
         return {"marks": marks, "out": out, "done": done, "before": before, "randoms": randoms}
+
+    def run_phase(self, name: str, fn) -> tuple:
+        """One launch, on the phase clock (and inside the profile's probe)."""
+        with self.probe.phase(name) if self.probe else nullcontext():
+            return self.clock.run(fn)
 
     @torch.no_grad()
     def finish_step(self, reqs: list[Request], launched: dict) -> None:
