@@ -30,20 +30,27 @@ PHASES = ("draft", "verify", "accept", "commit", "extend", "host")
 # operators that launch no kernel: allocations and metadata (views are skipped by OpOverload.is_view)
 NO_KERNEL = {"empty", "empty_strided", "new_empty", "new_empty_strided", "detach", "lift_fresh", "alias",
              "_unsafe_view", "set_", "resize_", "sym_size", "sym_stride", "sym_numel", "record_stream",
-             "_reshape_alias", "is_pinned", "_pin_memory", "empty_like"}
+             "_reshape_alias", "is_pinned", "_pin_memory", "empty_like", "scalar_tensor"}
 
 
 class KernelCounter(TorchDispatchMode):
-    """Counts, per phase, the operators and Triton launches a phase runs (kernel name -> launches)."""
+    """Counts, per phase, the operators and Triton launches a phase runs (kernel name -> launches).
+    A phase's first launch is not counted: it fills the caches a GPU fills in its graph's warm-up
+    (fast/batch.py: ramp), which no replay launches again."""
 
     def __init__(self):
         super().__init__()
         self.kernels: dict[str, Counter] = defaultdict(Counter)
-        self.launches: Counter = Counter()  # how many times each phase ran
+        self.launches: Counter = Counter()  # how many times each phase was counted
+        self.seen: Counter = Counter()
         self.current, self.in_triton = None, False
 
     @contextmanager
     def phase(self, name: str):
+        self.seen[name] += 1
+        if self.seen[name] == 1:  # the warm-up launch
+            yield
+            return
         self.current = name
         self.launches[name] += 1
         with self, _triton_launches(self.triton_launch):

@@ -135,7 +135,6 @@ def fast_drafter(target, draft, spec: SpecConfig, kv, committed: int, ngram: Ngr
     from spectrace.fast.drafters.frozen_kv_mtp import FrozenKVMtp
     from spectrace.fast.drafters.medusa import Medusa
     from spectrace.fast.drafters.ngram import Ngram
-    from spectrace.fast.tree import full_mask_size
 
     fmt, rule, bs = ALGOS[spec.algo].checkpoint, RULES[spec.acceptance], kv.seq_lens.shape[0]
     n, num_steps, topk = spec.num_draft_tokens, spec.max_steps, spec.topk
@@ -144,14 +143,12 @@ def fast_drafter(target, draft, spec: SpecConfig, kv, committed: int, ngram: Ngr
                     temperature=spec.temperature if rule.samples_drafts else 1.0)
     if spec.algo == "ngram":
         return Ngram(ngram.drafter(num_steps, n, target.config.max_position_embeddings, "cpu"), bs, n,
-                     full_mask_size(kv.req_to_token, n), kv.seq_lens.device)
+                     kv.seq_lens.device)
     if fmt == "medusa":
-        return Medusa(draft, medusa_tree, bs, target.config.hidden_size, full_mask_size(kv.req_to_token, n),
-                      spec.trace_topk, recording)
+        return Medusa(draft, medusa_tree, bs, target.config.hidden_size, spec.trace_topk, recording)
     if fmt == "dflash":
-        return DFlash(draft, target, bs, kv.req_to_token.shape[1], full_mask_size(kv.req_to_token, n), trace_topk)
+        return DFlash(draft, target, bs, kv.req_to_token.shape[1], trace_topk)
     if fmt == "frozen_kv_mtp":
         return FrozenKVMtp(draft, target, kv, topk, **sampling)
     scratch = max(num_steps + 1, topk * max(num_steps - 1, 0))  # the padded extend, or the draft loop's [topk][step]
-    return EagleWorker(draft, target, fmt != "lm", bs, committed + scratch, topk,
-                       kv.req_to_token.numel(), **sampling)
+    return EagleWorker(draft, target, fmt != "lm", bs, committed + scratch, topk, **sampling)

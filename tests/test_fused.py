@@ -49,11 +49,31 @@ def test_split_rope_equals_the_explicit_projections_and_rope(tokens, heads, head
     h, kvh = heads
     qkv = torch.randn(tokens, (h + 2 * kvh) * head_dim).to(DEVICE, dtype)
     cos, sin = RotaryEmbedding(head_dim, 10000.0)(torch.randint(0, 500, (tokens,), device=DEVICE), dtype)
-    q, k, v = fused.split_rope(qkv, cos, sin, h, kvh, head_dim)
+    k_cache, v_cache = torch.zeros(2, 2 * tokens, kvh, head_dim, dtype=dtype, device=DEVICE)
+    slots = torch.randperm(2 * tokens, device=DEVICE)[:tokens]
+    q, k, v = fused.split_rope(qkv, cos, sin, h, kvh, head_dim, k_cache, v_cache, slots)
     want_q, want_k, want_v = qkv.split([h * head_dim, kvh * head_dim, kvh * head_dim], dim=1)
     assert_equal_or_ulp(q, apply_rope(want_q.reshape(tokens, h, head_dim), cos, sin))
     assert_equal_or_ulp(k, apply_rope(want_k.reshape(tokens, kvh, head_dim), cos, sin))
     assert torch.equal(v, want_v.reshape(tokens, kvh, head_dim))
+    assert torch.equal(k_cache[slots], k) and torch.equal(v_cache[slots], v)  # TokenToKVPool.write's rows
+    unwritten = torch.ones(2 * tokens, dtype=torch.bool, device=DEVICE)
+    unwritten[slots] = False
+    assert not k_cache[unwritten].any() and not v_cache[unwritten].any()
+
+
+@settings(max_examples=10, deadline=None)
+@given(rows=st.integers(0, 5), hidden=st.sampled_from([8, 48, 256]), dtype=st.sampled_from(DTYPES),
+       seed=st.integers(0, 2**16))
+def test_add_rms_norm_is_the_residual_add_then_the_norm(rows, hidden, dtype, seed):
+    torch.manual_seed(seed)
+    norm = RMSNorm(hidden, 1e-5).to(DEVICE, dtype)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x, delta = (torch.randn(2, rows, hidden) * 3).to(DEVICE, dtype)
+    total, normed = fused.add_rms_norm(x, delta, norm)
+    assert torch.equal(total, x + delta)
+    assert_equal_or_ulp(normed, norm(x + delta))
 
 
 @settings(max_examples=10, deadline=None)

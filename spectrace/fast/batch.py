@@ -3,7 +3,8 @@ ForwardBatch.build and kernels/backend.py's host-side metadata, here from the st
 a CUDA graph replays them without the host. Three layouts:
 
     extend_batch    `width` new tokens after each request's committed KV, causal or under a
-                    FULL_MASK (prefill, verify, draft extend): extend_attention_fwd's metadata
+                    QLEN_ONLY tree mask (prefill, verify, draft extend): extend_attention_fwd
+                    reads each request's prefix straight from its req_to_token row
     scratch_batch   one level of the draft loop: each kept path is its own sequence, the
                     committed draft KV then its path's scratch columns (drafters/scratch.py's
                     [topk][step] layout): decode_attention_fwd's metadata
@@ -12,13 +13,21 @@ a CUDA graph replays them without the host. Three layouts:
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
 from spectrace.core.batch import ForwardBatch
 from spectrace.core.model import ForwardOutput
-from spectrace.fast.tree import tree_mask_rows
 from spectrace.kernels import attention
+
+
+@functools.cache
+def ramp(n: int, step: int, device: torch.device) -> torch.Tensor:
+    """arange(n) * step on the device, made once: the index vectors every forward reads (a CUDA
+    graph's warm-up makes them, so its replays launch no kernel for them)."""
+    return torch.arange(n, device=device) * step
 
 
 def prefix_rows(req_to_token: torch.Tensor, lens: torch.Tensor, reqs: torch.Tensor) -> dict:
@@ -31,17 +40,17 @@ def prefix_rows(req_to_token: torch.Tensor, lens: torch.Tensor, reqs: torch.Tens
 
 
 def extend_batch(kv, input_ids, positions, width: int, tree_mask=None) -> ForwardBatch:
-    """A forward adding `width` tokens to every request after its seq_lens: tree_mask (FULL_MASK,
-    as build_tree lays it out) for a verify, else causal. Shapes are fixed by (bs, width)."""
+    """A forward adding `width` tokens to every request after its seq_lens: tree_mask (bs, width,
+    width) for a verify (QLEN_ONLY: every prefix column is visible), else causal. Shapes are fixed
+    by (bs, width); the metadata costs two kernels (the new tokens' slots)."""
     bs, device = kv.seq_lens.shape[0], kv.seq_lens.device
-    prefix = kv.seq_lens
-    meta = prefix_rows(kv.req_to_token, prefix, torch.arange(bs, device=device))
-    meta.update(qo_indptr=torch.arange(bs + 1, device=device) * width, custom_mask=tree_mask, mask_indptr=None,
-                max_len_extend=width)
-    if tree_mask is not None:  # request b's rows (width, prefix + width) start where build_tree wrote them
-        meta["mask_indptr"] = F.pad((width * (prefix + width)).cumsum(0), (1, 0))
+    meta = dict(qo_indptr=ramp(bs + 1, width, device), kv_indptr=None, kv_indices=None, custom_mask=None,
+                mask_indptr=None, max_len_extend=width, req_to_token=kv.req_to_token, prefix_lens=kv.seq_lens)
+    if tree_mask is not None:
+        meta.update(custom_mask=tree_mask.flatten(), mask_indptr=ramp(bs + 1, width * width, device), qlen_mask=True)
+    slots = kv.req_to_token.gather(1, kv.seq_lens[:, None] + ramp(width, 1, device))
     return ForwardBatch(input_ids=input_ids, positions=positions, req_pool_indices=list(range(bs)),
-                        seq_lens=[], extend_lens=[width] * bs, out_cache_loc=kv.slots(prefix, width).flatten(),
+                        seq_lens=[], extend_lens=[width] * bs, out_cache_loc=slots.flatten(),
                         custom_masks=[], attn_metadata={"extend": meta})
 
 
@@ -71,8 +80,7 @@ def one_token_forwards(target, kv, tree, capture_layers) -> ForwardOutput:
     output. core/model.py's batch_invariant, on the device."""
     input_ids, positions = tree.draft_tokens, tree.positions
     bs, w = input_ids.shape
-    tree_rows = tree.tree_rows if tree.tree_rows is not None or w == 1 else \
-        tree_mask_rows(tree.tree_mask, kv.seq_lens, w)  # (bs, w, w)
+    tree_rows = tree.tree_mask  # (bs, w, w); None: a lone root
     col = torch.arange(kv.req_to_token.shape[1], device=input_ids.device)
     outs = []
     for b in range(bs):  # a tree's rows in index order: a node's ancestors have written their KV

@@ -3,7 +3,7 @@ the device, the Triton twins for attention, tree build and the walks, and CUDA g
 captures them. The phases and names are the explicit engine's:
 
     DRAFT    the drafter's trees for every request (fast/drafters/), a DeviceTree
-    VERIFY   one target forward over every node under the tree's FULL_MASK; the target's argmax
+    VERIFY   one target forward over every node under the tree's mask (QLEN_ONLY); the target's argmax
     ACCEPT   the rule walks every tree at once (fast/acceptance/): accept_tokens, the bonus
     COMMIT   the accepted path's KV slots first in each request's row (fast/kv.py), the next roots
     EXTEND   the drafter catches up on the accepted tokens (DRAFT_EXTEND)

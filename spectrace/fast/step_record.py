@@ -49,7 +49,7 @@ class StepRecorder:
         if self.drafter.kv is not None:
             host["draft_seq_lens"] = self.drafter.kv.seq_lens.cpu()
         if not self.drafter.on_host:  # n-gram's trees are on the host already
-            host.update({name: getattr(tree, name).cpu() for name in ("tree_rows", "q", "scores")})
+            host.update({name: getattr(tree, name).cpu() for name in ("tree_mask", "q", "scores")})
             host["draft_probs"] = tree.draft_probs.cpu() if tree.draft_probs is not None else None
             host["worth"] = tier.randoms.worth.cpu() if self.spec.acceptance == "tree_rejection" and \
                 self.spec.topk > 1 else None
@@ -67,7 +67,7 @@ class StepRecorder:
             tree, i = self.drafter.tree, self.drafter.index[b]
             return tree, i, tree.size(i)
         tree = DraftTree(
-            draft_tokens=host["draft_tokens"], tree_mask=host["tree_rows"], positions=host["positions"],
+            draft_tokens=host["draft_tokens"], tree_mask=host["tree_mask"], positions=host["positions"],
             retrive_index=host["retrive_index"], retrive_next_token=host["retrive_next_token"],
             retrive_next_sibling=host["retrive_next_sibling"], q=host["q"], scores=host["scores"],
             draft_topk=host["draft_topk"], candidates=host["candidates"], sibling_worth=host["worth"])

@@ -56,17 +56,22 @@ def _attend_tile(q, k_tile, v_tile, visible, m_i, l_i, acc, sm_scale, logit_cap,
 
 @triton.jit
 def _fwd_kernel(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
-                custom_mask, mask_indptr, mid_o, mid_ml, sm_scale, logit_cap,
+                custom_mask, mask_indptr, mid_o, mid_ml, sm_scale, logit_cap, kv_row_stride,
                 stride_qt, stride_qh, stride_kt, stride_kh, stride_bt, stride_bh, stride_ot, stride_oh,
                 NUM_HEADS: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_EXTEND: tl.constexpr, USE_CUSTOM_MASK: tl.constexpr,
-                SKIP_PREFIX_CUSTOM_MASK: tl.constexpr, IEEE: tl.constexpr, SPLITS: tl.constexpr):
+                SKIP_PREFIX_CUSTOM_MASK: tl.constexpr, IEEE: tl.constexpr, SPLITS: tl.constexpr,
+                KV_ROWS: tl.constexpr, QLEN_MASK: tl.constexpr):
     b, kvh = tl.program_id(0), tl.program_id(1)
     block, split = tl.program_id(2) // SPLITS, tl.program_id(2) % SPLITS
     qo_start = tl.load(qo_indptr + b)
     extend_len = tl.load(qo_indptr + b + 1) - qo_start
-    kv_start = tl.load(kv_indptr + b)
-    prefix_len = tl.load(kv_indptr + b + 1) - kv_start
+    if KV_ROWS:  # the prefix is row b of req_to_token (kv_indices), its first kv_indptr[b] entries
+        kv_start = b * kv_row_stride
+        prefix_len = tl.load(kv_indptr + b)
+    else:
+        kv_start = tl.load(kv_indptr + b)
+        prefix_len = tl.load(kv_indptr + b + 1) - kv_start
     seq_len = prefix_len + extend_len  # the mask row's width: attend's (extend_len, seq_len)
 
     rows = tl.arange(0, BLOCK_M)
@@ -82,8 +87,8 @@ def _fwd_kernel(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_i
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
-    if USE_CUSTOM_MASK:
-        mask_row = custom_mask + tl.load(mask_indptr + b) + m * seq_len  # this row of the FULL_MASK
+    if USE_CUSTOM_MASK:  # this row of the FULL_MASK (extend_len, seq_len), or of the QLEN_ONLY (extend_len, extend_len)
+        mask_row = custom_mask + tl.load(mask_indptr + b) + m * (extend_len if QLEN_MASK else seq_len)
 
     # stage 1, the prefix: keys from the pool through kv_indices (attend's kv.req_to_token[req, :seq_len]);
     # this split's share of it, whole BLOCK_N tiles each
@@ -116,7 +121,8 @@ def _fwd_kernel(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_i
             v_tile = tl.load(v_extend + kv_offs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
             visible = row_ok[:, None] & n_ok[None, :]
             if USE_CUSTOM_MASK:
-                visible = visible & (tl.load(mask_row[:, None] + prefix_len + n[None, :], mask=visible, other=0) != 0)
+                offs = n if QLEN_MASK else prefix_len + n
+                visible = visible & (tl.load(mask_row[:, None] + offs[None, :], mask=visible, other=0) != 0)
             else:
                 visible = visible & (n[None, :] <= m[:, None])
             m_i, l_i, acc = _attend_tile(q, k_tile, v_tile, visible, m_i, l_i, acc, sm_scale, logit_cap, IEEE)
@@ -167,7 +173,8 @@ def auto_kv_splits(device: torch.device, programs: int, prefix_tokens: int, bs: 
 
 
 def _launch(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask,
-            mask_indptr, max_len_extend, sm_scale, logit_cap, skip_prefix_custom_mask, has_extend, num_kv_splits):
+            mask_indptr, max_len_extend, sm_scale, logit_cap, skip_prefix_custom_mask, has_extend, num_kv_splits,
+            kv_rows=False, qlen_mask=False):
     bs = qo_indptr.shape[0] - 1
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_buffer.shape[1]
@@ -176,7 +183,7 @@ def _launch(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr, 
     group = num_heads // num_kv_heads
     block_m, block_n = _block_sizes(max_len_extend, group)
     blocks = triton.cdiv(max(max_len_extend, 1), block_m // group)
-    splits = num_kv_splits or auto_kv_splits(q.device, bs * num_kv_heads * blocks, kv_indices.shape[0], bs)
+    splits = num_kv_splits or auto_kv_splits(q.device, bs * num_kv_heads * blocks, kv_indices.numel(), bs)
     mid_o = mid_ml = qo_indptr  # unused when one split writes o directly
     if splits > 1:
         mid_o = torch.empty(q.shape[0], num_heads, splits, head_dim, dtype=torch.float32, device=q.device)
@@ -186,32 +193,37 @@ def _launch(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr, 
     _fwd_kernel[(bs, num_kv_heads, blocks * splits)](
         q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
         custom_mask if use_mask else qo_indptr, mask_indptr if use_mask else qo_indptr, mid_o, mid_ml,
-        head_dim ** -0.5 if sm_scale is None else sm_scale, logit_cap,
+        head_dim ** -0.5 if sm_scale is None else sm_scale, logit_cap, kv_indices.stride(0) if kv_rows else 0,
         q.stride(0), q.stride(1), k_extend.stride(0), k_extend.stride(1), k_buffer.stride(0), k_buffer.stride(1),
         o.stride(0), o.stride(1),
         NUM_HEADS=num_heads, D=head_dim, GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         HAS_EXTEND=has_extend, USE_CUSTOM_MASK=use_mask, SKIP_PREFIX_CUSTOM_MASK=skip_prefix_custom_mask,
-        IEEE=q.dtype == torch.float32, SPLITS=splits)
+        IEEE=q.dtype == torch.float32, SPLITS=splits, KV_ROWS=kv_rows, QLEN_MASK=qlen_mask)
     if splits > 1 and q.shape[0]:
         _merge_splits_kernel[(q.shape[0], num_heads)](mid_o, mid_ml, o, o.stride(0), o.stride(1), NUM_HEADS=num_heads,
                                                       D=head_dim, SPLITS=splits,
                                                       BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d)
 
 
-def _check_attention(q, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices) -> None:
+def _check_attention(q, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, kv_rows=False) -> None:
     device = q.device
     check("q", q, (torch.float32, torch.float16, torch.bfloat16), (None, None, None))
     check("o", o, q.dtype, tuple(q.shape), device)
     check("k_buffer", k_buffer, q.dtype, (None, None, q.shape[2]), device)
     check("v_buffer", v_buffer, q.dtype, tuple(k_buffer.shape), device)
     check("qo_indptr", qo_indptr, (torch.int32, torch.int64), (None,), device)
+    if kv_rows:  # req_to_token (bs, columns) and each row's prefix length
+        check("prefix_lens", kv_indptr, (torch.int32, torch.int64), (qo_indptr.shape[0] - 1,), device)
+        check("req_to_token", kv_indices, (torch.int32, torch.int64), (qo_indptr.shape[0] - 1, None), device)
+        return
     check("kv_indptr", kv_indptr, (torch.int32, torch.int64), tuple(qo_indptr.shape), device)
     check("kv_indices", kv_indices, (torch.int32, torch.int64), (None,), device)
 
 
 def extend_attention_fwd(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr,
                          kv_indices, custom_mask, mask_indptr, max_len_extend, sm_scale=None, logit_cap=0.0,
-                         skip_prefix_custom_mask=True, num_kv_splits=None) -> None:
+                         skip_prefix_custom_mask=True, num_kv_splits=None, req_to_token=None, prefix_lens=None,
+                         qlen_mask=False) -> None:
     """SGLang's verify/extend attention, writing o_extend in place.
 
     q_extend, o_extend (N, num_heads, head_dim); k_extend, v_extend (N, num_kv_heads, head_dim);
@@ -219,8 +231,19 @@ def extend_attention_fwd(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
     tokens are rows qo_indptr[b]:qo_indptr[b+1] and its prefix slots kv_indices[kv_indptr[b]:kv_indptr[b+1]].
     custom_mask: None for causal, else the packed FULL_MASK rows (bool or uint8) starting at mask_indptr[b].
     skip_prefix_custom_mask: trust the prefix columns to be all visible (verify's case) and not read them.
-    num_kv_splits: programs per request's prefix (None: `auto_kv_splits`)."""
-    _check_attention(q_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices)
+    num_kv_splits: programs per request's prefix (None: `auto_kv_splits`).
+
+    The fast engine's forms: req_to_token (bs, columns) and prefix_lens (bs,) in place of kv_indptr
+    and kv_indices (None): request b's prefix is req_to_token[b, :prefix_lens[b]], read in the kernel,
+    so there is no kv_indices to build first. qlen_mask: custom_mask holds only each request's
+    (extend_len, extend_len) rows, SGLang's QLEN_ONLY layout (TreeMaskMode.QLEN_ONLY), every prefix
+    column visible."""
+    kv_rows = req_to_token is not None
+    if kv_rows:
+        kv_indptr, kv_indices = prefix_lens, req_to_token
+    if qlen_mask and not skip_prefix_custom_mask:
+        raise ValueError("a QLEN_ONLY mask holds no prefix columns: skip_prefix_custom_mask must be True")
+    _check_attention(q_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, kv_rows)
     check("k_extend", k_extend, q_extend.dtype, (q_extend.shape[0], k_buffer.shape[1], q_extend.shape[2]),
           q_extend.device)
     check("v_extend", v_extend, q_extend.dtype, tuple(k_extend.shape), q_extend.device)
@@ -229,7 +252,8 @@ def extend_attention_fwd(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
         check("mask_indptr", mask_indptr, (torch.int32, torch.int64), tuple(qo_indptr.shape), q_extend.device)
         custom_mask = custom_mask.view(torch.uint8)
     _launch(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
-            custom_mask, mask_indptr, max_len_extend, sm_scale, logit_cap, skip_prefix_custom_mask, True, num_kv_splits)
+            custom_mask, mask_indptr, max_len_extend, sm_scale, logit_cap, skip_prefix_custom_mask, True, num_kv_splits,
+            kv_rows, qlen_mask)
 
 
 def decode_attention_fwd(q, k_buffer, v_buffer, o, kv_indptr, kv_indices, sm_scale=None, logit_cap=0.0,

@@ -7,8 +7,13 @@ layer's modules a fused forward, as vLLM's CustomOp gives a module a `forward_cu
 `forward_native`:
 
     RMSNorm    rms_norm: one kernel per row
-    Attention  one GEMM over [q; k; v] weights, then split_rope: the split and RoPE of q and k in
-               one kernel (v copied out contiguous, as the attention twins read it)
+    residual   add_rms_norm: a residual add and the next norm in one kernel (vLLM's and SGLang's
+               fused_add_rmsnorm), so a decoder layer adds nothing outside its norms
+    RoPE       cos and sin looked up in a table over every position (SGLang's cos_sin_cache):
+               one kernel per forward instead of seven
+    Attention  one GEMM over [q; k; v] weights, then split_rope: the split and RoPE of q and k,
+               and the new K/V written into the KV pool, in one kernel (v copied out contiguous,
+               as the attention twins read it)
     MLP        one GEMM over [gate; up] weights, silu_mul in one kernel, then down
 
 Each kernel rounds where the explicit ops round (to the model dtype after each torch op), so in
@@ -26,7 +31,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from spectrace.core.model import MLP, Attention, RMSNorm
+from spectrace.core.drafters.eagle import DraftHead
+from spectrace.core.model import MLP, Attention, CausalLM, ForwardOutput, RMSNorm, RotaryEmbedding
 
 
 @triton.jit
@@ -64,21 +70,51 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 @triton.jit
-def _split_rope_kernel(qkv, cos, sin, q, k, v, NQ: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr,
-                       BLOCK: tl.constexpr):
+def _add_rms_norm_kernel(x, delta, weight, total, out, eps, H: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    ok = offs < H
+    v = tl.load(x + row * H + offs, mask=ok, other=0.0).to(tl.float32)
+    v = rounded(v + tl.load(delta + row * H + offs, mask=ok, other=0.0).to(tl.float32), total.dtype.element_ty)
+    tl.store(total + row * H + offs, v.to(total.dtype.element_ty), mask=ok)  # x + delta, as the residual add rounds
+    normed = rounded(v * tl.rsqrt(tl.sum(v * v, axis=0) / H + eps), out.dtype.element_ty)
+    w = tl.load(weight + offs, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out + row * H + offs, (w * normed).to(out.dtype.element_ty), mask=ok)
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + delta, norm(x + delta)) of (N, H) rows in one kernel: a decoder layer's residual add
+    and the norm after it. delta None: (x, norm(x))."""
+    if delta is None:
+        return x, rms_norm(x, norm.weight, norm.eps)
+    x, delta = x.contiguous(), delta.contiguous()
+    total, out = torch.empty_like(x), torch.empty_like(x)
+    if x.shape[0]:
+        _add_rms_norm_kernel[(x.shape[0],)](x, delta, norm.weight, total, out, norm.eps, H=x.shape[1],
+                                            BLOCK=triton.next_power_of_2(x.shape[1]))
+    return total, out
+
+
+@triton.jit
+def _split_rope_kernel(qkv, cos, sin, cos_stride, q, k, v, slots, k_cache, v_cache, NQ: tl.constexpr,
+                       NKV: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, WRITE_KV: tl.constexpr):
     t, head = tl.program_id(0), tl.program_id(1)  # one token's one head of q, k or v
     j = tl.arange(0, BLOCK)
     ok = j < D
     width: tl.constexpr = (NQ + 2 * NKV) * D
     x = tl.load(qkv + t * width + head * D + j, mask=ok, other=0.0)
+    if WRITE_KV:
+        slot = tl.load(slots + t)
     if head >= NQ + NKV:  # v: copied as is
         tl.store(v + (t * NKV + head - NQ - NKV) * D + j, x, mask=ok)
+        if WRITE_KV:
+            tl.store(v_cache + (slot * NKV + head - NQ - NKV) * D + j, x, mask=ok)
     else:  # x * cos + rotate_half(x) * sin, rounded after each op as the explicit tensors are
         half: tl.constexpr = D // 2
         partner = tl.load(qkv + t * width + head * D + (j + half) % D, mask=ok, other=0.0)
         rotated = tl.where(j < half, -partner, partner)
-        c = tl.load(cos + t * D + j, mask=ok, other=0.0).to(tl.float32)
-        s = tl.load(sin + t * D + j, mask=ok, other=0.0).to(tl.float32)
+        c = tl.load(cos + t * cos_stride + j, mask=ok, other=0.0).to(tl.float32)
+        s = tl.load(sin + t * cos_stride + j, mask=ok, other=0.0).to(tl.float32)
         # torch rounds x * cos and rotate_half(x) * sin to the dtype before adding them
         xc = rounded(x.to(tl.float32) * c, x.dtype)
         rs = rounded(rotated.to(tl.float32) * s, x.dtype)
@@ -87,19 +123,28 @@ def _split_rope_kernel(qkv, cos, sin, q, k, v, NQ: tl.constexpr, NKV: tl.constex
             tl.store(q + (t * NQ + head) * D + j, y, mask=ok)
         else:
             tl.store(k + (t * NKV + head - NQ) * D + j, y, mask=ok)
+            if WRITE_KV:
+                tl.store(k_cache + (slot * NKV + head - NQ) * D + j, y, mask=ok)
 
 
 def split_rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int,
-               head_dim: int):
-    """qkv (N, (h + 2 kvh) d) -> q (N, h, d), k (N, kvh, d) with RoPE applied (cos, sin (N, 1, d)),
-    v (N, kvh, d): core/model.py's apply_rope on q_proj and k_proj outputs, and v_proj's."""
+               head_dim: int, k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None,
+               slots: torch.Tensor | None = None):
+    """qkv (N, (h + 2 kvh) d) -> q (N, h, d), k (N, kvh, d) with RoPE applied (cos, sin (N, 1, d),
+    rows of any stride), v (N, kvh, d): core/model.py's apply_rope on q_proj and k_proj outputs,
+    and v_proj's. Given k_cache, v_cache (num_slots, kvh, d) and slots (N,), k and v are also
+    written to those slots: TokenToKVPool.write in the same kernel."""
     N = qkv.shape[0]
     q = qkv.new_empty(N, num_heads, head_dim)
     k, v = qkv.new_empty(2, N, num_kv_heads, head_dim)
+    if cos.stride(-1) != 1 or sin.stride() != cos.stride():
+        cos, sin = cos.contiguous(), sin.contiguous()
+    write = slots is not None
     if N:
         _split_rope_kernel[(N, num_heads + 2 * num_kv_heads)](
-            qkv.contiguous(), cos.contiguous(), sin.contiguous(), q, k, v, NQ=num_heads, NKV=num_kv_heads, D=head_dim,
-            BLOCK=triton.next_power_of_2(head_dim))
+            qkv.contiguous(), cos, sin, cos.stride(0), q, k, v, slots if write else qkv, k_cache if write else qkv,
+            v_cache if write else qkv, NQ=num_heads, NKV=num_kv_heads, D=head_dim,
+            BLOCK=triton.next_power_of_2(head_dim), WRITE_KV=write)
     return q, k, v
 
 
@@ -138,14 +183,49 @@ def _attention_forward(self: Attention, x, cos, sin, batch, kv):
 
     N = x.shape[0]
     q, k, v = split_rope(F.linear(x, self.qkv_weight, self.qkv_bias), cos, sin, self.num_heads, self.num_kv_heads,
-                         self.head_dim)
-    kv.pool.write(self.layer_id, batch.out_cache_loc, k, v)
+                         self.head_dim, kv.pool.k[self.layer_id], kv.pool.v[self.layer_id], batch.out_cache_loc)
     out = ATTENTION[kv.backend](q, k, v, batch, kv, self.layer_id)
     return self.o_proj(out.view(N, self.num_heads * self.head_dim))
 
 
 def _mlp_forward(self: MLP, x):
     return self.down_proj(silu_mul(F.linear(x, self.gate_up_weight, self.gate_up_bias)))
+
+
+def _rotary_forward(self: RotaryEmbedding, positions, dtype):
+    """RotaryEmbedding.forward from its table: (N, 1, d) views of one lookup."""
+    if self.cos_sin.dtype != dtype:  # the table is the model's dtype; another one computes
+        return RotaryEmbedding.forward(self, positions, dtype)
+    cs = self.cos_sin[positions]  # (N, 2, d)
+    return cs[:, :1], cs[:, 1:]
+
+
+def _causal_lm_forward(self: CausalLM, batch, kv, capture_layers=(), last_only=False) -> ForwardOutput:
+    """CausalLM.forward with each residual add inside the next norm (add_rms_norm): the residual
+    stream x, and `delta`, the block output still to be added to it."""
+    if batch.batch_invariant and len(batch.input_ids) > 1:  # the explicit forward's row-by-row passes
+        return CausalLM.forward(self, batch, kv, capture_layers, last_only)
+    x = self.model.embed_tokens(batch.input_ids)  # (N, H)
+    cos, sin = self.model.rotary_emb(batch.positions, x.dtype)
+    aux, delta = [], None
+    for i, layer in enumerate(self.model.layers):
+        x, normed = add_rms_norm(x, delta, layer.input_layernorm)
+        if i in capture_layers:  # the residual stream entering layer i
+            aux.append(x)
+        x, normed = add_rms_norm(x, layer.self_attn(normed, cos, sin, batch, kv), layer.post_attention_layernorm)
+        delta = layer.mlp(normed)
+    x, normed = add_rms_norm(x, delta, self.model.norm)
+    rows = normed[torch.tensor(batch.extend_lens, device=x.device).cumsum(0) - 1] if last_only else normed
+    return ForwardOutput(self.lm_head(rows).float(), normed, aux)
+
+
+def _draft_head_forward(self: DraftHead, batch, kv, features):
+    """DraftHead.forward with the attention's residual add inside post_attention_layernorm."""
+    layer = self.layers[0]
+    attn_in, x = self.layer_input(batch.input_ids, features)
+    cos, sin = self.rotary_emb(batch.positions, x.dtype)
+    x, normed = add_rms_norm(x, layer.self_attn(attn_in, cos, sin, batch, kv), layer.post_attention_layernorm)
+    return self.finish(x + layer.mlp(normed))
 
 
 def _concat(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -163,11 +243,22 @@ def _concat(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None
 
 
 def fuse(model: nn.Module) -> nn.Module:
-    """Give every RMSNorm, Attention and MLP of `model` its fused forward (once; in place)."""
+    """Give every RMSNorm, Attention and MLP of `model`, and the model itself (a CausalLM or a
+    DraftHead), its fused forward (once; in place). RoPE tables cover the model's context, in its
+    dtype, on its device."""
+    p = next(model.parameters())
     for m in model.modules():
         if "forward" in vars(m):
             continue
-        if isinstance(m, RMSNorm):
+        if isinstance(m, CausalLM):
+            m.forward = types.MethodType(_causal_lm_forward, m)
+        elif isinstance(m, DraftHead):
+            m.forward = types.MethodType(_draft_head_forward, m)
+        elif isinstance(m, RotaryEmbedding):
+            positions = torch.arange(model.config.max_position_embeddings, device=p.device)
+            m.cos_sin = torch.cat(RotaryEmbedding.forward(m, positions, p.dtype), dim=1)  # (P, 2, d)
+            m.forward = types.MethodType(_rotary_forward, m)
+        elif isinstance(m, RMSNorm):
             m.forward = types.MethodType(_rms_norm_forward, m)
         elif isinstance(m, Attention):
             m.qkv_weight, m.qkv_bias = _concat([m.q_proj, m.k_proj, m.v_proj])

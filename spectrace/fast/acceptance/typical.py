@@ -23,7 +23,6 @@ import torch
 from spectrace.core.acceptance.typical import POSTERIOR_ALPHA, POSTERIOR_THRESHOLD
 from spectrace.fast.acceptance import Verdict, target_probs
 from spectrace.fast.sampling import sample_rows
-from spectrace.fast.tree import tree_mask_rows
 
 
 def typical_walk(p: torch.Tensor, candidates: torch.Tensor, tree_rows: torch.Tensor, depths: torch.Tensor,
@@ -81,7 +80,7 @@ def search_order(parent: torch.Tensor, tree_rows: torch.Tensor, depths: torch.Te
 def typical_accept(tree, logits, target_predict, randoms, spec, max_depth) -> Verdict:
     """The rule's entry (fast/acceptance: FAST_RULES)."""
     seq_lens = tree.positions[:, 0]  # the root sits at the committed length
-    rows = tree.tree_rows if tree.tree_rows is not None else tree_mask_rows(tree.tree_mask, seq_lens, tree.num_nodes)
+    rows = tree.tree_mask
     index, num, bonus = typical_walk(target_probs(logits, tree, spec), tree.draft_tokens, rows,
                                      tree.positions - seq_lens[:, None], randoms.coin_final, max_depth + 1)
     return Verdict(index, num, bonus)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from spectrace.core.drafters.dflash import DFlashDraftModel
-from spectrace.fast.tree import DeviceTree, lay_out_mask
+from spectrace.fast.tree import DeviceTree
 
 
 class DFlash:
@@ -23,20 +23,19 @@ class DFlash:
     on_host = False
     sampled = False  # a block's argmax (vllm takes it one-hot)
 
-    def __init__(self, model: DFlashDraftModel, target, bs: int, columns: int, mask_capacity: int,
-                 trace_topk: int | None):
+    def __init__(self, model: DFlashDraftModel, target, bs: int, columns: int, trace_topk: int | None):
         p = next(model.parameters())
         cfg, device = model.config, p.device
         self.model, self.embed, self.lm_head = model, target.model.embed_tokens, target.lm_head
         self.capture_layers = model.capture_layers
         self.n = n = model.block_size
-        self.mask_capacity, self.trace_topk = mask_capacity, trace_topk
+        self.trace_topk = trace_topk
         self.ctx = [tuple(torch.zeros(bs, columns, cfg.num_key_value_heads, cfg.head_dim, dtype=p.dtype,
                                       device=device) for _ in range(2)) for _ in model.layers]
         self.columns = torch.arange(columns, device=device)
         self.offsets = torch.arange(n, device=device)
         self.block = torch.full((bs, n), model.mask_token_id, device=device)  # [root, MASK, ..., MASK]
-        self.masks = torch.ones(n, n, dtype=torch.bool, device=device).tril().expand(bs, n, n)  # a chain
+        self.masks = torch.ones(n, n, dtype=torch.bool, device=device).tril().repeat(bs, 1, 1)  # a chain
         chain = torch.where(self.offsets < n - 1, self.offsets + 1, -1)
         self.retrive_next_token = chain.expand(bs, n).contiguous()
         self.retrive_next_sibling = torch.full((bs, n), -1, device=device)
@@ -67,9 +66,8 @@ class DFlash:
         h = self.model(self.embed(self.block), positions, self.ctx, self.columns < seq_lens[:, None])
         probs = torch.softmax(self.lm_head(h[:, 1:]).float(), dim=-1)  # (bs, n-1, V)
         q, drafts = probs.max(dim=-1)
-        tree = DeviceTree(torch.cat([roots[:, None], drafts], dim=1), positions,
-                          lay_out_mask(self.masks, seq_lens, self.mask_capacity), self.retrive_index,
-                          self.retrive_next_token, self.retrive_next_sibling, tree_rows=self.masks)
+        tree = DeviceTree(torch.cat([roots[:, None], drafts], dim=1), positions, self.masks, self.retrive_index,
+                          self.retrive_next_token, self.retrive_next_sibling)
         if self.trace_topk is not None:
             top = torch.topk(probs, min(max(self.trace_topk, 1), probs.shape[-1]), dim=-1)
             tree.q, tree.scores, tree.draft_top = q, torch.cumprod(q, dim=1), (top.values, top.indices)

@@ -19,21 +19,21 @@ from spectrace.core.drafters.eagle_worker import DraftLevels, draft_forward, lev
 from spectrace.core.tree import TreeMaskMode, organize_draft_results
 from spectrace.fast.batch import extend_batch, scratch_batch
 from spectrace.fast.kv import StaticKV
-from spectrace.fast.tree import DeviceTree, tree_mask_rows
+from spectrace.fast.tree import DeviceTree
 from spectrace.kernels.tree import build_tree
 
 
 def build_draft_tree(levels: DraftLevels, roots: torch.Tensor, seq_lens: torch.Tensor, topk: int, n: int,
-                     mask_bound: int, keep_q: bool, trace_topk: int | None) -> DeviceTree:
-    """core/drafters/eagle_worker.py: build_draft_tree on the device. mask_bound: the target's
-    req_to_token size, bounding the FULL_MASK's prefixes without a sync; keep_q: the q each node
-    was drawn from (sampled rules, --record-probs); trace_topk: what the trace keeps (None: no trace)."""
+                     keep_q: bool, trace_topk: int | None) -> DeviceTree:
+    """core/drafters/eagle_worker.py: build_draft_tree on the device, its mask QLEN_ONLY (fast/tree.py).
+    keep_q: the q each node was drawn from (sampled rules, --record-probs); trace_topk: what the
+    trace keeps (None: no trace)."""
     bs = roots.shape[0]
     parent_list, top_scores_index, draft_tokens = organize_draft_results(
         levels.score_list, levels.token_list, levels.parents_list, n)
     tree_mask, positions, retrive_index, retrive_next_token, retrive_next_sibling = build_tree(
-        parent_list, top_scores_index, seq_lens, topk, n, TreeMaskMode.FULL_MASK, seq_lens_sum=mask_bound)
-    tree = DeviceTree(torch.cat([roots[:, None], draft_tokens], dim=1), positions.view(bs, n), tree_mask,
+        parent_list, top_scores_index, seq_lens, topk, n, TreeMaskMode.QLEN_ONLY)
+    tree = DeviceTree(torch.cat([roots[:, None], draft_tokens], dim=1), positions.view(bs, n), tree_mask.view(bs, n, n),
                       retrive_index, retrive_next_token, retrive_next_sibling)
     if not keep_q and trace_topk is None:
         return tree
@@ -42,7 +42,6 @@ def build_draft_tree(levels: DraftLevels, roots: torch.Tensor, seq_lens: torch.T
     if keep_q:
         tree.draft_probs = torch.gather(dists, 1, parent_rows.expand(-1, -1, dists.shape[-1]))  # (bs, n-1, V)
     if trace_topk is not None:  # recording runs only: a dozen kernels more
-        tree.tree_rows = tree_mask_rows(tree_mask, seq_lens, n)
         tree.q = torch.gather(torch.cat(levels.q_list, dim=1), 1, top_scores_index)
         tree.scores = torch.gather(torch.cat([s.flatten(1) for s in levels.score_list], dim=1), 1, top_scores_index)
         top = torch.topk(dists, min(max(topk, trace_topk, 1), dists.shape[-1]), dim=-1)
@@ -59,13 +58,12 @@ class EagleWorker:
 
     on_host = False
 
-    def __init__(self, model, target, is_head: bool, bs: int, columns: int, topk: int, mask_bound: int,
-                 sampled: bool, keep_q: bool, trace_topk: int | None, temperature: float = 1.0):
+    def __init__(self, model, target, is_head: bool, bs: int, columns: int, topk: int, sampled: bool, keep_q: bool,
+                 trace_topk: int | None, temperature: float = 1.0):
         self.model, self.target, self.is_head = model, target, is_head
         self.capture_layers = model.capture_layers if is_head else ()
         self.kv = StaticKV(model, bs, columns)
-        self.topk, self.mask_bound, self.sampled, self.keep_q, self.trace_topk = topk, mask_bound, sampled, keep_q, \
-            trace_topk
+        self.topk, self.sampled, self.keep_q, self.trace_topk = topk, sampled, keep_q, trace_topk
         self.temperature = temperature  # q = softmax(logits / T): the run's T when drafts are sampled
         device, dtype = target.lm_head.weight.device, target.lm_head.weight.dtype
         self.next_probs = torch.zeros(bs, target.config.vocab_size, device=device)  # q after the root
@@ -114,8 +112,7 @@ class EagleWorker:
         sampled = SampledDrafts(None, randoms.worth if K > 1 else None, iter(randoms.noise)) if self.sampled else None
         levels = draft_forward(forward, self.next_probs, self.last_hidden if self.is_head else None, num_steps, K,
                                sampled)
-        return build_draft_tree(levels, roots, seq_lens, K, num_draft_tokens, self.mask_bound, self.keep_q,
-                                self.trace_topk)
+        return build_draft_tree(levels, roots, seq_lens, K, num_draft_tokens, self.keep_q, self.trace_topk)
 
     def extend(self, tree, verdict, features, live) -> None:
         bs, E = verdict.accept_tokens.shape

@@ -58,8 +58,7 @@ class FrozenKVMtp:
         probs, hidden = self.forward(roots, self.root_feature, 1)
         levels = draft_forward(lambda i, ids, h, parents: self.forward(ids, h, K), probs, hidden, num_steps, K,
                                sampled)
-        return build_draft_tree(levels, roots, seq_lens, K, num_draft_tokens, self.target_kv.req_to_token.numel(),
-                                self.keep_q, self.trace_topk)
+        return build_draft_tree(levels, roots, seq_lens, K, num_draft_tokens, self.keep_q, self.trace_topk)
 
     def extend(self, tree, verdict, features, live) -> None:
         """No KV to extend: the next root's feature, the target's at the last accepted row."""

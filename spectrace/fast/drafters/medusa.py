@@ -13,7 +13,7 @@ import torch
 
 from spectrace.core.drafters.medusa import MedusaHeads, MedusaTree
 from spectrace.core.tree import reconstruct_indices_from_tree_mask
-from spectrace.fast.tree import DeviceTree, lay_out_mask
+from spectrace.fast.tree import DeviceTree
 
 
 class Medusa:
@@ -22,14 +22,14 @@ class Medusa:
     on_host = False
     sampled = False  # a static tree of each head's top-k
 
-    def __init__(self, heads: MedusaHeads, tree: MedusaTree, bs: int, hidden_size: int, mask_capacity: int,
-                 trace_topk: int, recording: bool):
+    def __init__(self, heads: MedusaHeads, tree: MedusaTree, bs: int, hidden_size: int, trace_topk: int,
+                 recording: bool):
         device, dtype = next(heads.parameters()).device, next(heads.parameters()).dtype
-        self.heads, self.n, self.mask_capacity, self.recording = heads, len(tree.choices) + 1, mask_capacity, recording
+        self.heads, self.n, self.recording = heads, len(tree.choices) + 1, recording
         self.depth = torch.tensor([len(c) - 1 for c in tree.choices], device=device)  # node j+1's head
         self.rank = torch.tensor([c[-1] for c in tree.choices], device=device)
         self.parent = tree.parent  # node j+1's parent node (0 = the root); parents come first
-        self.masks = tree.mask.to(device).expand(bs, -1, -1)  # (bs, n, n): every request's tree is the same
+        self.masks = tree.mask.to(device).repeat(bs, 1, 1)  # (bs, n, n): every request's tree is the same
         offsets, _, next_token, next_sibling = reconstruct_indices_from_tree_mask(tree.mask.reshape(-1), [0], self.n)
         self.offsets = offsets.to(device)  # (n,) each node's depth
         self.retrive_next_token = next_token.to(device).expand(bs, -1).contiguous()
@@ -53,9 +53,8 @@ class Medusa:
         probs = torch.softmax(self.heads(self.last_hidden).float(), dim=-1)  # (heads, bs, V)
         top = torch.topk(probs, self.width, dim=-1)
         tokens = torch.cat([roots[:, None], top.indices[self.depth, :, self.rank].T], dim=1)
-        tree = DeviceTree(tokens, seq_lens[:, None] + self.offsets, lay_out_mask(self.masks, seq_lens,
-                                                                                 self.mask_capacity),
-                          self.retrive_index, self.retrive_next_token, self.retrive_next_sibling, tree_rows=self.masks)
+        tree = DeviceTree(tokens, seq_lens[:, None] + self.offsets, self.masks, self.retrive_index,
+                          self.retrive_next_token, self.retrive_next_sibling)
         if self.recording:
             q = top.values[self.depth, :, self.rank].T  # (bs, n-1): head depth[j]'s rank[j]-th
             scores = []

@@ -16,7 +16,7 @@ import torch
 
 from spectrace.core.engine import Request
 from spectrace.core.tree import DraftTree
-from spectrace.fast.tree import DeviceTree, lay_out_mask
+from spectrace.fast.tree import DeviceTree
 
 
 class Ngram:
@@ -29,8 +29,8 @@ class Ngram:
     on_host = True
     sampled = False  # copied tokens
 
-    def __init__(self, drafter, bs: int, n: int, mask_capacity: int, device: torch.device):
-        self.drafter, self.bs, self.n, self.mask_capacity, self.device = drafter, bs, n, mask_capacity, device
+    def __init__(self, drafter, bs: int, n: int, device: torch.device):
+        self.drafter, self.bs, self.n, self.device = drafter, bs, n, device
         self.tokens = torch.zeros(bs, n, dtype=torch.int64, device=device)
         self.masks = torch.zeros(bs, n, n, dtype=torch.bool, device=device)
         self.depths = torch.zeros(bs, n, dtype=torch.int64, device=device)
@@ -86,9 +86,8 @@ class Ngram:
     def draft(self, roots, seq_lens, num_steps, num_draft_tokens, randoms) -> DeviceTree:
         """The host's trees from the buffers, over each request's prefix."""
         return DeviceTree(torch.cat([roots[:, None], self.tokens[:, 1:]], dim=1), seq_lens[:, None] + self.depths,
-                          lay_out_mask(self.masks, seq_lens, self.mask_capacity), self.retrive_index,
-                          self.retrive_next_token, self.retrive_next_sibling, num_drafts=self.num_drafts,
-                          tree_rows=self.masks)
+                          self.masks, self.retrive_index, self.retrive_next_token, self.retrive_next_sibling,
+                          num_drafts=self.num_drafts)
 
     def extend(self, tree, verdict, features, live) -> None:
         pass  # the histories grow on the host (host_extend)
