@@ -115,19 +115,27 @@ class CudaProfiler:
             yield
 
     def stop(self) -> None:
-        """The run is over: its kernels into the phases' counts."""
+        """The run is over: its kernels into the phases' counts. A kernel belongs to the phase whose
+        range was open when the host launched it: matched through CUPTI's correlation id to its
+        launch call (cudaLaunchKernel, cudaGraphLaunch for every kernel of a graph's replay)."""
         if self.prof is None:
             return
         torch.cuda.synchronize()
         self.prof.stop()
-        events = list(self.prof.events())
-        ranges = sorted((e.time_range.start, e.time_range.end, e.name.removeprefix("spectrace:")) for e in events
-                        if e.name.startswith("spectrace:"))
+        events = list(self.prof.profiler.kineto_results.events())
+        cpu, gpu = [], []
         for e in events:
-            for k in e.kernels:
-                phase = next((name for start, end, name in ranges if start <= e.time_range.start <= end), "host")
-                self.kernels[phase][k.name] += 1
-                self.gpu_us[phase][k.name] += k.duration
+            (cpu if e.device_type() == torch.autograd.DeviceType.CPU else gpu).append(e)
+        ranges = sorted((e.start_ns(), e.end_ns(), e.name().removeprefix("spectrace:")) for e in cpu
+                        if e.name().startswith("spectrace:"))
+        launched_at = {e.correlation_id(): e.start_ns() for e in cpu if e.name().startswith("cuda")}
+        for e in gpu:
+            if e.name().startswith("spectrace:"):  # the ranges' own GPU-side spans
+                continue
+            t = launched_at.get(e.correlation_id())
+            phase = next((name for start, end, name in ranges if t is not None and start <= t <= end), "host")
+            self.kernels[phase][e.name()] += 1
+            self.gpu_us[phase][e.name()] += e.duration_ns() / 1000
         self.prof = None
 
     def result(self) -> dict:

@@ -9,11 +9,10 @@ captures them. The phases and names are the explicit engine's:
     EXTEND   the drafter catches up on the accepted tokens (DRAFT_EXTEND)
     RECORD   on the host, after the step's one sync: EOS and lengths, metrics, the trace
 
-A step's state is tensors over the batch bucket, (bs, ...), on the device, not a StepRow per
-request. DRAFT, VERIFY + ACCEPT + COMMIT and EXTEND are each one CUDA graph (`LAUNCHES`), as SGLang
-captures the draft loop, the verify and the draft extend; prefill is one too. Finished requests
-stay in their bucket row, frozen: `live` masks their commits. On a CPU (TRITON_INTERPRET=1) the
-same code runs eagerly: the parity tests check it against the explicit engine record for record.
+A step's state is tensors over the batch bucket, (bs, ...), on the device. DRAFT, VERIFY + ACCEPT +
+COMMIT and EXTEND are each one CUDA graph (fast/graphs.py: LAUNCHES), as SGLang captures the draft
+loop, the verify and the draft extend; prefill is one too. Finished requests stay in their row,
+frozen: `live` masks their commits. On a CPU (TRITON_INTERPRET=1) the same code runs eagerly.
 """
 from __future__ import annotations
 
@@ -21,7 +20,6 @@ import time
 from contextlib import nullcontext
 
 import torch
-import torch.nn.functional as F
 
 from spectrace.core.acceptance import RULES
 from spectrace.core.acceptance.tree_rejection import SiblingStats
@@ -35,18 +33,12 @@ from spectrace.core.trace import TraceWriter
 from spectrace.errors import SpectraceError
 from spectrace.fast.acceptance import FAST_RULES, greedy, plain_sample
 from spectrace.fast.batch import extend_batch, features, one_token_forwards
-from spectrace.fast.graphs import PhaseClock, Tier, capture
+from spectrace.fast.graphs import PhaseClock, Tier, capture, launch_groups
 from spectrace.fast.kv import StaticKV
 from spectrace.fast.sampling import DeviceRandoms, next_tokens
 from spectrace.fast.step_record import StepRecorder
 from spectrace.fast.tree import root_tree
-
-# a CUDA graph per group of phases (a drafter on the host, or none: DRAFT joins VERIFY's graph)
-LAUNCHES = (("draft", ("draft",)), ("verify", ("verify", "accept", "commit")), ("extend", ("extend",)))
-HOST_LAUNCHES = (("verify", ("draft", "verify", "accept", "commit")),)
-# bench --profile: a graph per phase, so each phase's kernels are counted and timed apart
-PHASE_LAUNCHES = tuple((name, (name,)) for name in ("draft", "verify", "accept", "commit", "extend"))
-
+from spectrace.kernels.commit import accept_tokens
 
 class FastEngine:
     def __init__(self, target, kv: StaticKV, spec: SpecConfig, drafter, prompt_ids: list[list[int]], eos_token_ids,
@@ -76,12 +68,7 @@ class FastEngine:
         self.live = torch.zeros(self.bs, dtype=torch.bool, device=self.device)
         self.metrics = SpecMetrics(spec.max_steps if drafter else 0, spec.num_draft_tokens)
         self.step_count, self.clock, self.sibling_stats, self.prefill_graph = 0, PhaseClock(self.device), {}, None
-        self.launches = HOST_LAUNCHES if drafter is None or drafter.on_host else LAUNCHES
-        if probe is not None:
-            self.launches = tuple(launch for launch in PHASE_LAUNCHES if drafter or launch[0] != "extend")
-            if self.host_drafts:
-                self.launches = self.launches[1:]
-        self.probe = probe
+        self.launches, self.probe = launch_groups(drafter, probe is not None), probe
         if graphs if graphs is not None else self.device.type == "cuda":
             self.capture()
 
@@ -209,8 +196,7 @@ class FastEngine:
         done.record()
         return {"marks": marks, "out": out, "done": done, "before": before, "randoms": randoms}
 
-    def run_phase(self, name: str, fn) -> tuple:
-        """One launch, on the phase clock (and inside the profile's probe)."""
+    def run_phase(self, name: str, fn) -> tuple:  # one launch, on the phase clock (and in the profile's probe)
         with self.probe.phase(name) if self.probe else nullcontext():
             return self.clock.run(fn)
 
@@ -294,18 +280,18 @@ class FastEngine:
             first = tier.logits.view(self.bs, tree.num_nodes, -1)[:, 0]  # plain decoding's sample
             v.bonus = torch.where(tree.num_drafts > 0, v.bonus, next_tokens(first, self.spec.sampling,
                                                                             tier.randoms.coin64))
-        j = torch.arange(v.accept_index.shape[1], device=self.device)
-        drafts = F.pad(tree.draft_tokens.flatten()[v.path[:, 1:]], (0, 1))
-        v.accept_tokens = torch.where(j < v.accept_num[:, None], drafts,
-                                      torch.where(j == v.accept_num[:, None], v.bonus[:, None], -1))
-        counts = [v.sibling_counts] if v.sibling_counts is not None else []
-        tier.verdict, tier.step_out = v, torch.cat([v.accept_tokens, *counts, v.accept_num[:, None]], dim=1)
+        W, counts = v.accept_index.shape[1], v.sibling_counts
+        step_out = torch.empty(self.bs, W + 1 + (counts.shape[1] if counts is not None else 0), dtype=torch.int64,
+                               device=self.device)  # accept_tokens, [sibling counts,] accept_num
+        accept_tokens(step_out, v.accept_index, v.accept_num, v.bonus, tree.draft_tokens)
+        if counts is not None:
+            step_out[:, W:-1] = counts
+        v.accept_tokens, tier.verdict, tier.step_out = step_out[:, :W], v, step_out
 
     def commit(self) -> None:
         """COMMIT: each live request keeps the accepted path's KV; its next root is the bonus."""
-        v, n = self.tier.verdict, self.tier.tree.num_nodes
-        nodes = v.path - (torch.arange(self.bs, device=self.device) * n)[:, None]
-        self.kv.commit(nodes, v.accept_num, self.live, n)
+        v = self.tier.verdict
+        self.kv.commit(v.accept_index, v.accept_num, self.live, self.tier.tree.num_nodes)
         self.roots.copy_(torch.where(self.live, v.bonus, self.roots))
 
     def extend(self) -> None:

@@ -2,6 +2,7 @@
 timing without a sync.
 
     BUCKETS / bucket     the batch sizes a run is padded up to, one set of graphs each
+    launch_groups        which phases share a graph (DRAFT; VERIFY + ACCEPT + COMMIT; EXTEND)
     capture              warm the phases up on a side stream (Triton compiles there), then
                          capture each, in order, into its own graph; a phase reads the tensors
                          the phases before it left in their capture, and a replay rewrites them
@@ -26,6 +27,20 @@ from spectrace.fast.sampling import DeviceRandoms
 from spectrace.fast.tree import DeviceTree
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+# a CUDA graph per group of phases (a drafter on the host, or none: DRAFT joins VERIFY's graph)
+LAUNCHES = (("draft", ("draft",)), ("verify", ("verify", "accept", "commit")), ("extend", ("extend",)))
+HOST_LAUNCHES = (("verify", ("draft", "verify", "accept", "commit")),)
+PHASES = ("draft", "verify", "accept", "commit", "extend")
+
+
+def launch_groups(drafter, per_phase: bool) -> tuple:
+    """(launch name, its phases) in order. per_phase (bench --profile): a graph per phase, so each
+    phase's kernels are counted and timed apart; a drafter on the host drafts outside the graphs."""
+    if not per_phase:
+        return HOST_LAUNCHES if drafter is None or drafter.on_host else LAUNCHES
+    names = [p for p in PHASES if (drafter is not None or p != "extend") and not (p == "draft" and drafter
+                                                                                  and drafter.on_host)]
+    return tuple((name, (name,)) for name in names)
 
 
 def check_batch(batch: int) -> None:

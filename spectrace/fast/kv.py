@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from spectrace.core.kv import TokenToKVPool
+from spectrace.kernels.commit import commit_rows
 
 
 class StaticKV:
@@ -35,20 +36,10 @@ class StaticKV:
         """(bs, width) slots of columns starts[b] .. starts[b] + width - 1 of each row."""
         return self.req_to_token.gather(1, starts[:, None] + torch.arange(width, device=starts.device))
 
-    def commit(self, path: torch.Tensor, accept_num: torch.Tensor, live: torch.Tensor, n: int) -> None:
+    def commit(self, accept_index: torch.Tensor, accept_num: torch.Tensor, live: torch.Tensor, n: int) -> None:
         """COMMIT (SGLang's remap): the verify's n columns of each live row reordered so the
         accepted path's slots come first, in path order, and the rest after them, still owned by
         the request; seq_lens grows by accept_num + 1 (the root and the correct drafts).
-        path (bs, w): the accepted nodes (node indices, root first; entries past accept_num unread)."""
-        bs, w = path.shape
-        device = path.device
-        j = torch.arange(w, device=device)
-        cols = self.seq_lens[:, None] + torch.arange(n, device=device)
-        # rank of each node in the new order: its place on the path, else n + its index; entries
-        # past the path (and every entry of a frozen row) rewrite the root's rank 0, a no-op
-        on_path = (j <= accept_num[:, None]) & live[:, None]
-        rank = (torch.arange(n, device=device) + n).repeat(bs, 1)
-        rank.scatter_(1, torch.where(on_path, path, 0), torch.where(on_path, j, 0))
-        order = torch.argsort(rank, dim=1, stable=True)
-        self.req_to_token.scatter_(1, cols, self.req_to_token.gather(1, cols).gather(1, order))
-        self.seq_lens.add_(torch.where(live, accept_num + 1, 0))
+        accept_index (bs, w): the accepted path as flat verify rows b * n + node, root first.
+        One Triton program per request (kernels/commit.py)."""
+        commit_rows(self.req_to_token, self.seq_lens, accept_index, accept_num, live, n)
