@@ -44,7 +44,8 @@ from spectrace.compat.vllm import SamplingMetadata, SpecDecodeMetadata  # noqa: 
 from spectrace.core.tree import TreeMaskMode  # noqa: E402
 from spectrace.bench_kernels import attention_inputs, chain_inputs, draft_tree_inputs, walk_outputs  # noqa: E402
 from spectrace.compat import triton as sglang  # noqa: E402  (the twins under SGLang's and vLLM's names)
-from spectrace.kernels import attention, fused, kv  # noqa: E402
+from spectrace.core.model import RMSNorm  # noqa: E402
+from spectrace.kernels import attention, commit, fused, kv  # noqa: E402
 from spectrace.kernels.acceptance.tree_rejection import tree_rejection_walk  # noqa: E402
 
 gen = torch.Generator().manual_seed(0)
@@ -99,7 +100,23 @@ for dtype in (torch.float32, torch.bfloat16):  # the fast engine's fused layer p
     fused.rms_norm(torch.randn(3, 256, dtype=dtype), torch.ones(256, dtype=dtype), 1e-5)
     cos, sin = torch.ones(2, 3, 1, 32, dtype=dtype)
     fused.split_rope(torch.randn(3, (4 + 2 * 2) * 32, dtype=dtype), cos, sin, 4, 2, 32)
+    cache = torch.zeros(8, 2, 32, dtype=dtype)
+    fused.split_rope(torch.randn(3, (4 + 2 * 2) * 32, dtype=dtype), cos, sin, 4, 2, 32, cache, cache.clone(),
+                     torch.tensor([1, 4, 6]))
     fused.silu_mul(torch.randn(3, 2 * 704, dtype=dtype))
+    fused.add_rms_norm(torch.randn(3, 256, dtype=dtype), torch.randn(3, 256, dtype=dtype),
+                       RMSNorm(256, 1e-5).to(dtype))
+    a = attention_inputs(bs, 16, 4, 2, 80, dtype, "cpu", gen)  # the fast engine's forms: req_to_token rows, QLEN_ONLY
+    width = a["q_extend"].shape[0] // bs
+    rows = dict(a, kv_indptr=None, kv_indices=None, req_to_token=torch.arange(bs * 40).view(bs, 40) % 32,
+                prefix_lens=torch.tensor([7, 30]), qo_indptr=torch.arange(bs + 1) * width, max_len_extend=width)
+    attention.extend_attention_fwd(**dict(rows, custom_mask=torch.ones(bs * width * width, dtype=torch.bool),
+                                          mask_indptr=torch.arange(bs + 1) * width * width, qlen_mask=True))
+
+commit.accept_tokens(torch.zeros(bs, 5, dtype=torch.int64), torch.tensor([[0, 2, -1], [8, -1, -1]]),
+                     torch.tensor([1, 0]), torch.tensor([5, 6]), torch.arange(bs * n).view(bs, n))
+commit.commit_rows(torch.arange(bs * 20).view(bs, 20), torch.tensor([3, 5]), torch.tensor([[0, 2, -1], [8, -1, -1]]),
+                   torch.tensor([1, 0]), torch.tensor([True, True]), n)
 
 print("\n".join(sorted(compiled)))
 sys.exit(0)
