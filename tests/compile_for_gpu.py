@@ -45,7 +45,7 @@ from spectrace.core.tree import TreeMaskMode  # noqa: E402
 from spectrace.bench_kernels import attention_inputs, chain_inputs, draft_tree_inputs, walk_outputs  # noqa: E402
 from spectrace.compat import triton as sglang  # noqa: E402  (the twins under SGLang's and vLLM's names)
 from spectrace.core.model import RMSNorm  # noqa: E402
-from spectrace.kernels import attention, commit, fused, kv  # noqa: E402
+from spectrace.kernels import attention, commit, draft_level, fused, kv  # noqa: E402
 from spectrace.kernels.acceptance.tree_rejection import tree_rejection_walk  # noqa: E402
 
 gen = torch.Generator().manual_seed(0)
@@ -112,7 +112,14 @@ for dtype in (torch.float32, torch.bfloat16):  # the fast engine's fused layer p
                 prefix_lens=torch.tensor([7, 30]), qo_indptr=torch.arange(bs + 1) * width, max_len_extend=width)
     attention.extend_attention_fwd(**dict(rows, custom_mask=torch.ones(bs * width * width, dtype=torch.bool),
                                           mask_indptr=torch.arange(bs + 1) * width * width, qlen_mask=True))
+    paths = torch.zeros(bs, 3, 2, dtype=torch.int64)  # decode rows over req_to_token: three paths per request
+    for p in (paths, None):
+        attention.decode_attention_fwd(a["q_extend"][:3 * bs], a["k_buffer"], a["v_buffer"], a["o_extend"][:3 * bs],
+                                       req_to_token=rows["req_to_token"], prefix_lens=rows["prefix_lens"], paths=p)
 
+for level in (1, 3):  # one fused draft level, K = 4
+    draft_level.select_level(torch.randn(bs * 4, 300), torch.rand(bs, 4), torch.zeros(bs, 4, level, dtype=torch.int64),
+                             level, 5)
 commit.accept_tokens(torch.zeros(bs, 5, dtype=torch.int64), torch.tensor([[0, 2, -1], [8, -1, -1]]),
                      torch.tensor([1, 0]), torch.tensor([5, 6]), torch.arange(bs * n).view(bs, n))
 commit.commit_rows(torch.arange(bs * 20).view(bs, 20), torch.tensor([3, 5]), torch.tensor([[0, 2, -1], [8, -1, -1]]),

@@ -149,9 +149,11 @@ def test_fast_engine_decides_every_step_as_the_explicit_one(algo, options, tmp_p
         assert {r["adaptive"]["switched_to"] for r in step_records(fast_trace)} > {None}, "no tier switched"
     for key in ("completion_tokens", "verify_ct", "accept_length", "accept_rate", "accept_len_histogram"):
         assert fast.metrics[key] == explicit.metrics[key], key
-    # the loop without a trace: overlapped, or (tree_rejection) each tree ranked by the sibling worth
-    # the host kept from the device's counts alone
-    if algo != "mtp" and options.get("acceptance") != "tree_rejection":
+    # the loop without a trace: overlapped; greedy tree drafters draft through the fused levels
+    # (kernels/draft_level.py); tree_rejection ranks each tree by the sibling worth the host kept
+    # from the device's counts alone
+    fused = algo in ("standalone", "eagle", "eagle3", "mtp", "frozen_kv_mtp") and not options.get("temperature")
+    if not fused and options.get("acceptance") != "tree_rejection":
         return
     # without a trace the next step is launched before the last is read (overlap): the same run
     untraced = run(RunConfig(algo=algo, backend="fast", trace_level="off", max_new_tokens=6, **options))

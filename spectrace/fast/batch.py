@@ -7,8 +7,7 @@ a CUDA graph replays them without the host. Three layouts:
                     reads each request's prefix straight from its req_to_token row
     scratch_batch   one level of the draft loop: each kept path is its own sequence, the
                     committed draft KV then its path's scratch columns (drafters/scratch.py's
-                    [topk][step] layout): decode_attention_fwd's metadata
-    prefix_rows     rows that each read their request's committed prefix (FROZEN_KV_MTP)
+                    [topk][step] layout), read by decode_attention_fwd from req_to_token
 `one_token_forwards` is --deterministic's verify: every row a one-token decode of its own.
 """
 from __future__ import annotations
@@ -20,7 +19,6 @@ import torch.nn.functional as F
 
 from spectrace.core.batch import ForwardBatch
 from spectrace.core.model import ForwardOutput
-from spectrace.kernels import attention
 
 
 @functools.cache
@@ -28,15 +26,6 @@ def ramp(n: int, step: int, device: torch.device) -> torch.Tensor:
     """arange(n) * step on the device, made once: the index vectors every forward reads (a CUDA
     graph's warm-up makes them, so its replays launch no kernel for them)."""
     return torch.arange(n, device=device) * step
-
-
-def prefix_rows(req_to_token: torch.Tensor, lens: torch.Tensor, reqs: torch.Tensor) -> dict:
-    """kv_indptr and kv_indices of R sequences, sequence i over the first lens[i] columns of
-    req_to_token's row reqs[i]; kv_indices sized for any lengths, so no sync."""
-    kv_indptr = F.pad(lens.cumsum(0), (1, 0))
-    kv_indices = torch.empty(reqs.shape[0] * req_to_token.shape[1], dtype=torch.int64, device=lens.device)
-    attention.create_kv_indices(req_to_token, reqs, lens, kv_indptr, None, kv_indices)
-    return dict(kv_indptr=kv_indptr, kv_indices=kv_indices)
 
 
 def extend_batch(kv, input_ids, positions, width: int, tree_mask=None) -> ForwardBatch:
@@ -57,17 +46,14 @@ def extend_batch(kv, input_ids, positions, width: int, tree_mask=None) -> Forwar
 def scratch_batch(kv, input_ids, level: int, paths: torch.Tensor) -> ForwardBatch:
     """Level `level` of the draft loop over K kept paths per request: paths (bs, K, level + 1) the
     scratch columns of each path's nodes, its own last; the path writes its own column after the
-    committed draft KV and reads that KV, then its path's columns (drafters/scratch.py)."""
+    committed draft KV and reads that KV, then its path's columns (drafters/scratch.py). The
+    attention kernel reads both through req_to_token (decode_attention_fwd's rows form), so the
+    metadata is the new tokens' positions and slots: four kernels."""
     bs, K = paths.shape[:2]
     T = kv.seq_lens  # committed draft KV
-    rows_T = T.repeat_interleave(K)  # (bs*K,)
-    # each path reads T + level + 1 columns: the committed ones, then in place of the columns
-    # after them, its own path's scratch columns
-    meta = prefix_rows(kv.req_to_token, rows_T + level + 1, torch.arange(bs, device=T.device).repeat_interleave(K))
-    at = meta["kv_indptr"][:-1, None] + rows_T[:, None] + torch.arange(level + 1, device=T.device)
-    meta["kv_indices"][at.flatten()] = kv.req_to_token.gather(1, T[:, None] + paths.flatten(1)).flatten()
-    return ForwardBatch(input_ids=input_ids, positions=rows_T + level, req_pool_indices=[], seq_lens=[],
-                        extend_lens=[K] * bs, custom_masks=[], attn_metadata={"branch": meta},
+    meta = dict(req_to_token=kv.req_to_token, prefix_lens=T, paths=paths)
+    return ForwardBatch(input_ids=input_ids, positions=(T + level).repeat_interleave(K), req_pool_indices=[],
+                        seq_lens=[], extend_lens=[K] * bs, custom_masks=[], attn_metadata={"branch": meta},
                         out_cache_loc=kv.req_to_token.gather(1, T[:, None] + paths[..., -1]).flatten())
 
 

@@ -45,9 +45,9 @@ def require(device: str) -> None:
 
 
 def check(name: str, t: torch.Tensor, dtype: torch.dtype | tuple | None = None, shape: tuple | None = None,
-          device: torch.device | None = None) -> None:
+          device: torch.device | None = None, strided: bool = False) -> None:
     """One clear line for a tensor a twin cannot take: its dtype, shape (None: any size there),
-    device or layout."""
+    device or layout (strided: the twin takes the tensor's strides)."""
     dtypes = dtype if isinstance(dtype, tuple) else (dtype,)
     if dtype is not None and t.dtype not in dtypes:
         raise SpectraceError(f"{name} must be {' or '.join(str(d) for d in dtypes)}, not {t.dtype}")
@@ -56,5 +56,5 @@ def check(name: str, t: torch.Tensor, dtype: torch.dtype | tuple | None = None, 
         raise SpectraceError(f"{name} must have shape {want}, not {tuple(t.shape)}")
     if device is not None and t.device != device:
         raise SpectraceError(f"{name} is on {t.device}; the other tensors are on {device}")
-    if not t.is_contiguous():
+    if not strided and not t.is_contiguous():
         raise SpectraceError(f"{name} must be contiguous")

@@ -56,23 +56,29 @@ def _attend_tile(q, k_tile, v_tile, visible, m_i, l_i, acc, sm_scale, logit_cap,
 
 @triton.jit
 def _fwd_kernel(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
-                custom_mask, mask_indptr, mid_o, mid_ml, sm_scale, logit_cap, kv_row_stride,
+                paths, stride_pr, stride_pk, custom_mask, mask_indptr, mid_o, mid_ml, sm_scale, logit_cap, kv_row_stride,
                 stride_qt, stride_qh, stride_kt, stride_kh, stride_bt, stride_bh, stride_ot, stride_oh,
                 NUM_HEADS: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_EXTEND: tl.constexpr, USE_CUSTOM_MASK: tl.constexpr,
                 SKIP_PREFIX_CUSTOM_MASK: tl.constexpr, IEEE: tl.constexpr, SPLITS: tl.constexpr,
-                KV_ROWS: tl.constexpr, QLEN_MASK: tl.constexpr):
+                KV_ROWS: tl.constexpr, QLEN_MASK: tl.constexpr, ROWS_PER_REQ: tl.constexpr, PATH_LEN: tl.constexpr):
     b, kvh = tl.program_id(0), tl.program_id(1)
     block, split = tl.program_id(2) // SPLITS, tl.program_id(2) % SPLITS
-    qo_start = tl.load(qo_indptr + b)
-    extend_len = tl.load(qo_indptr + b + 1) - qo_start
-    if KV_ROWS:  # the prefix is row b of req_to_token (kv_indices), its first kv_indptr[b] entries
-        kv_start = b * kv_row_stride
-        prefix_len = tl.load(kv_indptr + b)
+    if HAS_EXTEND:
+        qo_start = tl.load(qo_indptr + b)
+        extend_len = tl.load(qo_indptr + b + 1) - qo_start
+    else:  # a decode: query row b, its own K/V already in the pool
+        qo_start = b
+        extend_len = 1
+    if KV_ROWS:  # the prefix is row req of req_to_token (kv_indices), its first kv_indptr[req] entries
+        req = b // ROWS_PER_REQ
+        kv_start = req * kv_row_stride
+        prefix_len = tl.load(kv_indptr + req)
     else:
         kv_start = tl.load(kv_indptr + b)
         prefix_len = tl.load(kv_indptr + b + 1) - kv_start
     seq_len = prefix_len + extend_len  # the mask row's width: attend's (extend_len, seq_len)
+    keys = prefix_len + PATH_LEN  # stage 1's keys: the prefix, then the row's path columns
 
     rows = tl.arange(0, BLOCK_M)
     tokens_per_block: tl.constexpr = BLOCK_M // GROUP
@@ -93,12 +99,17 @@ def _fwd_kernel(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_i
     # stage 1, the prefix: keys from the pool through kv_indices (attend's kv.req_to_token[req, :seq_len]);
     # this split's share of it, whole BLOCK_N tiles each
     cols = tl.arange(0, BLOCK_N)
-    chunk = tl.cdiv(tl.cdiv(prefix_len, SPLITS), BLOCK_N) * BLOCK_N
-    prefix_end = tl.minimum((split + 1) * chunk, prefix_len)
+    chunk = tl.cdiv(tl.cdiv(keys, SPLITS), BLOCK_N) * BLOCK_N
+    prefix_end = tl.minimum((split + 1) * chunk, keys)
     for start in range(split * chunk, prefix_end, BLOCK_N):
         n = start + cols
         n_ok = n < prefix_end
-        slot = tl.load(kv_indices + kv_start + n, mask=n_ok, other=0)
+        col = n
+        if PATH_LEN > 0:  # past the prefix: column prefix_len + paths[b, n - prefix_len]
+            on_path = n_ok & (n >= prefix_len)
+            path = paths + req * stride_pr + (b % ROWS_PER_REQ) * stride_pk + n - prefix_len
+            col = tl.where(on_path, prefix_len + tl.load(path, mask=on_path, other=0), n)
+        slot = tl.load(kv_indices + kv_start + col, mask=n_ok, other=0)
         kv_offs = slot[:, None] * stride_bt + kvh * stride_bh + d[None, :]
         k_tile = tl.load(k_buffer + kv_offs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         v_tile = tl.load(v_buffer + kv_offs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
@@ -174,8 +185,10 @@ def auto_kv_splits(device: torch.device, programs: int, prefix_tokens: int, bs: 
 
 def _launch(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask,
             mask_indptr, max_len_extend, sm_scale, logit_cap, skip_prefix_custom_mask, has_extend, num_kv_splits,
-            kv_rows=False, qlen_mask=False):
-    bs = qo_indptr.shape[0] - 1
+            kv_rows=False, qlen_mask=False, paths=None):
+    bs = qo_indptr.shape[0] - 1 if has_extend else q.shape[0]  # programs along axis 0: requests, or decode rows
+    # rows per request: one per request in an extend; a decode over req_to_token rows groups its query rows
+    rows_per_req = q.shape[0] // max(kv_indptr.shape[0], 1) if kv_rows and not has_extend else 1
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k_buffer.shape[1]
     if num_heads % num_kv_heads:
@@ -183,8 +196,9 @@ def _launch(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr, 
     group = num_heads // num_kv_heads
     block_m, block_n = _block_sizes(max_len_extend, group)
     blocks = triton.cdiv(max(max_len_extend, 1), block_m // group)
-    splits = num_kv_splits or auto_kv_splits(q.device, bs * num_kv_heads * blocks, kv_indices.numel(), bs)
-    mid_o = mid_ml = qo_indptr  # unused when one split writes o directly
+    prefix_tokens = bs * kv_indices.shape[1] if kv_rows else kv_indices.numel()  # at most, known without a sync
+    splits = num_kv_splits or auto_kv_splits(q.device, bs * num_kv_heads * blocks, prefix_tokens, bs)
+    mid_o = mid_ml = kv_indptr  # unused when one split writes o directly
     if splits > 1:
         mid_o = torch.empty(q.shape[0], num_heads, splits, head_dim, dtype=torch.float32, device=q.device)
         mid_ml = torch.empty(q.shape[0], num_heads, splits, 2, dtype=torch.float32, device=q.device)
@@ -192,31 +206,33 @@ def _launch(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr, 
     block_d = max(16, triton.next_power_of_2(head_dim))
     _fwd_kernel[(bs, num_kv_heads, blocks * splits)](
         q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
-        custom_mask if use_mask else qo_indptr, mask_indptr if use_mask else qo_indptr, mid_o, mid_ml,
+        kv_indptr if paths is None else paths, 0 if paths is None else paths.stride(0),
+        0 if paths is None else paths.stride(1), custom_mask if use_mask else kv_indptr,
+        mask_indptr if use_mask else kv_indptr, mid_o, mid_ml,
         head_dim ** -0.5 if sm_scale is None else sm_scale, logit_cap, kv_indices.stride(0) if kv_rows else 0,
         q.stride(0), q.stride(1), k_extend.stride(0), k_extend.stride(1), k_buffer.stride(0), k_buffer.stride(1),
         o.stride(0), o.stride(1),
         NUM_HEADS=num_heads, D=head_dim, GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         HAS_EXTEND=has_extend, USE_CUSTOM_MASK=use_mask, SKIP_PREFIX_CUSTOM_MASK=skip_prefix_custom_mask,
-        IEEE=q.dtype == torch.float32, SPLITS=splits, KV_ROWS=kv_rows, QLEN_MASK=qlen_mask)
+        IEEE=q.dtype == torch.float32, SPLITS=splits, KV_ROWS=kv_rows, QLEN_MASK=qlen_mask,
+        ROWS_PER_REQ=rows_per_req, PATH_LEN=0 if paths is None else paths.shape[-1])
     if splits > 1 and q.shape[0]:
         _merge_splits_kernel[(q.shape[0], num_heads)](mid_o, mid_ml, o, o.stride(0), o.stride(1), NUM_HEADS=num_heads,
                                                       D=head_dim, SPLITS=splits,
                                                       BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d)
 
 
-def _check_attention(q, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, kv_rows=False) -> None:
+def _check_attention(q, o, k_buffer, v_buffer, requests: int, kv_indptr, kv_indices, kv_rows=False) -> None:
     device = q.device
     check("q", q, (torch.float32, torch.float16, torch.bfloat16), (None, None, None))
     check("o", o, q.dtype, tuple(q.shape), device)
     check("k_buffer", k_buffer, q.dtype, (None, None, q.shape[2]), device)
     check("v_buffer", v_buffer, q.dtype, tuple(k_buffer.shape), device)
-    check("qo_indptr", qo_indptr, (torch.int32, torch.int64), (None,), device)
     if kv_rows:  # req_to_token (bs, columns) and each row's prefix length
-        check("prefix_lens", kv_indptr, (torch.int32, torch.int64), (qo_indptr.shape[0] - 1,), device)
-        check("req_to_token", kv_indices, (torch.int32, torch.int64), (qo_indptr.shape[0] - 1, None), device)
+        check("prefix_lens", kv_indptr, (torch.int32, torch.int64), (requests,), device)
+        check("req_to_token", kv_indices, (torch.int32, torch.int64), (requests, None), device)
         return
-    check("kv_indptr", kv_indptr, (torch.int32, torch.int64), tuple(qo_indptr.shape), device)
+    check("kv_indptr", kv_indptr, (torch.int32, torch.int64), (requests + 1,), device)
     check("kv_indices", kv_indices, (torch.int32, torch.int64), (None,), device)
 
 
@@ -243,7 +259,8 @@ def extend_attention_fwd(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
         kv_indptr, kv_indices = prefix_lens, req_to_token
     if qlen_mask and not skip_prefix_custom_mask:
         raise ValueError("a QLEN_ONLY mask holds no prefix columns: skip_prefix_custom_mask must be True")
-    _check_attention(q_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, kv_rows)
+    check("qo_indptr", qo_indptr, (torch.int32, torch.int64), (None,), q_extend.device)
+    _check_attention(q_extend, o_extend, k_buffer, v_buffer, qo_indptr.shape[0] - 1, kv_indptr, kv_indices, kv_rows)
     check("k_extend", k_extend, q_extend.dtype, (q_extend.shape[0], k_buffer.shape[1], q_extend.shape[2]),
           q_extend.device)
     check("v_extend", v_extend, q_extend.dtype, tuple(k_extend.shape), q_extend.device)
@@ -256,14 +273,32 @@ def extend_attention_fwd(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
             kv_rows, qlen_mask)
 
 
-def decode_attention_fwd(q, k_buffer, v_buffer, o, kv_indptr, kv_indices, sm_scale=None, logit_cap=0.0,
-                         num_kv_splits=None) -> None:
-    """One new token per request, its own K/V already in the pool: every key comes through
-    kv_indices (stage 1 of the same kernel, one query row per request). q, o (bs, num_heads, head_dim)."""
-    qo_indptr = torch.arange(q.shape[0] + 1, dtype=kv_indptr.dtype, device=q.device)
-    _check_attention(q, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices)
-    _launch(q, q, q, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, None, None, 1, sm_scale, logit_cap,
-            True, False, num_kv_splits)
+def decode_attention_fwd(q, k_buffer, v_buffer, o, kv_indptr=None, kv_indices=None, sm_scale=None, logit_cap=0.0,
+                         num_kv_splits=None, req_to_token=None, prefix_lens=None, paths=None) -> None:
+    """One new token per query row, its own K/V already in the pool: every key comes through
+    kv_indices (stage 1 of the same kernel, one query row per program). q, o (rows, num_heads, head_dim);
+    row r reads the slots kv_indices[kv_indptr[r]:kv_indptr[r+1]].
+
+    The fast engine's form: req_to_token (bs, columns) and prefix_lens (bs,) in place of kv_indptr
+    and kv_indices (None), the rows grouped R = rows // bs per request: row r reads its request's
+    req_to_token[r // R, :prefix_lens[r // R]] and then, given paths (bs, R, L), the columns
+    prefix_lens[r // R] + paths[r // R, r % R, :L] (the draft loop's scratch columns of the row's
+    path, fast/batch.py: scratch_batch). Nothing is built per forward."""
+    kv_rows = req_to_token is not None
+    if kv_rows:
+        kv_indptr, kv_indices = prefix_lens, req_to_token
+        requests = prefix_lens.shape[0]
+        if requests and q.shape[0] % requests:
+            raise ValueError(f"{q.shape[0]} query rows do not group over {requests} requests")
+        if paths is not None:
+            if paths.shape[2] > 1 and paths.stride(2) != 1:
+                paths = paths.contiguous()
+            check("paths", paths, torch.int64, (requests, q.shape[0] // max(requests, 1), None), q.device, strided=True)
+    else:
+        requests = q.shape[0]
+    _check_attention(q, o, k_buffer, v_buffer, requests, kv_indptr, kv_indices, kv_rows)
+    _launch(q, q, q, o, k_buffer, v_buffer, kv_indptr, kv_indptr, kv_indices, None, None, 1, sm_scale, logit_cap,
+            True, False, num_kv_splits, kv_rows, paths=paths)
 
 
 @triton.jit

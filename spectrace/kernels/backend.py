@@ -99,7 +99,7 @@ def paged_attention(q, k, v, batch: ForwardBatch, kv: KVCache, layer_id: int) ->
 def frozen_kv_attention(q, kv: KVCache, kv_layer: int, rows) -> torch.Tensor:
     """drafters/frozen_kv_mtp.py: frozen_attention through decode_attention_fwd, every query row a
     sequence over its request's prefix. rows: the explicit engine's (request, seq_len, n) list,
-    or the fast engine's metadata (kv_indptr, kv_indices), built on the device."""
+    or the fast engine's (req_to_token, prefix_lens): decode_attention_fwd's rows form."""
     if not isinstance(rows, dict):
         counts = torch.tensor([L for _, L, n in rows for _ in range(n)], device=q.device)
         rows = dict(kv_indptr=_indptr(counts), kv_indices=torch.cat(

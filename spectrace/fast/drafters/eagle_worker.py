@@ -1,10 +1,11 @@
 """The EAGLE worker on the fast engine (core/drafters/eagle_worker.py and scratch.py): the EAGLE-1,
 EAGLE-3 and NEXTN/MTP heads and the standalone draft LM, drafting over a draft KV of their own.
 
-    DRAFT          core's draft_forward with a forward whose attention metadata is built on the
-                   device (fast/batch.py: scratch_batch): level i's K paths each write scratch
-                   column k * (num_steps - 1) + i after the committed draft KV and read that KV
-                   and their own path's columns; then build_draft_tree (organize_draft_results,
+    DRAFT          core's draft_forward over the scratch KV (fast/batch.py: scratch_batch): level
+                   i's K paths each write scratch column k * (num_steps - 1) + i after the
+                   committed draft KV and read that KV and their own path's columns; for greedy
+                   drafts with nothing kept of q, each level's selection is one Triton program per
+                   request (kernels/draft_level.py); then build_draft_tree (organize_draft_results,
                    the Triton build_tree, what the sampling rules and the trace keep)
     DRAFT_EXTEND   the step's accept_tokens padded to num_steps + 1 per request (causal: a real
                    row never sees a padding row), as SGLang's draft-extend graph runs them
@@ -15,11 +16,12 @@ import torch
 import torch.nn.functional as F
 
 from spectrace.core.drafters import SampledDrafts
-from spectrace.core.drafters.eagle_worker import DraftLevels, draft_forward, level_tensors
-from spectrace.core.tree import TreeMaskMode, organize_draft_results
-from spectrace.fast.batch import extend_batch, scratch_batch
+from spectrace.core.drafters.eagle_worker import DraftLevels, draft_forward, level_tensors, propose_children
+from spectrace.core.tree import TreeMaskMode, organize_draft_results, select_top_k_tokens
+from spectrace.fast.batch import extend_batch, ramp, scratch_batch
 from spectrace.fast.kv import StaticKV
 from spectrace.fast.tree import DeviceTree
+from spectrace.kernels.draft_level import select_level
 from spectrace.kernels.tree import build_tree
 
 
@@ -51,6 +53,34 @@ def build_draft_tree(levels: DraftLevels, roots: torch.Tensor, seq_lens: torch.T
     return tree
 
 
+def can_fuse(drafter) -> bool:
+    """Greedy drafts at T = 1 with nothing kept of q (no sampling rule, no --record-probs, no
+    trace): the draft loop can run fused_draft_forward."""
+    return not (drafter.sampled or drafter.keep_q or drafter.trace_topk is not None or drafter.temperature != 1.0)
+
+
+def fused_draft_forward(forward, probs, hidden_states, num_steps: int, topk: int) -> DraftLevels:
+    """core's draft_forward for greedy drafts with nothing kept of q: level i >= 1's softmax, top-K,
+    path scores, K-of-K*K select and path bookkeeping as one Triton program per request
+    (kernels/draft_level.py). forward(i, input_ids, hidden_states, paths) runs the draft model over
+    level i's kept paths (paths (bs, K, i + 1): their scratch columns) and returns (logits (bs*K, V)
+    float32, hidden_states). Leaves score_list, token_list and parents_list, what
+    organize_draft_results reads."""
+    K, levels = topk, DraftLevels()
+    topk_p, topk_index, _ = propose_children(probs, K, None)
+    input_ids, hidden_states, scores, tree_info = select_top_k_tokens(0, topk_p, topk_index, hidden_states, None, K)
+    paths = ramp(K, num_steps - 1, probs.device).view(1, K, 1).expand(scores.shape[0], K, 1)
+    for i in range(num_steps):
+        levels.score_list.append(tree_info[0])
+        levels.token_list.append(tree_info[1])
+        levels.parents_list.append(tree_info[2])
+        if i == num_steps - 1:
+            return levels
+        logits, h = forward(i, input_ids, hidden_states, paths)
+        tree_info, scores, input_ids, rows, paths = select_level(logits, scores, paths, i + 1, num_steps)
+        hidden_states = h[rows] if h is not None else None
+
+
 class EagleWorker:
     """A head (reads (token, target feature) pairs shifted by one and feeds its own output to
     deeper levels) or a draft LM (reads tokens at their own positions), its draft KV, and what
@@ -75,9 +105,12 @@ class EagleWorker:
     def forward(self, batch, features) -> torch.Tensor:
         return self.model(batch, self.kv, features) if self.is_head else self.model(batch, self.kv).hidden_states
 
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.model.compute_logits(h, self.target.lm_head) if self.is_head else self.model.lm_head(h).float()
+
     def probs(self, h: torch.Tensor) -> torch.Tensor:
-        logits = self.model.compute_logits(h, self.target.lm_head) if self.is_head else self.model.lm_head(h).float()
-        return torch.softmax(logits / self.temperature, dim=-1)
+        logits = self.logits(h)
+        return torch.softmax(logits / self.temperature if self.temperature != 1.0 else logits, dim=-1)
 
     def prefill(self, prompt_ids, prompt_lens, roots, features) -> None:
         """Heads read pairs (f_t, x_{t+1}): the prompt shifted by one, ending with the first token;
@@ -96,31 +129,44 @@ class EagleWorker:
         self.kv.seq_lens.copy_(lens)
 
     def draft(self, roots, seq_lens, num_steps, num_draft_tokens, randoms) -> DeviceTree:
-        K, bs = self.topk, roots.shape[0]
-        own = (torch.arange(K, device=roots.device) * (num_steps - 1)).view(1, K, 1).expand(bs, K, 1)
+        levels = self.fused_draft_levels(num_steps) if can_fuse(self) else self.draft_levels(num_steps, randoms)
+        return build_draft_tree(levels, roots, seq_lens, self.topk, num_draft_tokens, self.keep_q, self.trace_topk)
+
+    def fused_draft_levels(self, num_steps) -> DraftLevels:
+        def forward(i, input_ids, hidden_states, paths):
+            h = self.forward(scratch_batch(self.kv, input_ids, i, paths), hidden_states)
+            return self.logits(h), h if self.is_head else None
+
+        return fused_draft_forward(forward, self.next_probs, self.last_hidden if self.is_head else None, num_steps,
+                                   self.topk)
+
+    def draft_levels(self, num_steps, randoms) -> DraftLevels:
+        """core's draft_forward, its forward over the scratch KV: every level's q kept (sampled
+        drafts, --record-probs, the trace)."""
+        K, bs = self.topk, self.next_probs.shape[0]
+        own = (torch.arange(K, device=self.next_probs.device) * (num_steps - 1)).view(1, K, 1).expand(bs, K, 1)
         paths = []  # the scratch columns of each kept path's nodes, (bs, K, level + 1)
 
         def forward(i, input_ids, hidden_states, parents):
             if i == 0:
                 paths.append(own)
             else:  # a kept path extends path (parents // K - 1) % K of level i - 1
-                beam = (parents // K - 1 - K * (i - 1))[..., None].expand(-1, -1, i)
+                beam = (parents // K - (1 + K * (i - 1)))[..., None].expand(-1, -1, i)
                 paths.append(torch.cat([torch.gather(paths[-1], 1, beam), own + i], dim=2))
             h = self.forward(scratch_batch(self.kv, input_ids, i, paths[-1]), hidden_states)
             return self.probs(h), h if self.is_head else None
 
         sampled = SampledDrafts(None, randoms.worth if K > 1 else None, iter(randoms.noise)) if self.sampled else None
-        levels = draft_forward(forward, self.next_probs, self.last_hidden if self.is_head else None, num_steps, K,
-                               sampled)
-        return build_draft_tree(levels, roots, seq_lens, K, num_draft_tokens, self.keep_q, self.trace_topk)
+        return draft_forward(forward, self.next_probs, self.last_hidden if self.is_head else None, num_steps, K,
+                             sampled)
 
     def extend(self, tree, verdict, features, live) -> None:
         bs, E = verdict.accept_tokens.shape
         kv = self.kv
-        cols = kv.seq_lens[:, None] + torch.arange(E, device=live.device)
+        cols = kv.seq_lens[:, None] + ramp(E, 1, live.device)
         batch = extend_batch(kv, verdict.accept_tokens.clamp(min=0).flatten(), cols.flatten(), E)
         h = self.forward(batch, features[verdict.path.flatten()] if self.is_head else None)
-        last = torch.arange(bs, device=live.device) * E + verdict.accept_num
-        self.next_probs.copy_(torch.where(live[:, None], self.probs(h[last]), self.next_probs))
-        self.last_hidden.copy_(torch.where(live[:, None], h[last], self.last_hidden))
+        h_last = h[ramp(bs, E, live.device) + verdict.accept_num]  # each request's last accepted row
+        self.next_probs.copy_(torch.where(live[:, None], self.probs(h_last), self.next_probs))
+        self.last_hidden.copy_(torch.where(live[:, None], h_last, self.last_hidden))
         kv.seq_lens.add_(torch.where(live, verdict.accept_num + 1, 0))

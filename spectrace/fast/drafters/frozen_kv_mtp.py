@@ -2,9 +2,8 @@
 on the device.
 
 The assistant keeps no KV: each pass puts every query row at its request's root position and
-reads the target's last-layer KV over the committed prefix (decode_attention_fwd through
-kernels/backend.py: frozen_kv_attention, its metadata built on the device, fast/batch.py:
-prefix_rows). The draft loop is the EAGLE worker's (draft_forward, build_draft_tree); between
+reads the target's last-layer KV over the committed prefix (decode_attention_fwd's rows form
+through kernels/backend.py: frozen_kv_attention, read from req_to_token: no metadata to build). The draft loop is the EAGLE worker's (draft_forward, build_draft_tree); between
 steps the assistant keeps only the target feature of the row that produced the next root.
 """
 from __future__ import annotations
@@ -14,8 +13,7 @@ import torch
 from spectrace.core.drafters import SampledDrafts
 from spectrace.core.drafters.eagle_worker import draft_forward
 from spectrace.core.drafters.frozen_kv_mtp import FrozenKVMtpHead
-from spectrace.fast.batch import prefix_rows
-from spectrace.fast.drafters.eagle_worker import build_draft_tree
+from spectrace.fast.drafters.eagle_worker import build_draft_tree, can_fuse, fused_draft_forward
 from spectrace.fast.kv import StaticKV
 from spectrace.fast.tree import DeviceTree
 
@@ -39,12 +37,16 @@ class FrozenKVMtp:
 
     def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, paths: int):
         """One assistant pass over `paths` rows per request (input_ids, hidden (bs * paths, ...)),
-        each at its root's position over its prefix: (q (bs * paths, V), hidden for the next level)."""
-        kv, bs = self.target_kv, self.target_kv.seq_lens.shape[0]
-        lens = kv.seq_lens.repeat_interleave(paths)  # each row's prefix, and its position (the root's)
-        reqs = torch.arange(bs, device=lens.device).repeat_interleave(paths)
-        h, logits = self.head(self.embed(input_ids), hidden, lens, kv, prefix_rows(kv.req_to_token, lens, reqs))
-        return torch.softmax(logits / self.temperature, dim=-1), h
+        each at its root's position over its prefix: (logits (bs * paths, V), hidden for the next level)."""
+        kv = self.target_kv
+        lens = kv.seq_lens.repeat_interleave(paths)  # each row's position (the root's)
+        # each row reads its request's committed prefix (decode_attention_fwd's rows form)
+        rows = dict(req_to_token=kv.req_to_token, prefix_lens=kv.seq_lens)
+        h, logits = self.head(self.embed(input_ids), hidden, lens, kv, rows)
+        return logits, h
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(logits / self.temperature, dim=-1)
 
     def prefill(self, prompt_ids, prompt_lens, roots, features) -> None:
         """The hidden state whose lm_head gave the first token."""
@@ -54,10 +56,17 @@ class FrozenKVMtp:
     def draft(self, roots, seq_lens, num_steps, num_draft_tokens, randoms) -> DeviceTree:
         """The assistant's pass at the root first (it keeps no q between steps), then the loop."""
         K = self.topk
-        sampled = SampledDrafts(None, randoms.worth if K > 1 else None, iter(randoms.noise)) if self.sampled else None
-        probs, hidden = self.forward(roots, self.root_feature, 1)
-        levels = draft_forward(lambda i, ids, h, parents: self.forward(ids, h, K), probs, hidden, num_steps, K,
-                               sampled)
+        logits, hidden = self.forward(roots, self.root_feature, 1)
+        if can_fuse(self):  # each level's selection is one kernel
+            levels = fused_draft_forward(lambda i, input_ids, h, paths: self.forward(input_ids, h, K),
+                                         self.probs(logits), hidden, num_steps, K)
+        else:
+            sampled = SampledDrafts(None, randoms.worth if K > 1 else None, iter(randoms.noise)) if self.sampled else None
+
+            def forward(i, input_ids, h, parents):
+                logits, h = self.forward(input_ids, h, K)
+                return self.probs(logits), h
+            levels = draft_forward(forward, self.probs(logits), hidden, num_steps, K, sampled)
         return build_draft_tree(levels, roots, seq_lens, K, num_draft_tokens, self.keep_q, self.trace_topk)
 
     def extend(self, tree, verdict, features, live) -> None:
