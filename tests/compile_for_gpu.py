@@ -46,6 +46,7 @@ from spectrace.bench_kernels import attention_inputs, chain_inputs, draft_tree_i
 from spectrace.compat import triton as sglang  # noqa: E402  (the twins under SGLang's and vLLM's names)
 from spectrace.core.model import RMSNorm  # noqa: E402
 from spectrace.kernels import attention, commit, draft_level, fused, kv  # noqa: E402
+from spectrace.kernels.tree import organize_draft_results  # noqa: E402
 from spectrace.kernels.acceptance.tree_rejection import tree_rejection_walk  # noqa: E402
 
 gen = torch.Generator().manual_seed(0)
@@ -117,9 +118,19 @@ for dtype in (torch.float32, torch.bfloat16):  # the fast engine's fused layer p
         attention.decode_attention_fwd(a["q_extend"][:3 * bs], a["k_buffer"], a["v_buffer"], a["o_extend"][:3 * bs],
                                        req_to_token=rows["req_to_token"], prefix_lens=rows["prefix_lens"], paths=p)
 
-for level in (1, 3):  # one fused draft level, K = 4
-    draft_level.select_level(torch.randn(bs * 4, 300), torch.rand(bs, 4), torch.zeros(bs, 4, level, dtype=torch.int64),
-                             level, 5)
+buffers = draft_level.DraftBuffers.empty(bs, 4, 5, "cpu")  # the fused draft loop, K = 4, 5 steps
+for dtype in (torch.float32, torch.bfloat16):
+    draft_level.select_level(torch.rand(bs, 300), None, None, torch.randn(bs, 64, dtype=dtype), 0, 5, buffers, True)
+    for level in (1, 3):
+        draft_level.select_level(torch.randn(bs * 4, 300, dtype=dtype), torch.rand(bs, 4),
+                                 torch.zeros(bs, 4, level, dtype=torch.int64), torch.randn(bs * 4, 64, dtype=dtype),
+                                 level, 5, buffers)
+    draft_level.select_level(torch.randn(bs * 4, 300), torch.rand(bs, 4), torch.zeros(bs, 4, 2, dtype=torch.int64),
+                             None, 2, 5, buffers)  # a draft LM: no hidden rows
+    commit.commit_draft_state(torch.rand(bs, 300), torch.randn(bs, 64, dtype=dtype), torch.tensor([3, 5]),
+                              torch.rand(bs, 300), torch.randn(bs, 64, dtype=dtype), torch.tensor([1, 0]),
+                              torch.tensor([True, False]))
+organize_draft_results(buffers.scores.uniform_(), buffers.tokens.random_(0, 300), torch.tensor([1, 2]), 8)
 commit.accept_tokens(torch.zeros(bs, 5, dtype=torch.int64), torch.tensor([[0, 2, -1], [8, -1, -1]]),
                      torch.tensor([1, 0]), torch.tensor([5, 6]), torch.arange(bs * n).view(bs, n))
 commit.commit_rows(torch.arange(bs * 20).view(bs, 20), torch.tensor([3, 5]), torch.tensor([[0, 2, -1], [8, -1, -1]]),

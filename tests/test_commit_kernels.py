@@ -1,5 +1,6 @@
 """kernels/commit.py against plain Python loops over each request: the accept tokens the host
-reads, and SGLang's KV remap on a static req_to_token row (every path, every frozen row)."""
+reads, SGLang's KV remap on a static req_to_token row (every path, every frozen row), and the
+drafter's state after its DRAFT_EXTEND."""
 import pytest
 import torch
 from hypothesis import given, settings
@@ -7,7 +8,7 @@ from hypothesis import strategies as st
 
 pytest.importorskip("triton")
 
-from spectrace.kernels.commit import accept_tokens, commit_rows  # noqa: E402
+from spectrace.kernels.commit import accept_tokens, commit_draft_state, commit_rows  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -62,3 +63,22 @@ def test_commit_rows_put_the_accepted_slots_first(v, prefix, seed):
             row[prefix:prefix + n] = [row[prefix + j] for j in order]
         assert r2t[b].tolist() == row
         assert int(lens[b]) == prefix + (nums[b] + 1 if live[b] else 0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.booleans(), min_size=1, max_size=4), st.integers(1, 2100), st.integers(0, 1100),
+       st.integers(0, 2**16))
+def test_commit_draft_state_moves_only_live_requests(live, V, H, seed):
+    bs, g = len(live), torch.Generator().manual_seed(seed)
+    old = dict(next_probs=torch.rand(bs, V, generator=g), last_hidden=torch.randn(bs, H, generator=g).bfloat16(),
+               seq_lens=torch.randint(0, 50, (bs,), generator=g))
+    probs, h_last = torch.rand(bs, V, generator=g), torch.randn(bs, H, generator=g).bfloat16()
+    accept_num = torch.randint(0, 6, (bs,), generator=g)
+    state = {k: t.to(DEVICE, copy=True) for k, t in old.items()}
+    commit_draft_state(state["next_probs"], state["last_hidden"] if H else None, state["seq_lens"], probs.to(DEVICE),
+                       h_last.to(DEVICE), accept_num.to(DEVICE), torch.tensor(live, device=DEVICE))
+    m = torch.tensor(live)
+    assert torch.equal(state["next_probs"].cpu(), torch.where(m[:, None], probs, old["next_probs"]))
+    assert torch.equal(state["last_hidden"].cpu(), torch.where(m[:, None], h_last, old["last_hidden"]) if H
+                       else old["last_hidden"])
+    assert torch.equal(state["seq_lens"].cpu(), old["seq_lens"] + torch.where(m, accept_num + 1, 0))

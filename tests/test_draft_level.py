@@ -1,42 +1,67 @@
-"""The fused draft level (kernels/draft_level.py) equals core's: softmax, the top-K children of each
-kept path (propose_children), select_top_k_tokens at level i >= 1, and the fast worker's path
-bookkeeping (each kept path's scratch columns: its beam's, then its own). Interpreted on the CPU;
-tests/test_gpu.py compiles it."""
+"""The fused draft loop (kernels/draft_level.py, kernels/tree.py: organize_draft_results) equals
+core's: softmax, the top-K children of each kept path (propose_children), select_top_k_tokens at
+every level, the candidates organize_draft_results reads, the fast worker's path bookkeeping (each
+kept path's scratch columns: its beam's, then its own), and the n-1 nodes a tree keeps.
+Interpreted on the CPU; tests/test_gpu.py compiles it."""
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spectrace.core.drafters.eagle_worker import propose_children
-from spectrace.core.tree import select_top_k_tokens
+from spectrace.core.tree import organize_draft_results, select_top_k_tokens
 
 pytest.importorskip("triton")
 draft_level = pytest.importorskip("spectrace.kernels.draft_level")
+tree_kernels = pytest.importorskip("spectrace.kernels.tree")
 
 
-@settings(max_examples=25, deadline=None)
-@given(bs=st.integers(1, 3), K=st.integers(1, 5), level=st.integers(1, 4), V=st.integers(16, 700),
-       seed=st.integers(0, 2**16), masked=st.booleans())
-def test_a_fused_level_selects_what_core_selects(bs, K, level, V, seed, masked):
+@settings(max_examples=30, deadline=None)
+@given(bs=st.integers(1, 3), K=st.integers(1, 5), level=st.integers(0, 4), V=st.integers(16, 700),
+       seed=st.integers(0, 2**16), masked=st.booleans(), given_probs=st.booleans())
+def test_a_fused_level_selects_what_core_selects(bs, K, level, V, seed, masked, given_probs):
     gen = torch.Generator().manual_seed(seed)
-    num_steps = level + 2
-    logits = torch.randn(bs * K, V, generator=gen) * 3
+    num_steps, R = level + 2, 1 if level == 0 else K  # R rows of logits a request: the root's, or K paths'
+    logits = torch.randn(bs * R, V, generator=gen) * 3
     if masked:  # EAGLE-3's logits: -inf outside its draft vocabulary
         logits[:, torch.randperm(V, generator=gen)[:V // 3]] = float("-inf")
-    scores = torch.rand(bs, K, generator=gen)
-    paths = torch.randint(0, K * (num_steps - 1), (bs, K, level), generator=gen)
-    hidden = torch.randn(bs * K, 3, generator=gen)
+    probs = torch.softmax(logits, dim=-1)
+    scores = torch.rand(bs, K, generator=gen) if level else None
+    paths = torch.randint(0, K * (num_steps - 1), (bs, K, level), generator=gen) if level else None
+    hidden = torch.randn(bs * R, 3, generator=gen)
+    buffers = draft_level.DraftBuffers.empty(bs, K, num_steps, "cpu")
 
-    (expand, tokens, parents), kept, input_ids, rows, new_paths = draft_level.select_level(
-        logits, scores, paths, level, num_steps)
+    kept, input_ids, new_hidden, new_paths = draft_level.select_level(
+        probs if given_probs else logits, scores, paths, hidden, level, num_steps, buffers, probs=given_probs)
 
-    topk_p, topk_index, _ = propose_children(torch.softmax(logits, dim=-1), K, None)
+    topk_p, topk_index, _ = propose_children(probs, K, None)
     want_ids, want_hidden, want_scores, want_info = select_top_k_tokens(level, topk_p, topk_index, hidden, scores, K)
-    assert torch.equal(tokens, want_info[1]) and torch.equal(parents, want_info[2])
-    assert torch.equal(input_ids, want_ids) and torch.equal(hidden[rows], want_hidden)
-    torch.testing.assert_close(expand, want_info[0], rtol=1e-6, atol=1e-7)
+    start = 0 if level == 0 else K + (level - 1) * K * K  # the level's candidates in the packed rows
+    assert torch.equal(buffers.tokens[:, start:start + R * K], want_info[1])
+    torch.testing.assert_close(buffers.scores[:, start:start + R * K], want_info[0].flatten(1), rtol=1e-6, atol=1e-7)
+    want_parents = want_info[2] if level == 0 else want_info[2][:, -K:]  # level 0: -1, then 0 .. K-1
+    assert torch.equal(buffers.parents[:, 1 + level * K - (level == 0):1 + (level + 1) * K], want_parents)
+    assert torch.equal(input_ids, want_ids) and torch.equal(new_hidden, want_hidden)
     torch.testing.assert_close(kept, want_scores, rtol=1e-6, atol=1e-7)
-    beam = want_info[2] // K - (1 + K * (level - 1))  # the worker's bookkeeping, explicitly
     own = (torch.arange(K) * (num_steps - 1) + level).view(1, K, 1).expand(bs, K, 1)
-    want_paths = torch.cat([torch.gather(paths, 1, beam[..., None].expand(-1, -1, level)), own], dim=2)
-    assert torch.equal(new_paths, want_paths)
+    if level == 0:
+        assert torch.equal(new_paths, own)
+    else:  # the worker's bookkeeping, explicitly
+        beam = want_info[2] // K - (1 + K * (level - 1))
+        assert torch.equal(new_paths, torch.cat([torch.gather(paths, 1, beam[..., None].expand(-1, -1, level)), own],
+                                                dim=2))
+
+
+@settings(max_examples=30, deadline=None)
+@given(bs=st.integers(1, 3), C=st.integers(1, 80), seed=st.integers(0, 2**16), levels=st.integers(2, 9),
+       data=st.data())
+def test_fused_organize_keeps_the_nodes_core_keeps_ties_included(bs, C, seed, levels, data):
+    n = data.draw(st.integers(2, C + 1))
+    gen = torch.Generator().manual_seed(seed)
+    scores = torch.randint(0, levels, (bs, C), generator=gen).float() / levels  # few values: many ties
+    tokens = torch.randint(0, 1000, (bs, C), generator=gen)
+    roots = torch.randint(0, 1000, (bs,), generator=gen)
+    _, want_index, want_tokens = organize_draft_results([scores], [tokens], [None], n)
+    top_scores_index, draft_tokens = tree_kernels.organize_draft_results(scores, tokens, roots, n)
+    assert torch.equal(top_scores_index, want_index)
+    assert torch.equal(draft_tokens, torch.cat([roots[:, None], want_tokens], dim=1))

@@ -7,7 +7,8 @@ a CUDA graph replays them without the host. Three layouts:
                     reads each request's prefix straight from its req_to_token row
     scratch_batch   one level of the draft loop: each kept path is its own sequence, the
                     committed draft KV then its path's scratch columns (drafters/scratch.py's
-                    [topk][step] layout), read by decode_attention_fwd from req_to_token
+                    [topk][step] layout), read by decode_attention_fwd from req_to_token; every
+                    level's positions and slots come from scratch_slots, once a step
 `one_token_forwards` is --deterministic's verify: every row a one-token decode of its own.
 """
 from __future__ import annotations
@@ -43,18 +44,36 @@ def extend_batch(kv, input_ids, positions, width: int, tree_mask=None) -> Forwar
                         custom_masks=[], attn_metadata={"extend": meta})
 
 
-def scratch_batch(kv, input_ids, level: int, paths: torch.Tensor) -> ForwardBatch:
-    """Level `level` of the draft loop over K kept paths per request: paths (bs, K, level + 1) the
-    scratch columns of each path's nodes, its own last; the path writes its own column after the
-    committed draft KV and reads that KV, then its path's columns (drafters/scratch.py). The
-    attention kernel reads both through req_to_token (decode_attention_fwd's rows form), so the
-    metadata is the new tokens' positions and slots: four kernels."""
+@functools.cache
+def _scratch_grid(num_steps: int, topk: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(num_steps, 1, K) each: the level of path k's node at level i, and the scratch column it writes."""
+    level = torch.arange(num_steps, device=device).view(-1, 1, 1).expand(-1, 1, topk).contiguous()
+    return level, level + torch.arange(topk, device=device) * (num_steps - 1)
+
+
+def scratch_slots(kv, num_steps: int, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where every level of one step's draft loop writes, known before the loop (the kept paths
+    change which columns a level reads, never the one it writes): level i's path k is at position
+    T + i and writes scratch column k * (num_steps - 1) + i after the committed draft KV T
+    (drafters/scratch.py). -> positions, out_cache_loc (num_steps, bs * K): four kernels a step."""
+    bs = kv.seq_lens.shape[0]
+    level, column = _scratch_grid(num_steps, topk, kv.seq_lens.device)
+    T = kv.seq_lens.view(1, bs, 1)
+    rows = (kv.seq_lens + ramp(bs, kv.req_to_token.stride(0), kv.seq_lens.device)).view(1, bs, 1)
+    slots = kv.req_to_token.view(-1)[rows + column]
+    return (T + level).view(num_steps, bs * topk), slots.view(num_steps, bs * topk)
+
+
+def scratch_batch(kv, input_ids, positions, out_cache_loc, paths: torch.Tensor) -> ForwardBatch:
+    """One level of the draft loop over K kept paths per request: paths (bs, K, level + 1) the
+    scratch columns of each path's nodes, its own last, at `positions`, writing `out_cache_loc`
+    (a row of scratch_slots). The attention kernel reads the committed draft KV, then the path's
+    columns, through req_to_token (decode_attention_fwd's rows form): no metadata to build."""
     bs, K = paths.shape[:2]
-    T = kv.seq_lens  # committed draft KV
-    meta = dict(req_to_token=kv.req_to_token, prefix_lens=T, paths=paths)
-    return ForwardBatch(input_ids=input_ids, positions=(T + level).repeat_interleave(K), req_pool_indices=[],
-                        seq_lens=[], extend_lens=[K] * bs, custom_masks=[], attn_metadata={"branch": meta},
-                        out_cache_loc=kv.req_to_token.gather(1, T[:, None] + paths[..., -1]).flatten())
+    meta = dict(req_to_token=kv.req_to_token, prefix_lens=kv.seq_lens, paths=paths)
+    return ForwardBatch(input_ids=input_ids, positions=positions, req_pool_indices=[], seq_lens=[],
+                        extend_lens=[K] * bs, custom_masks=[], attn_metadata={"branch": meta},
+                        out_cache_loc=out_cache_loc)
 
 
 def one_token_forwards(target, kv, tree, capture_layers) -> ForwardOutput:

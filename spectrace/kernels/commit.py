@@ -6,6 +6,9 @@
                     reordered so the accepted path's slots come first, in path order, the rest
                     after them in node order (still the request's); seq_lens grows by
                     accept_num + 1 (the root and the correct drafts)
+    commit_draft_state  the drafter's COMMIT after its DRAFT_EXTEND: what the next DRAFT starts
+                    from (q after the last accepted token, the head's output there) and its
+                    KV's committed length, for live requests only
 
 Each replaces a dozen small torch ops (pad, gather, where, cat; arange, scatter, a stable argsort)
 whose launches, not their arithmetic, were the cost of these phases on a GPU.
@@ -18,7 +21,7 @@ import triton.language as tl
 
 from spectrace.kernels import check
 
-__all__ = ["accept_tokens", "commit_rows"]
+__all__ = ["accept_tokens", "commit_draft_state", "commit_rows"]
 
 
 @triton.jit
@@ -89,3 +92,38 @@ def commit_rows(req_to_token: torch.Tensor, seq_lens: torch.Tensor, accept_index
     if bs:
         _commit_rows_kernel[(bs,)](req_to_token, seq_lens, accept_index, accept_num, live, req_to_token.stride(0),
                                    W=W, n=n, N=triton.next_power_of_2(n), WB=triton.next_power_of_2(W))
+
+
+@triton.jit
+def _commit_draft_state_kernel(next_probs, last_hidden, seq_lens, probs, h_last, accept_num, live, V, H,
+                               HAS_HIDDEN: tl.constexpr, BLOCK: tl.constexpr):
+    b = tl.program_id(0)
+    if tl.load(live + b).to(tl.int32) != 0:  # a finished request keeps its state
+        for start in range(0, V, BLOCK):
+            j = start + tl.arange(0, BLOCK)
+            tl.store(next_probs + b * V + j, tl.load(probs + b * V + j, mask=j < V), mask=j < V)
+        if HAS_HIDDEN:
+            for start in range(0, H, BLOCK):
+                j = start + tl.arange(0, BLOCK)
+                tl.store(last_hidden + b * H + j, tl.load(h_last + b * H + j, mask=j < H), mask=j < H)
+        tl.store(seq_lens + b, tl.load(seq_lens + b) + tl.load(accept_num + b) + 1)
+
+
+def commit_draft_state(next_probs: torch.Tensor, last_hidden: torch.Tensor | None, seq_lens: torch.Tensor,
+                       probs: torch.Tensor, h_last: torch.Tensor | None, accept_num: torch.Tensor,
+                       live: torch.Tensor) -> None:
+    """In place, for each live request b: next_probs[b] = probs[b] (bs, V), last_hidden[b] =
+    h_last[b] (bs, H; None: a draft LM keeps none), seq_lens[b] += accept_num[b] + 1."""
+    bs, V = next_probs.shape
+    device = next_probs.device
+    check("probs", probs, next_probs.dtype, (bs, V), device)
+    check("seq_lens", seq_lens, torch.int64, (bs,), device)
+    check("accept_num", accept_num, torch.int64, (bs,), device)
+    check("live", live, torch.bool, (bs,), device)
+    if last_hidden is not None:
+        check("h_last", h_last, last_hidden.dtype, tuple(last_hidden.shape), device)
+    if bs:
+        _commit_draft_state_kernel[(bs,)](next_probs, last_hidden if last_hidden is not None else next_probs,
+                                          seq_lens, probs, h_last if h_last is not None else probs, accept_num, live,
+                                          V, last_hidden.shape[1] if last_hidden is not None else 0,
+                                          HAS_HIDDEN=last_hidden is not None, BLOCK=1024)

@@ -1,12 +1,13 @@
-"""One level of EAGLE's draft loop as one Triton program per request: the draft's softmax over each
-kept path's logits, its top-K children (SGLang's `fast_topk`), their path scores and the K best of
-the K*K (`select_top_k_tokens`), and what the next level reads (its input ids, the rows of the
-hidden states it continues from, each kept path's scratch columns).
+"""EAGLE's draft loop between two draft forwards as one Triton program per request and level: the
+draft's softmax over each kept path's logits, its top-K children (SGLang's `fast_topk`), their path
+scores and the K best of the K*K (`select_top_k_tokens`), written where organize_draft_results
+reads them (one packed row per request, DraftBuffers), and what the next level reads (its input
+ids, the hidden rows it continues from, each kept path's scratch columns).
 
 Explicit counterpart: core/drafters/eagle_worker.py: draft_forward's `probs` -> `propose_children`
--> core/tree.py: `select_top_k_tokens` (level i >= 1, greedy drafts), and fast/drafters/
-eagle_worker.py's path bookkeeping; there they are about sixteen kernels a level. Greedy drafts
-only: q is the draft's softmax at T = 1, and the children are its top K, not draws.
+-> core/tree.py: `select_top_k_tokens` and the torch.cat of organize_draft_results' lists, and
+fast/drafters/eagle_worker.py's path bookkeeping; there they are about sixteen kernels a level.
+Greedy drafts only: q is the draft's softmax at T = 1, and the children are its top K, not draws.
 
 The top K of a row of V logits are found in K passes over the row, each taking the largest value
 after the previous pick in (value descending, index ascending) order, so the row never has to fit
@@ -17,13 +18,15 @@ only where two path scores tie to rounding, and greedy verification keeps the ou
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
 from spectrace.kernels import check
 
-__all__ = ["select_level"]
+__all__ = ["DraftBuffers", "select_level"]
 
 
 @triton.jit
@@ -37,23 +40,28 @@ def _next_pick(x, j, prev_v, prev_i):
 
 
 @triton.jit
-def _select_level_kernel(logits, scores, paths, score_out, token_out, parent_out, scores_out, input_ids_out,
-                         rows_out, paths_out, stride_pb, stride_pk, V, level, num_steps, K: tl.constexpr, KB: tl.constexpr, BLOCK_V: tl.constexpr,
+def _select_level_kernel(src, scores, paths, hidden, score_buf, token_buf, parent_buf, scores_out, input_ids_out,
+                         hidden_out, paths_out, stride_pb, stride_pk, V, H, level, num_steps, cand_off, C, P,
+                         K: tl.constexpr, KB: tl.constexpr, R: tl.constexpr, FIRST: tl.constexpr, PROBS: tl.constexpr,
+                         HAS_HIDDEN: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
                          LEVEL_B: tl.constexpr):
     b = tl.program_id(0)
-    k = tl.arange(0, KB)  # the request's K kept paths, one row of logits each
-    k_ok = k < K
-    row = logits + (b * K + k)[:, None] * V
-    # the softmax's max and sum over each row, online
-    m = tl.full((KB,), float("-inf"), tl.float32)
-    s = tl.zeros((KB,), tl.float32)
-    for start in range(0, V, BLOCK_V):
-        j = start + tl.arange(0, BLOCK_V)[None, :]
-        x = tl.load(row + j, mask=k_ok[:, None] & (j < V), other=float("-inf"))
-        m_new = tl.maximum(m, tl.max(x, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(x - m_safe[:, None]), axis=1)
-        m = m_new
+    k = tl.arange(0, KB)  # rows of src per request: R, the root's (level 0) or the K kept paths'
+    k_ok = k < R
+    row = src + (b * R + k)[:, None] * V
+    # the softmax's max and sum over each row of logits, online (src already holding q: m = 0, s = 1)
+    m = tl.zeros((KB,), tl.float32)
+    s = tl.full((KB,), 1.0, tl.float32)
+    if not PROBS:
+        m = tl.full((KB,), float("-inf"), tl.float32)
+        s = tl.zeros((KB,), tl.float32)
+        for start in range(0, V, BLOCK_V):
+            j = start + tl.arange(0, BLOCK_V)[None, :]
+            x = tl.load(row + j, mask=k_ok[:, None] & (j < V), other=float("-inf")).to(tl.float32)
+            m_new = tl.maximum(m, tl.max(x, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(x - m_safe[:, None]), axis=1)
+            m = m_new
     # the top K of each row, one pass each: (KB, KB) tokens and q, child c of path k at [k, c]
     c = tl.arange(0, KB)[None, :]
     top_i = tl.zeros((KB, KB), tl.int32)
@@ -65,21 +73,26 @@ def _select_level_kernel(logits, scores, paths, score_out, token_out, parent_out
         best_i = tl.full((KB,), 2147483647, tl.int32)
         for start in range(0, V, BLOCK_V):
             j = start + tl.arange(0, BLOCK_V)[None, :]
-            x = tl.load(row + j, mask=k_ok[:, None] & (j < V), other=float("-inf"))
+            x = tl.load(row + j, mask=k_ok[:, None] & (j < V), other=float("-inf")).to(tl.float32)
             v, i = _next_pick(x, j, prev_v, prev_i)
             better = (v > best_v) | ((v == best_v) & (i < best_i))
             best_v, best_i = tl.where(better, v, best_v), tl.where(better, i, best_i)
         top_i = tl.where(c == p, best_i[:, None], top_i)
-        top_q = tl.where(c == p, (tl.exp(best_v - m) / s)[:, None], top_q)
+        q = best_v if PROBS else tl.exp(best_v - m) / s
+        top_q = tl.where(c == p, q[:, None], top_q)
         prev_v, prev_i = best_v, best_i
-    # path scores of the K*K children, candidate e = k * K + c, and the K best of them
-    prev_scores = tl.load(scores + b * K + k, mask=k_ok, other=0.0)
+    # path scores of the R*K children, candidate e = k * K + c, stored at cand_off + e; the K best
+    if FIRST:
+        prev_scores = tl.where(k == 0, 1.0, 0.0)  # the root's path score
+        tl.store(parent_buf + b * P, -1)  # parent_list[0]: the root has none
+    else:
+        prev_scores = tl.load(scores + b * K + k, mask=k_ok, other=0.0)
     expand = prev_scores[:, None] * top_q  # (KB, KB)
     ok = k_ok[:, None] & (c < K)
     e = tl.where(ok, k[:, None] * K + c, 2147483647)
     cand = tl.where(ok, expand, float("-inf"))
-    tl.store(score_out + b * K * K + e, expand, mask=ok)
-    tl.store(token_out + b * K * K + e, top_i.to(tl.int64), mask=ok)
+    tl.store(score_buf + b * C + cand_off + e, expand, mask=ok)
+    tl.store(token_buf + b * C + cand_off + e, top_i.to(tl.int64), mask=ok)
     sel_v = float("inf")
     sel_e = -1
     steps = num_steps - 1  # scratch columns per path
@@ -91,41 +104,74 @@ def _select_level_kernel(logits, scores, paths, score_out, token_out, parent_out
         sel_e = tl.min(tl.min(tl.where(after & ok & (xm == sel_v), e, 2147483647), axis=1), axis=0)
         beam = sel_e // K
         tl.store(scores_out + b * K + p, sel_v)
-        tl.store(parent_out + b * K + p, (sel_e + K * K * (level - 1) + K).to(tl.int64))
+        tl.store(parent_buf + b * P + 1 + level * K + p, (sel_e + cand_off).to(tl.int64))
         token = tl.sum(tl.sum(tl.where(e == sel_e, top_i, 0), axis=1), axis=0)
         tl.store(input_ids_out + b * K + p, token.to(tl.int64))
-        tl.store(rows_out + b * K + p, (b * K + beam).to(tl.int64))
+        if HAS_HIDDEN:  # the kept path continues from its beam's hidden row
+            for start in range(0, H, BLOCK_H):
+                h = start + tl.arange(0, BLOCK_H)
+                x = tl.load(hidden + (b * R + beam) * H + h, mask=h < H)
+                tl.store(hidden_out + (b * K + p) * H + h, x, mask=h < H)
         # kept path p extends path `beam`: its columns, then its own (p * steps + level)
         old = tl.load(paths + b * stride_pb + beam * stride_pk + lanes, mask=lanes < level, other=0)
         new = tl.where(lanes < level, old, p * steps + level)
         tl.store(paths_out + (b * K + p) * (level + 1) + lanes, new, mask=lanes <= level)
 
 
-def select_level(logits: torch.Tensor, scores: torch.Tensor, paths: torch.Tensor, level: int, num_steps: int):
-    """Level `level` >= 1 of the draft loop for greedy drafts. logits (bs*K, V) float32: the draft's
-    after each kept path; scores (bs, K) their path scores; paths (bs, K, level) their scratch
-    columns. Returns SGLang's tree_info for the level (path scores (bs, K, K), tokens (bs, K*K),
-    the kept paths' flat candidate indices (bs, K)), the kept scores (bs, K), the next input ids
-    (bs*K,), the rows of the hidden states they continue from (bs*K,), and the kept paths' scratch
-    columns (bs, K, level + 1), each path's own last (p * (num_steps - 1) + level)."""
-    bs, K = scores.shape
-    V = logits.shape[1]
-    device = logits.device
-    check("logits", logits, torch.float32, (bs * K, None), device)
-    check("scores", scores, torch.float32, (bs, K), device)
-    check("paths", paths, torch.int64, (bs, K, level), device, strided=True)
-    score_out = torch.empty(bs, K, K, dtype=torch.float32, device=device)
-    token_out = torch.empty(bs, K * K, dtype=torch.int64, device=device)
-    parent_out, input_ids, rows = torch.empty(3, bs * K, dtype=torch.int64, device=device)
+@dataclass
+class DraftBuffers:
+    """Every candidate one step's draft loop scores, in SGLang's flat candidate order (level 0's K,
+    then K*K a level; core/drafters/eagle_worker.py: level_tensors): path scores and tokens
+    (bs, K + (S-1)K*K), and parent_list (bs, 1 + S*K): -1 for the root, then each level's K kept
+    paths' flat candidate indices (organize_draft_results reads the first 1 + (S-1)K)."""
+
+    scores: torch.Tensor
+    tokens: torch.Tensor
+    parents: torch.Tensor
+
+    @classmethod
+    def empty(cls, bs: int, topk: int, num_steps: int, device) -> DraftBuffers:
+        C = topk + (num_steps - 1) * topk * topk
+        return cls(torch.empty(bs, C, device=device), torch.empty(bs, C, dtype=torch.int64, device=device),
+                   torch.empty(bs, 1 + num_steps * topk, dtype=torch.int64, device=device))
+
+
+def select_level(src: torch.Tensor, scores: torch.Tensor | None, paths: torch.Tensor | None,
+                 hidden: torch.Tensor | None, level: int, num_steps: int, buffers: DraftBuffers, probs: bool = False):
+    """Level `level` of the draft loop for greedy drafts. src: the draft's logits (or, probs=True,
+    its q) after each kept path, (bs*K, V), or after each root at level 0, (bs, V); scores (bs, K)
+    the kept paths' path scores and paths (bs, K, level) their scratch columns (None at level 0);
+    hidden: the rows the draft forward returned, one per row of src (None: a draft LM).
+    Writes the level's candidates into `buffers`; returns the kept scores (bs, K), the next input
+    ids (bs*K,), the hidden rows they continue from (bs*K, H) or None, and the kept paths'
+    scratch columns (bs, K, level + 1), each path's own last (p * (num_steps - 1) + level)."""
+    bs, C = buffers.scores.shape
+    K = (buffers.parents.shape[1] - 1) // num_steps
+    R = 1 if level == 0 else K
+    V, device = src.shape[1], src.device
+    check("src", src, (torch.float32, torch.float16, torch.bfloat16), (bs * R, None), device)
+    if level:
+        check("scores", scores, torch.float32, (bs, K), device)
+        check("paths", paths, torch.int64, (bs, K, level), device, strided=True)
+        if level > 1 and paths.stride(2) != 1:
+            paths = paths.contiguous()
+    if hidden is not None:
+        check("hidden", hidden, None, (bs * R, None), device)
     scores_out = torch.empty(bs, K, dtype=torch.float32, device=device)
+    input_ids = torch.empty(bs * K, dtype=torch.int64, device=device)
+    hidden_out = torch.empty(bs * K, hidden.shape[1], dtype=hidden.dtype, device=device) if hidden is not None else None
     paths_out = torch.empty(bs, K, level + 1, dtype=torch.int64, device=device)
     if bs:
         KB = triton.next_power_of_2(K)
-        if level > 1 and paths.stride(2) != 1:
-            paths = paths.contiguous()
-        _select_level_kernel[(bs,)](logits.contiguous(), scores.contiguous(), paths, score_out, token_out, parent_out,
-                                    scores_out, input_ids, rows, paths_out, paths.stride(0), paths.stride(1), V, level,
-                                    num_steps, K=K, KB=KB,
-                                    BLOCK_V=min(triton.next_power_of_2(V), max(256, 8192 // KB)),
-                                    LEVEL_B=triton.next_power_of_2(level + 1))
-    return (score_out, token_out, parent_out.view(bs, K)), scores_out, input_ids, rows, paths_out
+        H = hidden.shape[1] if hidden is not None else 0
+        placeholder = buffers.parents  # for the pointers a level does not read
+        _select_level_kernel[(bs,)](
+            src, scores if level else placeholder, paths if level else placeholder,
+            hidden if hidden is not None else placeholder, buffers.scores, buffers.tokens, buffers.parents,
+            scores_out, input_ids, hidden_out if hidden is not None else placeholder, paths_out,
+            paths.stride(0) if level else 0, paths.stride(1) if level else 0, V, H, level, num_steps,
+            0 if level == 0 else K + (level - 1) * K * K, C, buffers.parents.shape[1],
+            K=K, KB=KB, R=R, FIRST=level == 0, PROBS=probs, HAS_HIDDEN=hidden is not None,
+            BLOCK_V=min(triton.next_power_of_2(V), max(256, 8192 // KB)),
+            BLOCK_H=min(1024, triton.next_power_of_2(max(H, 1))), LEVEL_B=triton.next_power_of_2(level + 1))
+    return scores_out, input_ids, hidden_out, paths_out

@@ -1,5 +1,6 @@
-"""Triton twin of core/tree.py: build_tree, one program per request, the same arguments and
-outputs (all three mask layouts). SGLang's entry point with the root prepended,
+"""Triton twins of core/tree.py, one program per request: build_tree, the same arguments and
+outputs (all three mask layouts), and organize_draft_results over the draft loop's packed
+candidates (kernels/draft_level.py: DraftBuffers). SGLang's entry point with the root prepended,
 build_tree_kernel_efficient, is spectrace/compat/triton.py's.
 
 No `.item()` and no host-side cumsum: a request's offset into the FULL_MASK layout is summed inside
@@ -15,7 +16,7 @@ import triton.language as tl
 from spectrace.core.tree import TreeMaskMode
 from spectrace.kernels import check
 
-__all__ = ["build_tree"]
+__all__ = ["build_tree", "organize_draft_results"]
 
 
 @triton.jit
@@ -104,3 +105,42 @@ def build_tree(parent_list, top_scores_index, seq_lens, topk: int, num_verify_to
                                   MODE=int(mode), BLOCK=triton.next_power_of_2(n),
                                   BS_BLOCK=triton.next_power_of_2(bs))
     return tree_mask, positions, retrive_index, retrive_next_token, retrive_next_sibling
+
+
+@triton.jit
+def _organize_kernel(scores, tokens, roots, top_scores_index, draft_tokens, C, n: tl.constexpr,
+                     BLOCK_C: tl.constexpr):
+    b = tl.program_id(0)
+    j = tl.arange(0, BLOCK_C)
+    x = tl.load(scores + b * C + j, mask=j < C, other=float("-inf"))
+    kept = j < 0
+    prev_v = float("inf")
+    prev_j = -1
+    for _ in tl.static_range(n - 1):  # the best remaining candidate in (score desc, index asc) order: a stable sort's
+        after = (j < C) & ((x < prev_v) | ((x == prev_v) & (j > prev_j)))
+        prev_v = tl.max(tl.where(after, x, float("-inf")), axis=0)
+        prev_j = tl.min(tl.where(after & (x == prev_v), j, 2147483647), axis=0)
+        kept = kept | (j == prev_j)
+    slot = tl.cumsum(kept.to(tl.int32), axis=0) - 1  # by candidate index
+    tl.store(top_scores_index + b * (n - 1) + slot, j.to(tl.int64), mask=kept)
+    tl.store(draft_tokens + b * n + 1 + slot, tl.load(tokens + b * C + j, mask=kept), mask=kept)
+    tl.store(draft_tokens + b * n, tl.load(roots + b))
+
+
+def organize_draft_results(scores: torch.Tensor, tokens: torch.Tensor, roots: torch.Tensor, num_draft_token: int):
+    """core/tree.py: organize_draft_results over candidates already packed (scores, tokens (bs, C)
+    in flat candidate order): the n-1 best path scores, ties to the lower candidate index, re-sorted
+    by candidate index. -> (top_scores_index (bs, n-1), draft_tokens (bs, n), the root first)."""
+    bs, C = scores.shape
+    n, device = num_draft_token, scores.device
+    check("scores", scores, torch.float32, (bs, C))
+    check("tokens", tokens, torch.int64, (bs, C), device)
+    check("roots", roots, torch.int64, (bs,), device)
+    if not 1 <= n - 1 <= C:
+        raise ValueError(f"{n - 1} draft tokens cannot be chosen from {C} candidates")
+    top_scores_index = torch.empty(bs, n - 1, dtype=torch.int64, device=device)
+    draft_tokens = torch.empty(bs, n, dtype=torch.int64, device=device)
+    if bs:
+        _organize_kernel[(bs,)](scores, tokens, roots, top_scores_index, draft_tokens, C, n=n,
+                                BLOCK_C=triton.next_power_of_2(C))
+    return top_scores_index, draft_tokens

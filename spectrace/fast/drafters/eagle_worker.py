@@ -3,10 +3,11 @@ EAGLE-3 and NEXTN/MTP heads and the standalone draft LM, drafting over a draft K
 
     DRAFT          core's draft_forward over the scratch KV (fast/batch.py: scratch_batch): level
                    i's K paths each write scratch column k * (num_steps - 1) + i after the
-                   committed draft KV and read that KV and their own path's columns; for greedy
-                   drafts with nothing kept of q, each level's selection is one Triton program per
-                   request (kernels/draft_level.py); then build_draft_tree (organize_draft_results,
-                   the Triton build_tree, what the sampling rules and the trace keep)
+                   committed draft KV and read that KV and their own path's columns; then
+                   build_draft_tree (organize_draft_results, the Triton build_tree, what the
+                   sampling rules and the trace keep). Greedy drafts with nothing kept of q run
+                   fused_draft_forward instead: each level's selection is one Triton program per
+                   request (kernels/draft_level.py), and the tree two (build_fused_tree)
     DRAFT_EXTEND   the step's accept_tokens padded to num_steps + 1 per request (causal: a real
                    row never sees a padding row), as SGLang's draft-extend graph runs them
 """
@@ -16,13 +17,15 @@ import torch
 import torch.nn.functional as F
 
 from spectrace.core.drafters import SampledDrafts
-from spectrace.core.drafters.eagle_worker import DraftLevels, draft_forward, level_tensors, propose_children
-from spectrace.core.tree import TreeMaskMode, organize_draft_results, select_top_k_tokens
-from spectrace.fast.batch import extend_batch, ramp, scratch_batch
+from spectrace.core.drafters.eagle_worker import DraftLevels, draft_forward, level_tensors
+from spectrace.core.tree import TreeMaskMode, organize_draft_results
+from spectrace.fast.batch import extend_batch, ramp, scratch_batch, scratch_slots
 from spectrace.fast.kv import StaticKV
 from spectrace.fast.tree import DeviceTree
-from spectrace.kernels.draft_level import select_level
+from spectrace.kernels.commit import commit_draft_state
+from spectrace.kernels.draft_level import DraftBuffers, select_level
 from spectrace.kernels.tree import build_tree
+from spectrace.kernels.tree import organize_draft_results as organize_buffers
 
 
 def build_draft_tree(levels: DraftLevels, roots: torch.Tensor, seq_lens: torch.Tensor, topk: int, n: int,
@@ -59,26 +62,33 @@ def can_fuse(drafter) -> bool:
     return not (drafter.sampled or drafter.keep_q or drafter.trace_topk is not None or drafter.temperature != 1.0)
 
 
-def fused_draft_forward(forward, probs, hidden_states, num_steps: int, topk: int) -> DraftLevels:
-    """core's draft_forward for greedy drafts with nothing kept of q: level i >= 1's softmax, top-K,
+def fused_draft_forward(forward, first: torch.Tensor, hidden_states, num_steps: int, topk: int,
+                        probs: bool) -> DraftBuffers:
+    """core's draft_forward for greedy drafts with nothing kept of q: every level's softmax, top-K,
     path scores, K-of-K*K select and path bookkeeping as one Triton program per request
-    (kernels/draft_level.py). forward(i, input_ids, hidden_states, paths) runs the draft model over
-    level i's kept paths (paths (bs, K, i + 1): their scratch columns) and returns (logits (bs*K, V)
-    float32, hidden_states). Leaves score_list, token_list and parents_list, what
-    organize_draft_results reads."""
-    K, levels = topk, DraftLevels()
-    topk_p, topk_index, _ = propose_children(probs, K, None)
-    input_ids, hidden_states, scores, tree_info = select_top_k_tokens(0, topk_p, topk_index, hidden_states, None, K)
-    paths = ramp(K, num_steps - 1, probs.device).view(1, K, 1).expand(scores.shape[0], K, 1)
-    for i in range(num_steps):
-        levels.score_list.append(tree_info[0])
-        levels.token_list.append(tree_info[1])
-        levels.parents_list.append(tree_info[2])
-        if i == num_steps - 1:
-            return levels
+    (kernels/draft_level.py), its candidates written straight into one step's DraftBuffers.
+    first (bs, V): the draft's q after each root (probs=True) or its logits; forward(i, input_ids,
+    hidden_states, paths) runs the draft model over level i's kept paths (paths (bs, K, i + 1):
+    their scratch columns) and returns (logits (bs*K, V), hidden_states or None)."""
+    buffers = DraftBuffers.empty(first.shape[0], topk, num_steps, first.device)
+    scores, input_ids, hidden_states, paths = select_level(first, None, None, hidden_states, 0, num_steps, buffers,
+                                                           probs)
+    for i in range(num_steps - 1):
         logits, h = forward(i, input_ids, hidden_states, paths)
-        tree_info, scores, input_ids, rows, paths = select_level(logits, scores, paths, i + 1, num_steps)
-        hidden_states = h[rows] if h is not None else None
+        scores, input_ids, hidden_states, paths = select_level(logits, scores, paths, h, i + 1, num_steps, buffers)
+    return buffers
+
+
+def build_fused_tree(buffers: DraftBuffers, roots: torch.Tensor, seq_lens: torch.Tensor, topk: int,
+                     n: int) -> DeviceTree:
+    """build_draft_tree over fused_draft_forward's buffers: organize_draft_results and build_tree,
+    two Triton programs per request."""
+    bs = roots.shape[0]
+    top_scores_index, draft_tokens = organize_buffers(buffers.scores, buffers.tokens, roots, n)
+    tree_mask, positions, retrive_index, retrive_next_token, retrive_next_sibling = build_tree(
+        buffers.parents, top_scores_index, seq_lens, topk, n, TreeMaskMode.QLEN_ONLY)
+    return DeviceTree(draft_tokens, positions.view(bs, n), tree_mask.view(bs, n, n), retrive_index,
+                      retrive_next_token, retrive_next_sibling)
 
 
 class EagleWorker:
@@ -129,36 +139,40 @@ class EagleWorker:
         self.kv.seq_lens.copy_(lens)
 
     def draft(self, roots, seq_lens, num_steps, num_draft_tokens, randoms) -> DeviceTree:
-        levels = self.fused_draft_levels(num_steps) if can_fuse(self) else self.draft_levels(num_steps, randoms)
+        positions, slots = scratch_slots(self.kv, num_steps, self.topk)
+
+        def forward(i, input_ids, hidden_states, paths):  # level i over its kept paths' scratch columns
+            return self.forward(scratch_batch(self.kv, input_ids, positions[i], slots[i], paths), hidden_states)
+
+        hidden = self.last_hidden if self.is_head else None
+        if can_fuse(self):
+            def logits_forward(*level):
+                h = forward(*level)
+                return self.logits(h), h if self.is_head else None
+
+            buffers = fused_draft_forward(logits_forward, self.next_probs, hidden, num_steps, self.topk, probs=True)
+            return build_fused_tree(buffers, roots, seq_lens, self.topk, num_draft_tokens)
+        levels = self.draft_levels(forward, hidden, num_steps, randoms)
         return build_draft_tree(levels, roots, seq_lens, self.topk, num_draft_tokens, self.keep_q, self.trace_topk)
 
-    def fused_draft_levels(self, num_steps) -> DraftLevels:
-        def forward(i, input_ids, hidden_states, paths):
-            h = self.forward(scratch_batch(self.kv, input_ids, i, paths), hidden_states)
-            return self.logits(h), h if self.is_head else None
-
-        return fused_draft_forward(forward, self.next_probs, self.last_hidden if self.is_head else None, num_steps,
-                                   self.topk)
-
-    def draft_levels(self, num_steps, randoms) -> DraftLevels:
+    def draft_levels(self, forward, hidden, num_steps, randoms) -> DraftLevels:
         """core's draft_forward, its forward over the scratch KV: every level's q kept (sampled
         drafts, --record-probs, the trace)."""
         K, bs = self.topk, self.next_probs.shape[0]
-        own = (torch.arange(K, device=self.next_probs.device) * (num_steps - 1)).view(1, K, 1).expand(bs, K, 1)
+        own = ramp(K, num_steps - 1, self.next_probs.device).view(1, K, 1).expand(bs, K, 1)
         paths = []  # the scratch columns of each kept path's nodes, (bs, K, level + 1)
 
-        def forward(i, input_ids, hidden_states, parents):
+        def probs_forward(i, input_ids, hidden_states, parents):
             if i == 0:
                 paths.append(own)
             else:  # a kept path extends path (parents // K - 1) % K of level i - 1
                 beam = (parents // K - (1 + K * (i - 1)))[..., None].expand(-1, -1, i)
                 paths.append(torch.cat([torch.gather(paths[-1], 1, beam), own + i], dim=2))
-            h = self.forward(scratch_batch(self.kv, input_ids, i, paths[-1]), hidden_states)
+            h = forward(i, input_ids, hidden_states, paths[-1])
             return self.probs(h), h if self.is_head else None
 
         sampled = SampledDrafts(None, randoms.worth if K > 1 else None, iter(randoms.noise)) if self.sampled else None
-        return draft_forward(forward, self.next_probs, self.last_hidden if self.is_head else None, num_steps, K,
-                             sampled)
+        return draft_forward(probs_forward, self.next_probs, hidden, num_steps, K, sampled)
 
     def extend(self, tree, verdict, features, live) -> None:
         bs, E = verdict.accept_tokens.shape
@@ -167,6 +181,5 @@ class EagleWorker:
         batch = extend_batch(kv, verdict.accept_tokens.clamp(min=0).flatten(), cols.flatten(), E)
         h = self.forward(batch, features[verdict.path.flatten()] if self.is_head else None)
         h_last = h[ramp(bs, E, live.device) + verdict.accept_num]  # each request's last accepted row
-        self.next_probs.copy_(torch.where(live[:, None], self.probs(h_last), self.next_probs))
-        self.last_hidden.copy_(torch.where(live[:, None], h_last, self.last_hidden))
-        kv.seq_lens.add_(torch.where(live, verdict.accept_num + 1, 0))
+        commit_draft_state(self.next_probs, self.last_hidden if self.is_head else None, kv.seq_lens,
+                           self.probs(h_last), h_last, verdict.accept_num, live)

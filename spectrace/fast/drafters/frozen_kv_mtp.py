@@ -13,7 +13,7 @@ import torch
 from spectrace.core.drafters import SampledDrafts
 from spectrace.core.drafters.eagle_worker import draft_forward
 from spectrace.core.drafters.frozen_kv_mtp import FrozenKVMtpHead
-from spectrace.fast.drafters.eagle_worker import build_draft_tree, can_fuse, fused_draft_forward
+from spectrace.fast.drafters.eagle_worker import build_draft_tree, build_fused_tree, can_fuse, fused_draft_forward
 from spectrace.fast.kv import StaticKV
 from spectrace.fast.tree import DeviceTree
 
@@ -35,14 +35,13 @@ class FrozenKVMtp:
     def reset(self) -> None:
         pass  # root_feature is rewritten by every prefill
 
-    def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, paths: int):
-        """One assistant pass over `paths` rows per request (input_ids, hidden (bs * paths, ...)),
-        each at its root's position over its prefix: (logits (bs * paths, V), hidden for the next level)."""
+    def forward(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor):
+        """One assistant pass over rows of input_ids and hidden, a request's rows together, each at
+        `positions` (its root's) over its request's prefix: (logits (rows, V), hidden for the next level)."""
         kv = self.target_kv
-        lens = kv.seq_lens.repeat_interleave(paths)  # each row's position (the root's)
         # each row reads its request's committed prefix (decode_attention_fwd's rows form)
         rows = dict(req_to_token=kv.req_to_token, prefix_lens=kv.seq_lens)
-        h, logits = self.head(self.embed(input_ids), hidden, lens, kv, rows)
+        h, logits = self.head(self.embed(input_ids), hidden, positions, kv, rows)
         return logits, h
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
@@ -56,17 +55,18 @@ class FrozenKVMtp:
     def draft(self, roots, seq_lens, num_steps, num_draft_tokens, randoms) -> DeviceTree:
         """The assistant's pass at the root first (it keeps no q between steps), then the loop."""
         K = self.topk
-        logits, hidden = self.forward(roots, self.root_feature, 1)
+        logits, hidden = self.forward(roots, self.root_feature, seq_lens)
+        positions = seq_lens.repeat_interleave(K)  # every level's rows sit at their root's position
         if can_fuse(self):  # each level's selection is one kernel
-            levels = fused_draft_forward(lambda i, input_ids, h, paths: self.forward(input_ids, h, K),
-                                         self.probs(logits), hidden, num_steps, K)
-        else:
-            sampled = SampledDrafts(None, randoms.worth if K > 1 else None, iter(randoms.noise)) if self.sampled else None
+            buffers = fused_draft_forward(lambda i, input_ids, h, paths: self.forward(input_ids, h, positions),
+                                          logits, hidden, num_steps, K, probs=False)
+            return build_fused_tree(buffers, roots, seq_lens, K, num_draft_tokens)
+        sampled = SampledDrafts(None, randoms.worth if K > 1 else None, iter(randoms.noise)) if self.sampled else None
 
-            def forward(i, input_ids, h, parents):
-                logits, h = self.forward(input_ids, h, K)
-                return self.probs(logits), h
-            levels = draft_forward(forward, self.probs(logits), hidden, num_steps, K, sampled)
+        def forward(i, input_ids, h, parents):
+            logits, h = self.forward(input_ids, h, positions)
+            return self.probs(logits), h
+        levels = draft_forward(forward, self.probs(logits), hidden, num_steps, K, sampled)
         return build_draft_tree(levels, roots, seq_lens, K, num_draft_tokens, self.keep_q, self.trace_topk)
 
     def extend(self, tree, verdict, features, live) -> None:
