@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 
 if not torch.cuda.is_available():  # Triton kernels run interpreted on CPU tensors; set before they are defined
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:  # pytest -n: a core per worker, no thrashing
+    torch.set_num_threads(1)
 
 from spectrace.core.drafters.eagle import load_eagle
 from spectrace.core.drafters.eagle3 import load_eagle3
