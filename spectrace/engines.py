@@ -139,8 +139,11 @@ def fast_drafter(target, draft, spec: SpecConfig, kv, committed: int, ngram: Ngr
     fmt, rule, bs = ALGOS[spec.algo].checkpoint, RULES[spec.acceptance], kv.seq_lens.shape[0]
     n, num_steps, topk = spec.num_draft_tokens, spec.max_steps, spec.topk
     trace_topk = spec.trace_topk if recording else None
+    # the fused draft loop (kernels/draft_level.py) breaks near-ties in q its own way, so it drafts
+    # only where the tree cannot change the output (greedy decoding) and nothing records the loop
+    fused = spec.sampling.greedy and not (rule.samples_drafts or record_probs or recording)
     sampling = dict(sampled=rule.samples_drafts, keep_q=rule.samples_drafts or record_probs, trace_topk=trace_topk,
-                    temperature=spec.temperature if rule.samples_drafts else 1.0)
+                    temperature=spec.temperature if rule.samples_drafts else 1.0, fused=fused)
     if spec.algo == "ngram":
         return Ngram(ngram.drafter(num_steps, n, target.config.max_position_embeddings, "cpu"), bs, n,
                      kv.seq_lens.device)

@@ -207,3 +207,17 @@ def test_typical_on_the_device_walks_as_the_explicit_walk_with_ties():
         index, num, bonus = fast_typical.typical_walk(p[None], torch.tensor([candidates]), mask[None],
                                                       positions.view(1, n), coin.view(1), depth + 1)
         assert (index[0, :int(num[0]) + 1].tolist(), int(bonus[0])) == (want.accept_nodes, want.bonus_token)
+
+
+@pytest.mark.parametrize("temperature,recording,fused", [(0.0, False, True), (0.0, True, False), (1.0, False, False)])
+def test_only_greedy_runs_that_record_nothing_draft_through_the_fused_loop(target, drafters, temperature, recording,
+                                                                           fused):
+    """The fused loop breaks near-ties in q by the lowest token id, the explicit one as torch.topk
+    does: a sampled run's tree, and so its tokens, must not depend on whether a trace is kept."""
+    from spectrace.engines import build_engine
+    from spectrace.run import resolve
+
+    spec, options = resolve(RunConfig(algo="eagle", topk=4, temperature=temperature, seed=1))
+    engine = build_engine(target, drafters["eagle"], spec, [[1, 2, 3]], (0,), backend="fast",
+                          on_step=(lambda rec: None) if recording else None, **options)
+    assert engine.drafter.fused is fused

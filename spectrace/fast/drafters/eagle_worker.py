@@ -5,7 +5,7 @@ EAGLE-3 and NEXTN/MTP heads and the standalone draft LM, drafting over a draft K
                    i's K paths each write scratch column k * (num_steps - 1) + i after the
                    committed draft KV and read that KV and their own path's columns; then
                    build_draft_tree (organize_draft_results, the Triton build_tree, what the
-                   sampling rules and the trace keep). Greedy drafts with nothing kept of q run
+                   sampling rules and the trace keep). Greedy runs that record nothing run
                    fused_draft_forward instead: each level's selection is one Triton program per
                    request (kernels/draft_level.py), and the tree two (build_fused_tree)
     DRAFT_EXTEND   the step's accept_tokens padded to num_steps + 1 per request (causal: a real
@@ -56,15 +56,9 @@ def build_draft_tree(levels: DraftLevels, roots: torch.Tensor, seq_lens: torch.T
     return tree
 
 
-def can_fuse(drafter) -> bool:
-    """Greedy drafts at T = 1 with nothing kept of q (no sampling rule, no --record-probs, no
-    trace): the draft loop can run fused_draft_forward."""
-    return not (drafter.sampled or drafter.keep_q or drafter.trace_topk is not None or drafter.temperature != 1.0)
-
-
 def fused_draft_forward(forward, first: torch.Tensor, hidden_states, num_steps: int, topk: int,
                         probs: bool) -> DraftBuffers:
-    """core's draft_forward for greedy drafts with nothing kept of q: every level's softmax, top-K,
+    """core's draft_forward for greedy runs that record nothing: every level's softmax, top-K,
     path scores, K-of-K*K select and path bookkeeping as one Triton program per request
     (kernels/draft_level.py), its candidates written straight into one step's DraftBuffers.
     first (bs, V): the draft's q after each root (probs=True) or its logits; forward(i, input_ids,
@@ -99,12 +93,13 @@ class EagleWorker:
     on_host = False
 
     def __init__(self, model, target, is_head: bool, bs: int, columns: int, topk: int, sampled: bool, keep_q: bool,
-                 trace_topk: int | None, temperature: float = 1.0):
+                 trace_topk: int | None, temperature: float = 1.0, fused: bool = False):
         self.model, self.target, self.is_head = model, target, is_head
         self.capture_layers = model.capture_layers if is_head else ()
         self.kv = StaticKV(model, bs, columns)
         self.topk, self.sampled, self.keep_q, self.trace_topk = topk, sampled, keep_q, trace_topk
         self.temperature = temperature  # q = softmax(logits / T): the run's T when drafts are sampled
+        self.fused = fused  # fused_draft_forward (engines.py: fast_drafter says when)
         device, dtype = target.lm_head.weight.device, target.lm_head.weight.dtype
         self.next_probs = torch.zeros(bs, target.config.vocab_size, device=device)  # q after the root
         self.last_hidden = torch.zeros(bs, model.config.hidden_size, dtype=dtype, device=device)
@@ -145,7 +140,7 @@ class EagleWorker:
             return self.forward(scratch_batch(self.kv, input_ids, positions[i], slots[i], paths), hidden_states)
 
         hidden = self.last_hidden if self.is_head else None
-        if can_fuse(self):
+        if self.fused:
             def logits_forward(*level):
                 h = forward(*level)
                 return self.logits(h), h if self.is_head else None

@@ -13,7 +13,7 @@ import torch
 from spectrace.core.drafters import SampledDrafts
 from spectrace.core.drafters.eagle_worker import draft_forward
 from spectrace.core.drafters.frozen_kv_mtp import FrozenKVMtpHead
-from spectrace.fast.drafters.eagle_worker import build_draft_tree, build_fused_tree, can_fuse, fused_draft_forward
+from spectrace.fast.drafters.eagle_worker import build_draft_tree, build_fused_tree, fused_draft_forward
 from spectrace.fast.kv import StaticKV
 from spectrace.fast.tree import DeviceTree
 
@@ -24,10 +24,11 @@ class FrozenKVMtp:
     on_host = False
 
     def __init__(self, head: FrozenKVMtpHead, target, target_kv: StaticKV, topk: int, sampled: bool, keep_q: bool,
-                 trace_topk: int | None, temperature: float = 1.0):
+                 trace_topk: int | None, temperature: float = 1.0, fused: bool = False):
         self.head, self.embed, self.target_kv = head, target.model.embed_tokens, target_kv
         self.topk, self.sampled, self.keep_q, self.trace_topk = topk, sampled, keep_q, trace_topk
         self.temperature = temperature  # q = softmax(logits / T): the run's T when drafts are sampled
+        self.fused = fused  # fused_draft_forward (engines.py: fast_drafter says when)
         bs = target_kv.seq_lens.shape[0]
         self.root_feature = torch.zeros(bs, target.config.hidden_size, dtype=target.lm_head.weight.dtype,
                                 device=target.lm_head.weight.device)  # (bs, H_t) the root's feature
@@ -57,7 +58,7 @@ class FrozenKVMtp:
         K = self.topk
         logits, hidden = self.forward(roots, self.root_feature, seq_lens)
         positions = seq_lens.repeat_interleave(K)  # every level's rows sit at their root's position
-        if can_fuse(self):  # each level's selection is one kernel
+        if self.fused:  # each level's selection is one kernel
             buffers = fused_draft_forward(lambda i, input_ids, h, paths: self.forward(input_ids, h, positions),
                                           logits, hidden, num_steps, K, probs=False)
             return build_fused_tree(buffers, roots, seq_lens, K, num_draft_tokens)
