@@ -16,23 +16,33 @@ draft_level = pytest.importorskip("spectrace.kernels.draft_level")
 tree_kernels = pytest.importorskip("spectrace.kernels.tree")
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(bs=st.integers(1, 3), K=st.integers(1, 5), level=st.integers(0, 4), V=st.integers(16, 700),
-       seed=st.integers(0, 2**16), masked=st.booleans(), given_probs=st.booleans())
-def test_a_fused_level_selects_what_core_selects(bs, K, level, V, seed, masked, given_probs):
+       seed=st.integers(0, 2**16), vocab=st.sampled_from(["target", "masked", "mapped"]), given_probs=st.booleans())
+def test_a_fused_level_selects_what_core_selects(bs, K, level, V, seed, vocab, given_probs):
+    """vocab: the draft's logits over the target's vocabulary; EAGLE-3's over it, -inf outside its
+    own (what core's Eagle3Head.compute_logits gives); or over its own only, with the map."""
     gen = torch.Generator().manual_seed(seed)
     num_steps, R = level + 2, 1 if level == 0 else K  # R rows of logits a request: the root's, or K paths'
     logits = torch.randn(bs * R, V, generator=gen) * 3
-    if masked:  # EAGLE-3's logits: -inf outside its draft vocabulary
-        logits[:, torch.randperm(V, generator=gen)[:V // 3]] = float("-inf")
+    token_map = None
+    if vocab != "target":  # EAGLE-3: a third of the target's tokens are not in the draft's vocabulary
+        token_map = torch.randperm(V, generator=gen)[V // 3:].sort().values  # hot_token_id, ascending
+        own = logits[:, token_map]
+        logits = torch.full_like(logits, float("-inf"))
+        logits[:, token_map] = own
     probs = torch.softmax(logits, dim=-1)
     scores = torch.rand(bs, K, generator=gen) if level else None
     paths = torch.randint(0, K * (num_steps - 1), (bs, K, level), generator=gen) if level else None
     hidden = torch.randn(bs * R, 3, generator=gen)
     buffers = draft_level.DraftBuffers.empty(bs, K, num_steps, "cpu")
 
+    src = probs if given_probs else logits
+    if vocab == "mapped":  # the columns of the draft's own vocabulary only
+        src = src[:, token_map].contiguous()
     kept, input_ids, new_hidden, new_paths = draft_level.select_level(
-        probs if given_probs else logits, scores, paths, hidden, level, num_steps, buffers, probs=given_probs)
+        src, scores, paths, hidden, level, num_steps, buffers, probs=given_probs,
+        token_map=token_map if vocab == "mapped" else None)
 
     topk_p, topk_index, _ = propose_children(probs, K, None)
     want_ids, want_hidden, want_scores, want_info = select_top_k_tokens(level, topk_p, topk_index, hidden, scores, K)

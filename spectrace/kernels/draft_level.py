@@ -40,10 +40,10 @@ def _next_pick(x, j, prev_v, prev_i):
 
 
 @triton.jit
-def _select_level_kernel(src, scores, paths, hidden, score_buf, token_buf, parent_buf, scores_out, input_ids_out,
+def _select_level_kernel(src, token_map, scores, paths, hidden, score_buf, token_buf, parent_buf, scores_out, input_ids_out,
                          hidden_out, paths_out, stride_pb, stride_pk, V, H, level, num_steps, cand_off, C, P,
                          K: tl.constexpr, KB: tl.constexpr, R: tl.constexpr, FIRST: tl.constexpr, PROBS: tl.constexpr,
-                         HAS_HIDDEN: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
+                         TOKEN_MAP: tl.constexpr, HAS_HIDDEN: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
                          LEVEL_B: tl.constexpr):
     b = tl.program_id(0)
     k = tl.arange(0, KB)  # rows of src per request: R, the root's (level 0) or the K kept paths'
@@ -81,6 +81,10 @@ def _select_level_kernel(src, scores, paths, hidden, score_buf, token_buf, paren
         q = best_v if PROBS else tl.exp(best_v - m) / s
         top_q = tl.where(c == p, q[:, None], top_q)
         prev_v, prev_i = best_v, best_i
+    if TOKEN_MAP:  # column j of src is the head's own token j, target token token_map[j] (EAGLE-3)
+        top_t = tl.load(token_map + top_i, mask=k_ok[:, None] & (c < K) & (top_i < V), other=0)
+    else:
+        top_t = top_i.to(tl.int64)
     # path scores of the R*K children, candidate e = k * K + c, stored at cand_off + e; the K best
     if FIRST:
         prev_scores = tl.where(k == 0, 1.0, 0.0)  # the root's path score
@@ -92,7 +96,7 @@ def _select_level_kernel(src, scores, paths, hidden, score_buf, token_buf, paren
     e = tl.where(ok, k[:, None] * K + c, 2147483647)
     cand = tl.where(ok, expand, float("-inf"))
     tl.store(score_buf + b * C + cand_off + e, expand, mask=ok)
-    tl.store(token_buf + b * C + cand_off + e, top_i.to(tl.int64), mask=ok)
+    tl.store(token_buf + b * C + cand_off + e, top_t, mask=ok)
     sel_v = float("inf")
     sel_e = -1
     steps = num_steps - 1  # scratch columns per path
@@ -105,8 +109,8 @@ def _select_level_kernel(src, scores, paths, hidden, score_buf, token_buf, paren
         beam = sel_e // K
         tl.store(scores_out + b * K + p, sel_v)
         tl.store(parent_buf + b * P + 1 + level * K + p, (sel_e + cand_off).to(tl.int64))
-        token = tl.sum(tl.sum(tl.where(e == sel_e, top_i, 0), axis=1), axis=0)
-        tl.store(input_ids_out + b * K + p, token.to(tl.int64))
+        token = tl.sum(tl.sum(tl.where(e == sel_e, top_t, 0), axis=1), axis=0)
+        tl.store(input_ids_out + b * K + p, token)
         if HAS_HIDDEN:  # the kept path continues from its beam's hidden row
             for start in range(0, H, BLOCK_H):
                 h = start + tl.arange(0, BLOCK_H)
@@ -137,11 +141,15 @@ class DraftBuffers:
 
 
 def select_level(src: torch.Tensor, scores: torch.Tensor | None, paths: torch.Tensor | None,
-                 hidden: torch.Tensor | None, level: int, num_steps: int, buffers: DraftBuffers, probs: bool = False):
+                 hidden: torch.Tensor | None, level: int, num_steps: int, buffers: DraftBuffers, probs: bool = False,
+                 token_map: torch.Tensor | None = None):
     """Level `level` of the draft loop for greedy drafts. src: the draft's logits (or, probs=True,
     its q) after each kept path, (bs*K, V), or after each root at level 0, (bs, V); scores (bs, K)
     the kept paths' path scores and paths (bs, K, level) their scratch columns (None at level 0);
-    hidden: the rows the draft forward returned, one per row of src (None: a draft LM).
+    hidden: the rows the draft forward returned, one per row of src (None: a draft LM); token_map
+    (V,): the target token of each column of src, where the draft has a vocabulary of its own
+    (EAGLE-3's hot_token_id: its softmax over those columns is the target-vocabulary softmax with
+    every other token at -inf); None: columns are token ids.
     Writes the level's candidates into `buffers`; returns the kept scores (bs, K), the next input
     ids (bs*K,), the hidden rows they continue from (bs*K, H) or None, and the kept paths'
     scratch columns (bs, K, level + 1), each path's own last (p * (num_steps - 1) + level)."""
@@ -157,6 +165,8 @@ def select_level(src: torch.Tensor, scores: torch.Tensor | None, paths: torch.Te
             paths = paths.contiguous()
     if hidden is not None:
         check("hidden", hidden, None, (bs * R, None), device)
+    if token_map is not None:
+        check("token_map", token_map, torch.int64, (V,), device)
     scores_out = torch.empty(bs, K, dtype=torch.float32, device=device)
     input_ids = torch.empty(bs * K, dtype=torch.int64, device=device)
     hidden_out = torch.empty(bs * K, hidden.shape[1], dtype=hidden.dtype, device=device) if hidden is not None else None
@@ -166,12 +176,13 @@ def select_level(src: torch.Tensor, scores: torch.Tensor | None, paths: torch.Te
         H = hidden.shape[1] if hidden is not None else 0
         placeholder = buffers.parents  # for the pointers a level does not read
         _select_level_kernel[(bs,)](
-            src, scores if level else placeholder, paths if level else placeholder,
+            src, token_map if token_map is not None else placeholder, scores if level else placeholder, paths if level else placeholder,
             hidden if hidden is not None else placeholder, buffers.scores, buffers.tokens, buffers.parents,
             scores_out, input_ids, hidden_out if hidden is not None else placeholder, paths_out,
             paths.stride(0) if level else 0, paths.stride(1) if level else 0, V, H, level, num_steps,
             0 if level == 0 else K + (level - 1) * K * K, C, buffers.parents.shape[1],
-            K=K, KB=KB, R=R, FIRST=level == 0, PROBS=probs, HAS_HIDDEN=hidden is not None,
+            K=K, KB=KB, R=R, FIRST=level == 0, PROBS=probs, TOKEN_MAP=token_map is not None,
+            HAS_HIDDEN=hidden is not None,
             BLOCK_V=min(triton.next_power_of_2(V), max(256, 8192 // KB)),
             BLOCK_H=min(1024, triton.next_power_of_2(max(H, 1))), LEVEL_B=triton.next_power_of_2(level + 1))
     return scores_out, input_ids, hidden_out, paths_out

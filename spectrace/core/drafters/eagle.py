@@ -36,9 +36,15 @@ class DraftHead(nn.Module, KVCacheOwner):
         """What the next tree level is fed: the layer output as is."""
         return h
 
-    def compute_logits(self, h: torch.Tensor, target_lm_head: nn.Module) -> torch.Tensor:
-        """(N, target vocab) draft logits of what `forward` returned: the target's lm_head."""
+    vocab_ids: torch.Tensor | None = None  # target id of each id of the head's own vocabulary; None: the target's
+
+    def vocab_logits(self, h: torch.Tensor, target_lm_head: nn.Module) -> torch.Tensor:
+        """(N, the head's vocab) float32 draft logits of what `forward` returned: the target's lm_head."""
         return target_lm_head(h).float()
+
+    def compute_logits(self, h: torch.Tensor, target_lm_head: nn.Module) -> torch.Tensor:
+        """(N, target vocab) draft logits: vocab_logits over the target's vocabulary."""
+        return self.vocab_logits(h, target_lm_head)
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, kv: KVCache, features: torch.Tensor) -> torch.Tensor:

@@ -70,8 +70,15 @@ class Eagle3Head(DraftHead):
         emb = self.midlayer.input_layernorm(self.embed_tokens(input_ids))
         return torch.cat([emb, self.midlayer.hidden_norm(h)], dim=-1), h
 
+    @property
+    def vocab_ids(self) -> torch.Tensor:
+        return self.hot_token_id
+
+    def vocab_logits(self, h, target_lm_head=None):
+        return self.lm_head(self.norm(h)).float()  # (..., draft vocab)
+
     def compute_logits(self, h, target_lm_head=None):
-        draft_logits = self.lm_head(self.norm(h)).float()  # (..., draft vocab)
+        draft_logits = self.vocab_logits(h)
         logits = draft_logits.new_full((*h.shape[:-1], self.config.vocab_size), float("-inf"))
         logits[..., self.hot_token_id] = draft_logits
         return logits

@@ -57,19 +57,21 @@ def build_draft_tree(levels: DraftLevels, roots: torch.Tensor, seq_lens: torch.T
 
 
 def fused_draft_forward(forward, first: torch.Tensor, hidden_states, num_steps: int, topk: int,
-                        probs: bool) -> DraftBuffers:
+                        probs: bool, token_map: torch.Tensor | None = None) -> DraftBuffers:
     """core's draft_forward for greedy runs that record nothing: every level's softmax, top-K,
     path scores, K-of-K*K select and path bookkeeping as one Triton program per request
     (kernels/draft_level.py), its candidates written straight into one step's DraftBuffers.
     first (bs, V): the draft's q after each root (probs=True) or its logits; forward(i, input_ids,
     hidden_states, paths) runs the draft model over level i's kept paths (paths (bs, K, i + 1):
-    their scratch columns) and returns (logits (bs*K, V), hidden_states or None)."""
+    their scratch columns) and returns (logits (bs*K, V), hidden_states or None); token_map: the
+    target token of each column of those logits, where the draft has its own vocabulary (EAGLE-3)."""
     buffers = DraftBuffers.empty(first.shape[0], topk, num_steps, first.device)
     scores, input_ids, hidden_states, paths = select_level(first, None, None, hidden_states, 0, num_steps, buffers,
                                                            probs)
     for i in range(num_steps - 1):
         logits, h = forward(i, input_ids, hidden_states, paths)
-        scores, input_ids, hidden_states, paths = select_level(logits, scores, paths, h, i + 1, num_steps, buffers)
+        scores, input_ids, hidden_states, paths = select_level(logits, scores, paths, h, i + 1, num_steps, buffers,
+                                                               token_map=token_map)
     return buffers
 
 
@@ -100,6 +102,7 @@ class EagleWorker:
         self.topk, self.sampled, self.keep_q, self.trace_topk = topk, sampled, keep_q, trace_topk
         self.temperature = temperature  # q = softmax(logits / T): the run's T when drafts are sampled
         self.fused = fused  # fused_draft_forward (engines.py: fast_drafter says when)
+        self.vocab_ids = model.vocab_ids if is_head else None  # EAGLE-3's draft -> target ids, made once
         device, dtype = target.lm_head.weight.device, target.lm_head.weight.dtype
         self.next_probs = torch.zeros(bs, target.config.vocab_size, device=device)  # q after the root
         self.last_hidden = torch.zeros(bs, model.config.hidden_size, dtype=dtype, device=device)
@@ -141,11 +144,14 @@ class EagleWorker:
 
         hidden = self.last_hidden if self.is_head else None
         if self.fused:
-            def logits_forward(*level):
+            def logits_forward(*level):  # over the draft's own vocabulary: select_level maps it
                 h = forward(*level)
-                return self.logits(h), h if self.is_head else None
+                if not self.is_head:
+                    return self.logits(h), None
+                return self.model.vocab_logits(h, self.target.lm_head), h
 
-            buffers = fused_draft_forward(logits_forward, self.next_probs, hidden, num_steps, self.topk, probs=True)
+            buffers = fused_draft_forward(logits_forward, self.next_probs, hidden, num_steps, self.topk, probs=True,
+                                          token_map=self.vocab_ids)
             return build_fused_tree(buffers, roots, seq_lens, self.topk, num_draft_tokens)
         levels = self.draft_levels(forward, hidden, num_steps, randoms)
         return build_draft_tree(levels, roots, seq_lens, self.topk, num_draft_tokens, self.keep_q, self.trace_topk)
