@@ -127,6 +127,9 @@ for dtype in (torch.float32, torch.bfloat16):
                                  level, 5, buffers)
     draft_level.select_level(torch.randn(bs * 4, 300), torch.rand(bs, 4), torch.zeros(bs, 4, 2, dtype=torch.int64),
                              None, 2, 5, buffers)  # a draft LM: no hidden rows
+    draft_level.select_level(torch.randn(bs * 4, 200, dtype=dtype), torch.rand(bs, 4),
+                             torch.zeros(bs, 4, 2, dtype=torch.int64), torch.randn(bs * 4, 64, dtype=dtype), 2, 5,
+                             buffers, token_map=torch.arange(200) + 100)  # EAGLE-3: its own vocabulary, mapped
     commit.commit_draft_state(torch.rand(bs, 300), torch.randn(bs, 64, dtype=dtype), torch.tensor([3, 5]),
                               torch.rand(bs, 300), torch.randn(bs, 64, dtype=dtype), torch.tensor([1, 0]),
                               torch.tensor([True, False]))
