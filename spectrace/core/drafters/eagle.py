@@ -39,12 +39,13 @@ class DraftHead(nn.Module, KVCacheOwner):
     vocab_ids: torch.Tensor | None = None  # target id of each id of the head's own vocabulary; None: the target's
 
     def vocab_logits(self, h: torch.Tensor, target_lm_head: nn.Module) -> torch.Tensor:
-        """(N, the head's vocab) float32 draft logits of what `forward` returned: the target's lm_head."""
-        return target_lm_head(h).float()
+        """(N, the head's vocab) draft logits of what `forward` returned, in the model's dtype: the
+        target's lm_head."""
+        return target_lm_head(h)
 
     def compute_logits(self, h: torch.Tensor, target_lm_head: nn.Module) -> torch.Tensor:
-        """(N, target vocab) draft logits: vocab_logits over the target's vocabulary."""
-        return self.vocab_logits(h, target_lm_head)
+        """(N, target vocab) float32 draft logits: vocab_logits over the target's vocabulary."""
+        return self.vocab_logits(h, target_lm_head).float()
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, kv: KVCache, features: torch.Tensor) -> torch.Tensor:

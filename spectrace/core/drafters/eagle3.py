@@ -75,10 +75,10 @@ class Eagle3Head(DraftHead):
         return self.hot_token_id
 
     def vocab_logits(self, h, target_lm_head=None):
-        return self.lm_head(self.norm(h)).float()  # (..., draft vocab)
+        return self.lm_head(self.norm(h))  # (..., draft vocab)
 
     def compute_logits(self, h, target_lm_head=None):
-        draft_logits = self.vocab_logits(h)
+        draft_logits = self.vocab_logits(h).float()
         logits = draft_logits.new_full((*h.shape[:-1], self.config.vocab_size), float("-inf"))
         logits[..., self.hot_token_id] = draft_logits
         return logits

@@ -144,10 +144,12 @@ class EagleWorker:
 
         hidden = self.last_hidden if self.is_head else None
         if self.fused:
-            def logits_forward(*level):  # over the draft's own vocabulary: select_level maps it
+            # logits in the model's dtype, over the draft's own vocabulary: select_level reads them
+            # in float32 and maps its picks to target ids
+            def logits_forward(*level):
                 h = forward(*level)
                 if not self.is_head:
-                    return self.logits(h), None
+                    return self.model.lm_head(h), None
                 return self.model.vocab_logits(h, self.target.lm_head), h
 
             buffers = fused_draft_forward(logits_forward, self.next_probs, hidden, num_steps, self.topk, probs=True,
