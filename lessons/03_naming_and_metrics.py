@@ -144,7 +144,7 @@ print(f"n-gram: verify_ct {g['verify_ct']}  τ {g['accept_length']:.4f}  propose
 # 0.7 for a net gain". Which acceptance rate? SGLang's α over a tree of n - 1 nodes can never
 # exceed num_steps / (n - 1), since one path of at most num_steps drafts is accepted: for
 # SGLang's (5, 4, 8) that is 5/7 = 0.714. The walkthrough's run earns τ 2.4 at α 0.21, and the
-# embedded EAGLE over the 8 held-out prompts τ 3.066 at α 0.300 (the README's table). The advice
+# embedded EAGLE over the 8 held-out prompts τ 3.066 at α 0.300 (docs/benchmarks.md). The advice
 # fits a chain's per-position acceptance, not SGLang's tree α.
 
 # %% [markdown]

@@ -35,7 +35,7 @@ from spectrace.zoo.prompts import HELD_OUT_PROMPTS
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-prompts = HELD_OUT_PROMPTS[:1]  # one prompt, 24 tokens, seed 0: README's table is the 8-prompt, 4-seed version
+prompts = HELD_OUT_PROMPTS[:1]  # one prompt, 24 tokens, seed 0: docs/acceptance.md's table is the 8-prompt, 4-seed version
 SETUPS = {  # name -> run options; at temperature 0 every one is greedy
     "tree, target_only (5,4,8)": dict(algo="eagle", topk=4, acceptance="target_only"),
     "sampled tree, tree_rejection (5,4,8)": dict(algo="eagle", topk=4, acceptance="tree_rejection"),
@@ -63,7 +63,7 @@ print("figure:", OUT / "12_tau_vs_temperature.png")
 # %% [markdown]
 # At temperature 0 the two trees are the same greedy tree, so they have the same τ. Above it,
 # one prompt of 24 tokens is a handful of steps, and one seed's luck moves τ by more than the
-# temperature does: read this plot for its shape of work, not its slope. README's "Acceptance
+# temperature does: read this plot for its shape of work, not its slope. docs/acceptance.md's "Acceptance
 # rules" table, 8 held-out prompts and 4 seeds per cell, is the measurement: there sampling spreads
 # p, each draft matches it less often, and τ falls for every rule.
 #

@@ -90,7 +90,7 @@ print(f"{len(trace.steps)} step records: {verified} verify rows, {kept} kept, {v
 # %% [markdown]
 # At batch 1 those rows are nearly free: the GPU is waiting on memory, not arithmetic (lesson 01).
 # As the batch grows the verify becomes compute-bound and the wasted rows start to cost what they
-# compute, the reason speculation pays less at large batch (vLLM §12.6; README's batch-scaling lab
+# compute, the reason speculation pays less at large batch (vLLM §12.6; docs/benchmarks.md's batch-scaling lab
 # measures it on the H200).
 #
 # ## Overlap (000 §10.1-10.2)

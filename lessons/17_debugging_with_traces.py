@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 17 · Debugging with traces: the checklist, and a bug found by it
 #
-# **Objectives.** Work through the seed's debugging checklist with spectrace's tools: acceptance
+# **Objectives.** Work through the ModelRunner section's debugging checklist with spectrace's tools: acceptance
 # (α, τ, per position), the drafter, the cost ratio r, and the invariant that finds most bugs:
 # greedy speculative text must equal plain decoding's. Plant a classic KV bug and find the first
 # step where it bites. Answer the chapter's FAQ from a trace.
@@ -36,8 +36,8 @@ print(f"tau {m['accept_length']:.3f}, alpha {m['accept_rate']:.3f}, per position
 # ## 2. The drafter, and 3. the cost ratio r
 #
 # A better drafter raises τ; a cheaper one lowers r = C_draft / C_verify. The trace carries every
-# phase's time, so the seed's model τ / (1 + r) comes straight from it (on this CPU the times are
-# Python's, so r is far from a GPU's: README's fast-engine section has H200 numbers).
+# phase's time, so the textbook model τ / (1 + r) comes straight from it (on this CPU the times are
+# Python's, so r is far from a GPU's: docs/benchmarks.md has H200 numbers).
 
 # %%
 standalone, _ = run("17_standalone", algo="standalone")

@@ -317,7 +317,7 @@ def model_identity(path: str, model) -> dict:
 def choose_threads(target: CausalLM, device: str) -> int:
     """Intra-op threads for a CPU run. On models this small a matrix product takes microseconds,
     and torch's threads spend longer waking each other than computing, and thrash beside another
-    busy process (README.md: "A first run"). So a small model runs on one thread; a larger one
+    busy process (docs/install.md: "A first run"). So a small model runs on one thread; a larger one
     keeps torch's choice, as does a run whose environment sets OMP_NUM_THREADS."""
     if device == "cpu" and "OMP_NUM_THREADS" not in os.environ and \
             sum(p.numel() for p in target.parameters()) < SMALL_MODEL:

@@ -14,9 +14,9 @@ vLLM (`SpecDecodingStats` and the "SpecDecoding metrics" log line, current form)
     Per-position acceptance rate[i] = accepted_per_pos[i] / num_drafts
 Metrics are computed from step records, so a trace on disk gives the same numbers as the run.
 
-Phase costs (the seed's speed-up model): each decode step's phase times, counted once per step
+Phase costs (the textbook speed-up model, Leviathan et al. 2023): each decode step's phase times, counted once per step
 however many requests it carried; `predicted_speedup(τ, r)` = τ / (1 + r) with r = C_draft /
-C_verify, the seed's approximation (C_extend dropped, one verify taken as one plain decode step).
+C_verify, the textbook approximation (C_extend dropped, one verify taken as one plain decode step).
 """
 from __future__ import annotations
 

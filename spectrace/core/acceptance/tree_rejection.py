@@ -25,7 +25,7 @@ r_j = P(the j-th draw is accepted | the earlier ones were rejected), and the j-t
 accepted path with probability a_j = r_j * prod_{i<j} (1 - r_i). A node's path score is the
 product of a over its path: the expected number of accepted drafts is the sum of those scores,
 so the draft loop's top n-1 by path score is the best tree under that estimate (Sequoia's
-acceptance vector, measured online rather than offline). README.md tells how this rule compares
+acceptance vector, measured online rather than offline). docs/acceptance.md tells how this rule compares
 with the others and with EAGLE's own sampling path.
 """
 from __future__ import annotations
