@@ -40,3 +40,14 @@ def test_readme_quick_start_runs(tmp_path):
                            "--trace", str(tmp_path / "t.jsonl")], capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "t.jsonl").stat().st_size > 0
+
+
+@pytest.mark.parametrize("command", ["run", "replay", "render", "export", "rejudge", "bench"])
+def test_every_flag_of_every_command_is_documented(command):
+    from spectrace.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._subparsers._group_actions[0].choices.items() if a[0] == command)[1]
+    docs = (ROOT / "docs" / "cli.md").read_text() + (ROOT / "docs" / "walkthrough.md").read_text()
+    flags = {s for a in sub._actions for s in a.option_strings if s.startswith("--") and s != "--help"}
+    assert not sorted(f for f in flags if f not in docs)
