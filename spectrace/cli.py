@@ -154,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
                                          "or (bench kernels) the Triton twins against the explicit path")
     bench.add_argument("what", nargs="?", choices=["algos", "kernels"], default="algos")
     _add_run_options(bench)
-    bench.add_argument("--algos", nargs="+", default=["none", "standalone"])
+    bench.add_argument("--algos", nargs="+", default=["none", "standalone"], choices=list(ALGOS), metavar="ALGO",
+                       help=f"algorithms to compare: {', '.join(ALGOS)}")
     bench.add_argument("--repeat", type=int, default=3, help="timed repetitions (best is reported)")
     bench.add_argument("--compare-hf", dest="compare_hf", action="store_true",
                        help="also transformers' generate, assisted generation and prompt lookup on the same prompts")
@@ -204,6 +205,12 @@ def _check_supported(args) -> None:
         # SGLang: topk 1 forces num_draft_tokens = num_steps + 1, with a warning
         print(f"spectrace: warning: topk 1 forces --num-draft-tokens to num_steps + 1 = {args.num_steps + 1}",
               file=sys.stderr)
+    if args.medusa_choices is not None:  # refused where no algorithm reads it, as SGLang refuses mismatched flags
+        from spectrace.run import RunConfig
+
+        algos = args.algos if args.command == "bench" else [args.algo or RunConfig.algo]
+        if "medusa" not in algos:
+            raise UsageError(f"--medusa-choices shapes Medusa's tree; --algo {' '.join(algos)} does not draft one")
     if args.use_rejection:
         if args.acceptance not in (None, "rejection"):
             raise UsageError(f"--speculative-use-rejection-sampling contradicts --acceptance {args.acceptance}")
@@ -365,6 +372,8 @@ def cmd_bench(args) -> int:
         else:  # interpreted: small shapes, to see the table work, not to measure
             bench_kernels(args.device, batch_sizes=(1, 8), vocabs=(4096,), prefix=256, layers=4)
         return 0
+    if args.batch_sizes and min(args.batch_sizes) < 1:
+        raise UsageError(f"--batch-sizes must each be at least 1, not {min(args.batch_sizes)}")
     if args.json and not args.profile:
         raise UsageError("--json writes --profile's numbers: add --profile")
     if args.profile and args.backend != "fast":

@@ -275,7 +275,8 @@ def load_tokenizer(path: str) -> Tokenizer:
 
 def check_model_dir(path: str, flag: str) -> None:
     if not Path(path).is_dir():
-        raise SpectraceError(f"{flag} {path}: no such directory")
+        what = "a file, not a model directory" if Path(path).exists() else "no such directory"
+        raise SpectraceError(f"{flag} {path}: {what}")
     if not (Path(path) / "config.json").is_file():
         raise SpectraceError(f"{flag} {path}: not a Hugging Face model directory (no config.json)")
 

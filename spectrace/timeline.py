@@ -9,12 +9,15 @@
 
 The trace records each phase's duration, not when it began, so the timeline lays the phases end
 to end: what the host did between them (the explicit engine's bookkeeping, the fast engine's
-overlap) is not on it. Torch-free, like every reader of traces.
+overlap) is not on it. A duration that is not a finite number of milliseconds (NaN, inf, a
+string) has no place on a timeline: its event is left out (CSV: an empty cell), so the JSON stays
+valid (no bare NaN) and the phases after it keep their order. Torch-free, like every reader of traces.
 """
 from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 
 from spectrace.core.trace import Trace
@@ -24,14 +27,22 @@ PREFILL_PHASES = ("prefill", "extend", "draft_extend")  # the target's pass, the
 US_PER_MS = 1000.0
 
 
+def _ms(value) -> float | None:
+    """A recorded duration in ms, or None where it is not a finite number."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
 def perfetto(trace: Trace, name: str) -> dict:
     """The trace-event JSON of a whole trace (process `name`, one thread: the engine)."""
     events = [{"name": "process_name", "ph": "M", "pid": 1, "tid": 1, "args": {"name": name}},
               {"name": "thread_name", "ph": "M", "pid": 1, "tid": 1, "args": {"name": "engine"}}]
     t = 0.0
 
-    def add(phase: str, ms: float, args: dict) -> None:
+    def add(phase: str, ms, args: dict) -> None:
         nonlocal t
+        if (ms := _ms(ms)) is None:
+            return
         events.append({"name": phase, "ph": "X", "ts": round(t, 3), "dur": round(ms * US_PER_MS, 3), "pid": 1,
                        "tid": 1, "args": args})
         t += ms * US_PER_MS
@@ -63,7 +74,8 @@ def csv_rows(trace: Trace) -> list[dict]:
         rows.append({"step": rec["step"], "request": rec["request"], "accept_len": rec["accept_len"],
                      "correct_drafts": " ".join(map(str, rec["correct_drafts"])), "bonus_token": rec["bonus_token"],
                      "batch_size": timing.get("batch_size", ""),
-                     **{f"{phase}_ms": timing.get(phase, "") for phase in PHASES}})
+                     **{f"{phase}_ms": "" if _ms(timing.get(phase)) is None else timing[phase]
+                        for phase in PHASES}})
     return rows
 
 
@@ -71,7 +83,7 @@ def export(trace: Trace, fmt: str, out: Path) -> Path:
     """Write `trace` to `out` as `fmt` (perfetto or csv); returns the path."""
     if fmt == "perfetto":
         name = f"spectrace {trace.header.get('config', {}).get('algo', '')}".strip()
-        out.write_text(json.dumps(perfetto(trace, name)), encoding="utf-8")
+        out.write_text(json.dumps(perfetto(trace, name), allow_nan=False), encoding="utf-8")
         return out
     rows = csv_rows(trace)
     with open(out, "w", newline="", encoding="utf-8") as f:

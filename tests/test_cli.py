@@ -153,6 +153,9 @@ def other_vocab_model(tmp_path):
     (["--top-k", "-2", "--temperature", "1"], "--top-k must be a count"),
     (["--algo", "eagle3", "--draft-model", "EAGLE1"], "is an EAGLE-1 head: use --algo eagle"),
     (["--algo", "eagle", "--draft-model", "MEDUSA"], "holds no model.safetensors"),
+    (["--algo", "eagle", "--medusa-choices", "/nonexistent.json"], "--algo eagle does not draft one"),
+    (["--medusa-choices", "/nonexistent.json"], "--algo standalone does not draft one"),
+    (["--algo", "eagle", "--draft-model", __file__], "a file, not a model directory"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, other_vocab_model, dflash_dir, truncated_dir, args, message):
     from spectrace.zoo import EAGLE_DIR, MODELS_DIR
@@ -163,6 +166,17 @@ def test_bad_input_is_one_line_and_exit_2(capsys, other_vocab_model, dflash_dir,
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and message in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--algos", "none", "foo"], "invalid choice: 'foo'"),
+    (["--batch-sizes", "4", "0"], "--batch-sizes must each be at least 1, not 0"),
+    (["--algos", "none", "eagle", "--medusa-choices", "/nonexistent.json"], "does not draft one"),
+])
+def test_bad_bench_input_is_one_line_and_exit_2_before_any_table(capsys, args, message):
+    code, out, err = _run(capsys, "bench", *args)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and message in err
 
 
 @pytest.fixture(scope="module")

@@ -64,3 +64,32 @@ def test_export_of_a_bad_trace_is_one_line(capsys, tmp_path):
     (tmp_path / "bad.jsonl").write_text("{garbage\n")
     assert main(["export", str(tmp_path / "bad.jsonl"), "-o", str(tmp_path / "t.json")]) == 2
     assert "not a spectrace trace" in capsys.readouterr().err
+
+
+def test_durations_that_are_not_numbers_leave_the_json_valid(tmp_path):
+    """A trace whose timings hold NaN, inf or a string (a clock that failed, a hand-edited file):
+    Perfetto's file stays strict JSON (no bare NaN, which JSON.parse rejects), the bad phases are
+    left out and the rest keep their order; the CSV leaves those cells empty."""
+    lines = TRACE.read_text().splitlines()
+    bad = {"draft": float("nan"), "verify": float("inf"), "accept": "slow"}
+    out_lines, hit = [], 0
+    for line in lines:
+        rec = json.loads(line)
+        if rec.get("type", "step") == "step" and "timing" in rec and hit < 3:
+            rec["timing"].update(bad)
+            hit += 1
+        out_lines.append(json.dumps(rec))
+    bad_trace = tmp_path / "nan.jsonl"
+    bad_trace.write_text("\n".join(out_lines) + "\n")
+    assert hit and main(["export", str(bad_trace), "-o", str(tmp_path / "t.json")]) == 0
+    text = (tmp_path / "t.json").read_text()
+
+    def refuse(token):
+        raise AssertionError(f"bare {token} in the export")
+
+    events = json.loads(text, parse_constant=refuse)["traceEvents"]
+    assert all(isinstance(e.get("dur", 0), (int, float)) for e in events)
+    assert [e["ts"] for e in events if e["ph"] == "X"] == sorted(e["ts"] for e in events if e["ph"] == "X")
+    assert main(["export", str(bad_trace), "--format", "csv", "-o", str(tmp_path / "t.csv")]) == 0
+    rows = list(csv.DictReader((tmp_path / "t.csv").open()))
+    assert any(r["draft_ms"] == "" and r["verify_ms"] == "" and r["accept_ms"] == "" for r in rows)
