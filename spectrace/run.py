@@ -379,8 +379,8 @@ def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = N
         if writer:
             writer.close()
             if not header_written:  # refused before the run began: leave no empty trace behind
-                trace_path.unlink(missing_ok=True)
-            elif probs is not None:  # also when interrupted: the steps recorded so far
+                writer.discard()
+            elif probs is not None and not writer.failed:  # also when interrupted: the steps recorded so far
                 seal(trace_path, probs.save())
     return RunResult(reqs, texts, metrics, trace_path, spec)
 

@@ -262,3 +262,25 @@ def test_python_m_spectrace_and_version_with_a_bare_environment(tmp_path):
                              str(tmp_path / "t.svg")], env=env, capture_output=True, text=True)
     assert render.returncode == 0, render.stderr
     assert (tmp_path / "t.svg").read_text().lstrip().startswith("<?xml")
+
+
+def test_a_trace_that_stops_fitting_ends_at_its_last_whole_step(tmp_path):
+    """A disk that fills mid-run (here a file-size limit, which fails the write as a full disk
+    does): one line naming the cause, exit 2, and a trace readable up to its last whole record."""
+    import resource
+    import signal
+
+    limit = 40_000
+
+    def small_disk():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails (EFBIG) instead of killing us
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    trace = tmp_path / "t.jsonl"
+    done = subprocess.run([sys.executable, "-m", "spectrace", "run", "--algo", "eagle", "--topk", "4", "--no-tui",
+                           "--max-new-tokens", "64", "--trace", str(trace)], capture_output=True, text=True,
+                          preexec_fn=small_disk)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines() == [f"spectrace: error: cannot write trace {trace}: File too large"]
+    assert 0 < trace.stat().st_size <= limit and trace.read_bytes().endswith(b"\n")
+    assert len(read_trace(trace).steps) >= 1

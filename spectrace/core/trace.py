@@ -14,6 +14,7 @@ their text, so a viewer needs neither tokenizer nor model. Reading needs no torc
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,11 +38,13 @@ class TraceWriter:
         self.path = Path(path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._f = open(self.path, "w", encoding="utf-8")
+            self._f = open(self.path, "wb")  # UTF-8 lines, written whole
         except OSError as e:
             raise TraceError(f"cannot write trace {self.path}: {e.strerror}") from None
         self._token_text = token_text
         self._seen: set[int] = set()
+        self._size = 0  # bytes of whole records on disk
+        self.failed = False  # a write failed: the file ends at the last whole record
 
     def _new_tokens(self, ids: Iterable[int]) -> dict[str, str]:
         new = sorted({int(i) for i in ids} - self._seen)
@@ -51,11 +54,41 @@ class TraceWriter:
     def write(self, record: dict, token_ids: Iterable[int] = ()) -> None:
         record = dict(record)
         record["tokens"] = self._new_tokens(token_ids)
-        self._f.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self._f.flush()
+        line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+        try:
+            self._f.write(line)
+            self._f.flush()
+        except OSError as e:
+            self._fail(e)
+        self._size += len(line)
+
+    def _fail(self, e: OSError) -> None:
+        """A record that did not fit (a full disk, say): the file is cut back to the last whole
+        record, so it stays readable up to the last finished step, and the error says why."""
+        self.failed = True
+        try:
+            self._f.close()  # what the buffer still holds cannot be written either
+        except OSError:
+            pass
+        try:
+            os.truncate(self.path, self._size)
+        except OSError:
+            pass  # a device (/dev/full) has no length to cut
+        raise TraceError(f"cannot write trace {self.path}: {e.strerror}") from None
 
     def close(self) -> None:
-        self._f.close()
+        if self.failed:
+            return
+        try:
+            self._f.close()
+        except OSError as e:
+            self._fail(e)
+
+    def discard(self) -> None:
+        """Remove the trace (a run refused before it began): a file only, never a device such as
+        /dev/null that --trace named."""
+        if self.path.is_file():
+            self.path.unlink(missing_ok=True)
 
 
 @dataclass
