@@ -19,7 +19,7 @@ import argparse
 import sys
 
 from spectrace.algos import ALGOS
-from spectrace.errors import SpectraceError
+from spectrace.errors import Interrupted, SpectraceError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -434,8 +434,9 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, SpectraceError, TraceError) as e:
         print(f"spectrace: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("spectrace: interrupted; the trace holds every step finished so far", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        where = f"; {e.trace_path} holds every step finished so far" if isinstance(e, Interrupted) else ""
+        print(f"spectrace: interrupted{where}", file=sys.stderr)
         return 130
 
 

@@ -7,3 +7,11 @@ CLI prints its message as one line on stderr and exits with code 2, never a trac
 
 class SpectraceError(Exception):
     """A problem with the user's input, said in one line."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C after a run's trace was begun: `trace_path` holds every step finished so far."""
+
+    def __init__(self, trace_path):
+        super().__init__(str(trace_path))
+        self.trace_path = trace_path

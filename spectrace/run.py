@@ -37,7 +37,7 @@ from spectrace.core.ngram.trie import TrieConfig
 from spectrace.core.probs import UNSEALED, ProbsRecorder, seal, sidecar_path
 from spectrace.core.trace import SCHEMA, TraceError, TraceWriter
 from spectrace.engines import build_engine, context, lookahead
-from spectrace.errors import SpectraceError
+from spectrace.errors import Interrupted, SpectraceError
 from spectrace.zoo import MODELS_DIR, TARGET_DIR
 from spectrace.zoo.prompts import HELD_OUT_PROMPTS
 
@@ -375,6 +375,10 @@ def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = N
             {"request": r.req_pool_idx, "prompt_ids": r.prompt_ids, "output_ids": r.output_ids,
              "prompt_text": prompts[r.req_pool_idx], "output_text": texts[r.req_pool_idx],
              "finish_reason": r.finish_reason} for r in reqs]}, [t for r in reqs for t in r.output_ids])
+    except KeyboardInterrupt:
+        if writer and header_written:  # the CLI says where the finished steps are
+            raise Interrupted(trace_path) from None
+        raise
     finally:
         if writer:
             writer.close()

@@ -284,3 +284,22 @@ def test_a_trace_that_stops_fitting_ends_at_its_last_whole_step(tmp_path):
     assert done.stderr.strip().splitlines() == [f"spectrace: error: cannot write trace {trace}: File too large"]
     assert 0 < trace.stat().st_size <= limit and trace.read_bytes().endswith(b"\n")
     assert len(read_trace(trace).steps) >= 1
+
+
+@pytest.mark.parametrize("when", ["loading", "generating"])
+def test_ctrl_c_says_where_the_finished_steps_are_only_when_there_are_some(capsys, monkeypatch, tmp_path, when):
+    import spectrace.run
+    from spectrace.core.engine import Engine
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(*((spectrace.run, "load_model") if when == "loading" else (Engine, "generate")), interrupt)
+    trace = tmp_path / "t.jsonl"
+    code, _, err = _run(capsys, "run", "--algo", "eagle", "--no-tui", "--trace", str(trace))
+    assert code == 130 and len(err.strip().splitlines()) == 1
+    if when == "loading":  # no trace was begun: none is left, and none is promised
+        assert err.strip() == "spectrace: interrupted" and not trace.exists()
+    else:
+        assert err.strip() == f"spectrace: interrupted; {trace} holds every step finished so far"
+        assert read_trace(trace).header["config"]["algo"] == "eagle"
