@@ -30,7 +30,7 @@ def test_batch_lab_tau_equals_the_requests_run_alone(tmp_path, monkeypatch, caps
 
 def test_bench_refuses_bad_numbers_in_one_line(capsys):
     for args, message in ((["--repeat", "0"], "--repeat must be at least 1"),
-                          (["--batch-sizes", "0"], "--batch must be at least 1")):
+                          (["--batch-sizes", "0"], "--batch-sizes must each be at least 1, not 0")):
         assert main(["bench", "--algos", "none", "--max-new-tokens", "2", *args]) == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and message in err

@@ -78,3 +78,25 @@ def test_step_records_are_validated(traced_run, tmp_path):
     bad.write_text("\n".join(lines) + "\n")
     with pytest.raises(TraceError, match=f"line {i + 1}: accept_len"):
         read_trace(bad)
+
+
+@pytest.mark.parametrize("edit, message", [
+    # a key twice: json keeps the last one silently, so the record would not say what it seems to
+    (lambda line: line.replace('"accept_len": ', '"accept_len": 1, "accept_len": ', 1), "duplicate key 'accept_len'"),
+    # nesting deeper than the parser recurses (was a RecursionError, and the walkthrough exited 0)
+    (lambda line: line.replace('"accept_tokens": ', '"accept_tokens": ' + "[" * 10_000 + "]" * 10_000 + ', "x": ',
+                               1), "nested too deeply"),
+])
+def test_records_that_json_reads_loosely_are_refused_by_line(traced_run, tmp_path, capsys, edit, message):
+    from spectrace.cli import main
+
+    lines = traced_run.trace_path.read_text().splitlines()
+    i = next(k for k, line in enumerate(lines) if json.loads(line)["kind"] == "step")
+    lines[i] = edit(lines[i])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(lines) + "\n")
+    with pytest.raises(TraceError, match=f"line {i + 1} \\({message}\\)"):
+        read_trace(bad)
+    assert main(["render", str(bad), "--step", "0", "-o", str(tmp_path / "t.svg")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and message in err and "Traceback" not in err

@@ -137,12 +137,40 @@ _TIMING = re.compile(r'"timing": (\{[^{}]*\})')
 _TOKENS = ', "tokens": {'
 
 
+class _RecordError(ValueError):
+    """Why a line is not a record, in a few words."""
+
+
+def _unique_keys(pairs: list) -> dict:
+    seen = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise _RecordError(f"duplicate key {key!r}")
+        seen.add(key)
+    return dict(pairs)
+
+
+def _parse(line: str) -> dict:
+    """One record: a JSON object, no key twice (json would keep the last silently), nested no
+    deeper than Python's parser recurses."""
+    try:
+        rec = json.loads(line, object_pairs_hook=_unique_keys)
+    except _RecordError:
+        raise
+    except RecursionError:
+        raise _RecordError("nested too deeply") from None
+    except ValueError:
+        raise _RecordError("not JSON") from None
+    if not isinstance(rec, dict):
+        raise _RecordError("not a JSON object")
+    return rec
+
+
 def _json_object(line: str):
     try:
-        rec = json.loads(line)
-    except ValueError:
+        return _parse(line)
+    except _RecordError:
         return None
-    return rec if isinstance(rec, dict) else None
 
 
 class TraceFile:
@@ -194,9 +222,10 @@ class TraceFile:
             if line.startswith('{"kind": "step"'):
                 self._index_step(lineno, line)
                 continue
-            rec = _json_object(line)
-            if rec is None:
-                raise TraceError(f"trace {path} is corrupted at line {lineno} (not a JSON object)")
+            try:
+                rec = _parse(line)
+            except _RecordError as e:
+                raise TraceError(f"trace {path} is corrupted at line {lineno} ({e})") from None
             self._add_tokens(rec.get("tokens", {}))
             kind = rec.get("kind")
             if kind == "prefill":
@@ -232,9 +261,12 @@ class TraceFile:
         """The i-th step record of the file, parsed and validated."""
         if i not in self._cache:
             lineno = self.index[i].line
-            rec = _json_object(self._lines[lineno - 1])
-            if rec is None or rec.get("kind") != "step":
-                raise TraceError(f"trace {self.path} is corrupted at line {lineno} (not a JSON object)")
+            try:
+                rec = _parse(self._lines[lineno - 1])
+            except _RecordError as e:
+                raise TraceError(f"trace {self.path} is corrupted at line {lineno} ({e})") from None
+            if rec.get("kind") != "step":
+                raise TraceError(f"trace {self.path} is corrupted at line {lineno} (not a step record)")
             _check_step(rec, lineno)
             if len(self._cache) > 256:  # a viewer walks nearby steps; keep memory flat
                 self._cache.clear()
