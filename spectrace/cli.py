@@ -275,7 +275,9 @@ def cmd_run(args) -> int:
         on_step = progress.step if progress.live and args.backend != "fast" else None
         result = run(_run_config(args, prompts=args.prompt, batch=args.batch, trace=args.trace), on_step,
                      progress.say)
-        if result.trace_path is not None and not args.no_tui and sys.stdin.isatty() and sys.stdout.isatty():
+        from spectrace.viz.tui.app import on_a_terminal
+
+        if result.trace_path is not None and not args.no_tui and on_a_terminal():
             progress.say("opening the walkthrough")
             from spectrace.viz.tui.app import replay
 

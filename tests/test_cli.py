@@ -303,3 +303,27 @@ def test_ctrl_c_says_where_the_finished_steps_are_only_when_there_are_some(capsy
     else:
         assert err.strip() == f"spectrace: interrupted; {trace} holds every step finished so far"
         assert read_trace(trace).header["config"]["algo"] == "eagle"
+
+
+def test_replay_with_stderr_redirected_refuses_instead_of_drawing_into_the_file(monkeypatch):
+    """Textual draws through stderr: `spectrace replay T 2>err.log` drew the whole UI into err.log
+    and left the terminal blank."""
+    import io
+    from pathlib import Path
+
+    from spectrace.errors import SpectraceError
+    from spectrace.viz.tui.app import replay
+
+    class Stream(io.StringIO):
+        def __init__(self, tty):
+            super().__init__()
+            self.tty = tty
+
+        def isatty(self):
+            return self.tty
+
+    monkeypatch.setattr(sys, "stdin", Stream(True))
+    monkeypatch.setattr(sys, "stdout", Stream(True))
+    monkeypatch.setattr(sys, "stderr", Stream(False))
+    with pytest.raises(SpectraceError, match="stdin, stdout and stderr"):
+        replay(Path(__file__).with_name("data") / "walkthrough.jsonl")

@@ -272,13 +272,19 @@ class Walkthrough(App):
         self.push_screen(HelpScreen())
 
 
+def on_a_terminal() -> bool:
+    """Textual reads keys from stdin and draws through stderr (sys.__stderr__); stdout is where a
+    run's summary goes."""
+    return sys.stdin.isatty() and sys.stdout.isatty() and sys.stderr.isatty()
+
+
 def replay(path: str | Path) -> None:
     """Open the walkthrough on a trace file (raises TraceError / SpectraceError for bad input,
     SpectraceError without a terminal: Textual would wait for one forever)."""
     trace = TraceFile(path)
     if not trace.index:
         raise TraceError(f"trace {path} holds no decode steps to replay")
-    if not (sys.stdin.isatty() and sys.stdout.isatty()):
-        raise SpectraceError("the walkthrough needs a terminal (stdin and stdout); without one, draw a step "
-                             f"with: spectrace render {path} --step N -o tree.svg")
+    if not on_a_terminal():
+        raise SpectraceError("the walkthrough needs a terminal on stdin, stdout and stderr (it draws through "
+                             f"stderr); without one, draw a step with: spectrace render {path} --step N -o tree.svg")
     Walkthrough(trace).run()
