@@ -77,3 +77,14 @@ def test_without_a_renderer_the_error_says_how_to_get_one(tmp_path, capsys, monk
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "graphviz-pure" in err
     assert main(["render", str(TRACE), "--step", "0", "-o", str(tmp_path / "x.dot")]) == 0  # DOT needs none
+
+
+@pytest.mark.parametrize("out", ["/proc/spectrace-t.svg", "DIR/t.png"])
+def test_render_where_it_cannot_write_says_so_not_what_graphviz_warns(tmp_path, capsys, out):
+    """The write is tried before Graphviz runs: its first stderr line was a font warning."""
+    if out.startswith("DIR"):  # a directory where the file should be
+        (tmp_path / "t.png").mkdir()
+        out = str(tmp_path / "t.png")
+    assert main(["render", str(TRACE), "--step", "0", "-o", out]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"spectrace: error: cannot write {out}: ") and len(err.strip().splitlines()) == 1

@@ -95,12 +95,16 @@ def write_figure(g: graphviz.Digraph, out: str | Path) -> Path:
         if fmt == "dot":
             out.write_text(g.source, encoding="utf-8")
             return out
+        with open(out, "ab"):  # writable? Graphviz's own message would be its first warning, not this
+            pass
     except OSError as e:
         raise SpectraceError(f"cannot write {out}: {e.strerror}") from None
     dpi = ["-Gdpi=150"] if fmt == "png" else []  # a figure sharp enough for slides
     proc = subprocess.run([renderer(), f"-T{fmt}", *dpi, "-o", str(out)], input=g.source.encode("utf-8"),
                           capture_output=True)
     if proc.returncode != 0:
+        if out.exists() and out.stat().st_size == 0:  # leave no empty figure behind
+            out.unlink()
         msg = proc.stderr.decode("utf-8", "replace").strip().splitlines()
         raise SpectraceError(f"Graphviz failed to render {out}: {msg[0] if msg else 'exit code ' + str(proc.returncode)}")
     return out
