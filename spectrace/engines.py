@@ -10,6 +10,10 @@ model, and the engine that runs them.
 """
 from __future__ import annotations
 
+import os
+
+import torch
+
 from spectrace.algos import ALGOS
 from spectrace.core.acceptance import RULES
 from spectrace.core.drafters.dflash import DFlashDrafter
@@ -20,7 +24,7 @@ from spectrace.core.drafters.ngram import NgramConfig
 from spectrace.core.drafters.standalone import StandaloneDrafter
 from spectrace.core.engine import Engine, SpecConfig
 from spectrace.core.kv import KVCache
-from spectrace.core.model import CausalLM
+from spectrace.core.model import CausalLM, KVCacheOwner
 from spectrace.core.probs import ProbsRecorder
 from spectrace.core.trace import TraceWriter
 from spectrace.errors import SpectraceError
@@ -40,6 +44,30 @@ def scratch_columns(spec: SpecConfig) -> int:
 
 def context(target: CausalLM, draft) -> int:
     return min(m.config.max_position_embeddings for m in (target, draft) if hasattr(m, "config"))  # Medusa has none
+
+
+def available_memory() -> int:
+    """Bytes the system can still give (Linux's MemAvailable: free plus reclaimable caches)."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_memory(target: CausalLM, draft, spec: SpecConfig, requests: int) -> None:
+    """Refuse, before any KV is allocated, a batch whose caches cannot fit: every request is held
+    at full length at once (req_to_token rows, and each model's K and V per slot and layer)."""
+    columns = context(target, draft) + scratch_columns(spec)
+    slots = requests * columns  # the fast engine's static rows; the explicit pool needs no more
+    p = next(target.parameters())
+    per_slot = sum(2 * len(m.layers) * m.config.num_key_value_heads * m.config.head_dim * p.element_size()
+                   for m in (target, draft) if isinstance(m, KVCacheOwner))
+    need = slots * (per_slot + 2 * 8)  # + the int64 req_to_token entries of both caches
+    free = torch.cuda.mem_get_info(p.device)[0] if p.device.type == "cuda" else available_memory()
+    if need > free:
+        raise SpectraceError(f"--batch {requests}: the KV caches would need {need / 2**30:.1f} GiB "
+                             f"on {p.device.type}, where {free / 2**30:.1f} GiB is free")
 
 
 def build_engine(target: CausalLM, draft, spec: SpecConfig, prompt_ids: list[list[int]], eos_token_ids,

@@ -36,7 +36,7 @@ from spectrace.core.model import CausalLM, load_model, weights_digest
 from spectrace.core.ngram.trie import TrieConfig
 from spectrace.core.probs import UNSEALED, ProbsRecorder, seal, sidecar_path
 from spectrace.core.trace import SCHEMA, TraceError, TraceWriter
-from spectrace.engines import build_engine, context, lookahead
+from spectrace.engines import build_engine, check_memory, context, lookahead
 from spectrace.errors import Interrupted, SpectraceError
 from spectrace.zoo import MODELS_DIR, TARGET_DIR
 from spectrace.zoo.prompts import HELD_OUT_PROMPTS
@@ -355,6 +355,7 @@ def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = N
         dtype = cfg.torch_dtype
         target = load_model(cfg.target_model, dtype, cfg.device)
         draft = load_drafter_model(cfg.algo, cfg.draft_path, target, tok, dtype, cfg.device) if cfg.draft_path else None
+        check_memory(target, draft, spec, len(prompts))  # before the prompts are encoded and any KV is sized
         ids = [tok.encode(p) for p in prompts]
         check_prompts(ids, spec, context(target, draft))
         check_topk(spec, target, draft)

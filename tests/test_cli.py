@@ -156,6 +156,7 @@ def other_vocab_model(tmp_path):
     (["--algo", "eagle", "--medusa-choices", "/nonexistent.json"], "--algo eagle does not draft one"),
     (["--medusa-choices", "/nonexistent.json"], "--algo standalone does not draft one"),
     (["--algo", "eagle", "--draft-model", __file__], "a file, not a model directory"),
+    (["--batch", "100000"], "--batch 100000: the KV caches would need"),  # was 33 GB allocated, then a RuntimeError
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, other_vocab_model, dflash_dir, truncated_dir, args, message):
     from spectrace.zoo import EAGLE_DIR, MODELS_DIR
