@@ -25,7 +25,7 @@
 # step (`--algo standalone --topk 1 --num-steps 3`), which the target then checks in one forward.
 
 # %%
-from _lib import OUT, expect, run, screen, tree_figure
+from _lib import OUT, at, expect, run, screen, tree_figure
 
 from spectrace.core.metrics import speedup_model
 from spectrace.core.trace import read_trace
@@ -61,7 +61,7 @@ print(repr(spec.texts[0]))
 # here is its first step (the SVG is in the lesson's output folder).
 
 # %%
-print(screen(spec_trace, [], size=(110, 32), name="01_step0"))
+print(screen(spec_trace, at("ACCEPT"), size=(110, 32), name="01_step0"))
 print("tree of step 0:", tree_figure(spec_trace, 0, "01_step0_tree"))
 
 # %% [markdown]

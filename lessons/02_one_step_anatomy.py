@@ -20,7 +20,7 @@
 # %%
 from collections import Counter
 
-from _lib import expect, screen
+from _lib import at, expect, screen
 
 from spectrace.core.trace import TraceFile, read_trace
 
@@ -52,12 +52,12 @@ print(f"{cfg['resolved_algorithm']} ({cfg['num_steps']}, {cfg['topk']}, {cfg['nu
 # %% [markdown]
 # ## The step, phase by phase
 #
-# The walkthrough opens on step 0 at ACCEPT; `[` goes back a phase. Each screen below is the same
-# step at another phase (their SVGs are in the lesson's output folder).
+# The walkthrough opens on step 0 at DRAFT 1; `]` goes on a phase, `[` back. Each screen below is
+# the same step at another phase (their SVGs are in the lesson's output folder).
 
 # %%
-phases = {"DRAFT 1": ["left_square_bracket"] * 8, "VERIFY": ["left_square_bracket"],
-          "ACCEPT": [], "COMMIT": ["right_square_bracket"], "EXTEND": ["right_square_bracket"] * 2}
+phases = {"DRAFT 1": [], "VERIFY": at("VERIFY"), "ACCEPT": at("ACCEPT"), "COMMIT": at("COMMIT"),
+          "EXTEND": at("EXTEND")}
 for phase, keys in phases.items():
     text = screen(PATH, keys, size=(110, 32), name=f"02_{phase.replace(' ', '_').lower()}")
     if phase in ("VERIFY", "COMMIT"):

@@ -27,7 +27,7 @@
 
 # %%
 import torch
-from _lib import expect, run, screen
+from _lib import at, expect, run, screen
 
 from spectrace.compat.sglang import verify_tree_greedy
 from spectrace.core.trace import read_trace
@@ -95,7 +95,7 @@ first = t.steps[0]
 print("parents", first["draft"]["parents"], " depths", first["draft"]["depths"])
 print("tree mask rows", first["draft"]["tree_mask"])
 print("verify rows", len(first["verify"]["tokens"]), " positions", first["verify"]["positions"])
-print(screen(trace, ["left_square_bracket"], size=(110, 30), name="05_chain_verify"))
+print(screen(trace, at("VERIFY"), size=(110, 30), name="05_chain_verify"))
 
 # %% [markdown]
 # ## Check yourself

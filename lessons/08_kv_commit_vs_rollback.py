@@ -24,7 +24,7 @@
 # target's K/V of all 6 rows is written into the target's pool by that one forward.
 
 # %%
-from _lib import expect, run, screen
+from _lib import at, expect, run, screen
 
 from spectrace.core.trace import read_trace
 
@@ -61,7 +61,7 @@ for style, t in traces.items():
 # draft's own pool, freed once the tree is built (lesson 02).
 
 # %%
-print(screen(runs["vllm"][1], ["right_square_bracket"], size=(110, 32), name="08_vllm_commit"))
+print(screen(runs["vllm"][1], at("COMMIT"), size=(110, 32), name="08_vllm_commit"))
 
 # %% [markdown]
 # ## Check yourself

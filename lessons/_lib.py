@@ -4,6 +4,7 @@ tree as a figure, and the goldens the "check yourself" cells compare with.
     run(name, algo=..., ...)    an in-process `spectrace run` (24 new tokens unless told), its
                                 trace in OUT; returns (RunResult, TraceFile)
     screen(trace, keys, size)   the walkthrough after `keys`, as text (an SVG beside it in OUT)
+    at(phase)                   the keys from where the walkthrough opens (DRAFT 1) to a phase
     tree_figure(trace, i)       step i's draft tree as an SVG in OUT (`spectrace render`)
     expect(lesson, key, value)  a value a run produced, against lessons/expected.json
 
@@ -47,6 +48,13 @@ def screen(trace: TraceFile | str, keys=(), size=(110, 32), name: str = "screen"
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"{name}.svg").write_text(snapshot(path, keys, size, svg=True))
     return snapshot(path, keys, size)
+
+
+def at(phase: str) -> list[str]:
+    """Keys from the first step's DRAFT 1 to `phase` of that step: to the last phase (EXTEND),
+    then back, since the number of draft levels differs from step to step."""
+    back = ["EXTEND", "COMMIT", "ACCEPT", "VERIFY"].index(phase)
+    return ["right_square_bracket"] * 20 + ["left_square_bracket"] * back
 
 
 def tree_figure(trace: TraceFile, i: int, name: str) -> Path:

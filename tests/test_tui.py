@@ -32,16 +32,20 @@ def drive(keys, size=(100, 30), export_dir=None, trace=TRACE):
     return snapshot_drive(trace, keys, size, export_dir)
 
 
-def test_opens_on_the_first_step_with_the_walk_shown():
+def test_opens_on_the_first_steps_drafting():
+    """The step from its start: level 1 of the tree, no verdict yet; the walk comes three
+    phases later (DRAFT 2, VERIFY, ACCEPT)."""
     app, text = drive([])
-    rec = app.record
-    assert (app.position, app.phase_name, app.node) == (0, "ACCEPT", 1)
-    assert rec["step"] == TraceFile(TRACE).step(0)["step"]
-    assert "greedy: accept iff draft == argmax" in text and "phase" in text and "τ" in text
+    assert (app.position, app.phase_name, app.node) == (0, "DRAFT 1", 1)
+    assert app.record["step"] == TraceFile(TRACE).step(0)["step"]
+    assert "draft tree · DRAFT 1" in text and "greedy: accept iff" not in text and "✓" not in text
+    assert "τ 4.00 (completion_tokens/verify_ct)" in text and "accept_len/step 3.00" in text
+    app, text = drive(["right_square_bracket"] * 3)
+    assert app.phase_name == "ACCEPT" and "greedy: accept iff draft == argmax" in text
 
 
 def test_steps_phases_and_nodes_move_and_the_inspector_follows():
-    app, text = drive(["right", "right", "left", "left_square_bracket", "down"])
+    app, text = drive(["right", "right", "left"] + ["right_square_bracket"] * 4 + ["left_square_bracket", "down"])
     rec = app.record
     assert app.position == 1 and app.phase_name == "VERIFY"
     nodes = step_tree(rec, app.trace.token_text)
@@ -160,7 +164,7 @@ def test_stream_highlights_accepted_drafts_and_bonus():
     ("first-step-100x30", [], (100, 30)),
     ("draft-level-2-100x30", ["right", "right", "left_square_bracket"] * 1 + ["left_square_bracket"] * 3 +
      ["right_square_bracket"], (100, 30)),
-    ("commit-80x24", ["right", "right_square_bracket", "down", "down"], (80, 24)),
+    ("commit-80x24", ["right"] + ["right_square_bracket"] * 5 + ["down", "down"], (80, 24)),
 ])
 def test_snapshots(name, keys, size):
     _, text = drive(keys, size)
@@ -257,7 +261,7 @@ def test_every_drafter_and_rule_walks_and_renders(tmp_path, capsys, dflash_dir, 
     assert main(["run", "--no-tui", "--max-new-tokens", "12", "--trace", str(trace), *args]) == 0
     t = TraceFile(trace)
     first = next(i for i, m in enumerate(t.index) if t.step(i)["draft"] is not None)
-    _, text = drive(["right"] * first + keys, size=(140, 45), trace=trace)
+    _, text = drive(["right"] * first + keys + ["right_square_bracket"] * 20, size=(140, 45), trace=trace)  # walked
     assert shown in text
     algo = t.header["config"]["algo"]
     console = Console(width=100, file=io.StringIO())
@@ -281,3 +285,44 @@ def test_snapshot_gives_the_screen_as_text_and_as_svg():
     assert text == drive(keys)[1] and "phase" in text
     root = ET.fromstring(snapshot(TRACE, keys, size=(100, 30), svg=True))
     assert root.tag.endswith("svg") and "phase" in "".join(root.itertext())
+
+
+def test_ctrl_c_quits_like_any_terminal_program():
+    app, _ = drive(["ctrl+c"])
+    assert app.return_code in (0, None) and not app.is_running
+
+
+def test_the_phase_bar_fits_80_columns_with_five_draft_levels():
+    class FiveLevels(Walkthrough):
+        phases = property(lambda self: [f"DRAFT {d}" for d in range(1, 6)] + ["VERIFY", "ACCEPT", "COMMIT", "EXTEND"])
+
+    async def bar(size):
+        app = FiveLevels(TraceFile(TRACE))
+        async with app.run_test(size=size):
+            return app.phase_bar().plain
+    narrow, wide = asyncio.run(bar((80, 24))), asyncio.run(bar((120, 30)))
+    assert len(narrow) <= 78 and " D5 " in narrow and " EXTEND " in narrow
+    assert " DRAFT 5 " in wide
+
+
+def test_long_token_text_is_shortened_where_drawn_and_whole_in_the_inspector(tmp_path):
+    """A 100 KB token (a shared trace can hold one) makes short labels in the tree, the stream and
+    the figure; the inspector, where one looks at a node, has all of it."""
+    from spectrace.viz.graph import step_graph
+
+    big = "x" * 100_000
+    path = tmp_path / "long.jsonl"
+    with path.open("w", encoding="utf-8") as f:
+        for line in _lines():
+            rec = json.loads(line)
+            if "834" in rec.get("tokens", {}):  # " The": node 1 of the first step
+                rec["tokens"]["834"] = big
+            f.write(json.dumps(rec) + "\n")
+    app, text = drive([], size=(200, 30), trace=path)
+    assert app.nodes[1].text == big and "…(+99960 chars)" in text and len(text) < 10_000
+    rec, t = app.record, app.trace
+    inspector = Console(width=100, file=io.StringIO(), record=True)
+    inspector.print(panels.inspector_panel(t, rec, app.nodes, "DRAFT 1", 1))
+    assert big in inspector.export_text().replace("\n", "").replace(" ", "x")  # wrapped, but whole
+    dot = step_graph(rec, t.token_text).source
+    assert "…(+99960 chars)" in dot and len(dot) < 5_000

@@ -17,7 +17,7 @@ import graphviz
 
 from spectrace.errors import SpectraceError
 from spectrace.viz.steptree import ViewNode, step_tree
-from spectrace.viz.tokens import shown
+from spectrace.viz.tokens import LABEL_LIMIT, shown
 
 # fate -> (fill, border): the TUI uses the borders as text colours
 FATE_COLORS = {
@@ -31,7 +31,7 @@ RENDERERS = ("dot", "graphviz-pure")
 
 
 def _label(n: ViewNode) -> str:
-    token = shown(n.text).replace("\\", "\\\\")  # DOT reads backslashes as escapes
+    token = shown(n.text, limit=LABEL_LIMIT).replace("\\", "\\\\")  # DOT reads backslashes as escapes
     lines = [f'"{token}"', f"#{n.index}  id {n.token}"]
     if n.q is not None:
         lines.append(f"q {n.q:.3f}  p {n.p:.3f}" if n.p is not None else f"q {n.q:.3f}")

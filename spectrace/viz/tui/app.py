@@ -23,7 +23,7 @@ from spectrace.errors import SpectraceError
 from spectrace.core.trace import TraceError, TraceFile
 from spectrace.viz import graph
 from spectrace.viz.steptree import ViewNode, dropped_candidates, step_tree
-from spectrace.viz.tokens import shown
+from spectrace.viz.tokens import LABEL_LIMIT, shown
 from spectrace.viz.tui import panels
 
 HELP = """[b]spectrace walkthrough[/b]
@@ -39,7 +39,8 @@ A step is one round of speculative decoding. Its phases:
 Keys:  left/right step   [ ] phase   up/down node   r request   space play/pause
        g export this step as a Graphviz figure   ? this help   q quit
 
-accept_len = correct drafts + 1 bonus;  α = correct / proposed;  τ = tokens / verify passes.
+accept_len = correct drafts + 1 bonus;  α = correct / proposed;
+τ = completion tokens / verify passes (SGLang's accept length: it counts the prefill's token).
 Press any key to close."""
 
 
@@ -101,6 +102,7 @@ class Walkthrough(App):
         Binding("g", "export", "figure"),
         Binding("question_mark", "help", "help"),
         Binding("q", "quit", "quit"),
+        Binding("ctrl+c", "quit", show=False, priority=True),  # as in every terminal program (Textual copies)
     ]
 
     def __init__(self, trace: TraceFile, export_dir: Path | None = None):
@@ -111,7 +113,7 @@ class Walkthrough(App):
         self.by_request = {r: [i for i, m in enumerate(trace.index) if m.request == r] for r in self.requests}
         self.request = self.requests[0]
         self.position = 0  # index into the request's steps
-        self.phase_name = "ACCEPT"
+        self.phase_name = "DRAFT 1"  # the step from its start: drafting, then the verdict (_clamp fixes it)
         self.node = 1
         self.export_dir = export_dir or Path(trace.path).parent
         self._timer = None
@@ -133,10 +135,9 @@ class Walkthrough(App):
     def _clamp(self) -> None:
         """Keep the phase and node valid after the step changed."""
         phases = self.phases
-        if self.phase_name not in phases:
-            kind = self.phase_name.split()[0]
+        if self.phase_name not in phases:  # a step that drafted fewer levels (or none)
             drafts = [p for p in phases if p.startswith("DRAFT")]
-            self.phase_name = (drafts[-1] if kind == "DRAFT" and drafts else "VERIFY")
+            self.phase_name = (drafts[-1] if self.phase_name.startswith("DRAFT") and drafts else "VERIFY")
         shown = panels.visible_nodes(self.nodes, self.phase_name)
         if self.node not in shown:
             self.node = shown[1] if len(shown) > 1 else shown[0]
@@ -173,21 +174,8 @@ class Walkthrough(App):
         except TraceError as e:  # a corrupted line deep in the file surfaces when visited
             self.query_one("#inspector", Panel).show(Text(str(e), style="bold red"))
             return
-        title = Text()
-        title.append(shown(f"spectrace {self.algo}"), style="bold")  # a shared trace's header is untrusted too
-        title.append(shown(f" ({cfg.get('resolved_algorithm', '?')} {cfg.get('num_steps')},{cfg.get('topk')},"
-                           f"{cfg.get('num_draft_tokens')} {rec['accept']['rule']})  "))
-        if "rejudged" in self.trace.header:
-            title.append("re-judged  ", style="bold magenta")
-        title.append(f"request {self.request} ({self.requests.index(self.request) + 1}/{len(self.requests)})  ",
-                     style="bold")
-        title.append(f"step {rec['step']} ({self.position + 1}/{len(steps)})  accept_len {rec['accept_len']}",
-                     style="bold yellow")
-        self.query_one("#title", Static).update(title)
-        bar = Text("phase ")
-        for p in self.phases:
-            bar.append(f" {p} ", style="bold reverse cyan" if p == self.phase_name else "dim")
-        self.query_one("#phases", Static).update(bar)
+        self.query_one("#title", Static).update(self.title_bar(cfg, rec, len(steps)))
+        self.query_one("#phases", Static).update(self.phase_bar())
         width = max(10, self.size.width - 6)
         self.query_one("#timeline", Panel).show(panels.timeline(self.trace, self.request, self.position, width))
         dropped = dropped_candidates(rec, self.trace.token_text)
@@ -203,6 +191,34 @@ class Walkthrough(App):
             metrics = panels.adaptive_text(rec["adaptive"]).append("\n").append_text(metrics)
         self.query_one("#metrics", Panel).show(metrics)
         self.query_one("#stream", Panel).scroll_end(animate=False)
+
+    def title_bar(self, cfg: dict, rec: dict, n_steps: int) -> Text:
+        """What ran, where the cursor is, and this step's accept_len; without the leading
+        'spectrace' where the terminal is narrow (80 columns)."""
+        title = Text()
+        what = shown(f"{self.algo} ({cfg.get('resolved_algorithm', '?')} {cfg.get('num_steps')},{cfg.get('topk')},"
+                     f"{cfg.get('num_draft_tokens')} {rec['accept']['rule']})  ", limit=2 * LABEL_LIMIT)  # untrusted
+        title.append(what, style="bold")
+        if "rejudged" in self.trace.header:
+            title.append("re-judged  ", style="bold magenta")
+        title.append(f"request {self.request} ({self.requests.index(self.request) + 1}/{len(self.requests)})  ",
+                     style="bold")
+        title.append(f"step {rec['step']} ({self.position + 1}/{n_steps})  accept_len {rec['accept_len']}",
+                     style="bold yellow")
+        if len(title) + len("spectrace ") <= self.size.width - 2:
+            title = Text("spectrace ", style="bold").append_text(title)
+        return title
+
+    def phase_bar(self) -> Text:
+        """The step's phases, the current one lit; DRAFT d shortens to Dd where the full names
+        would not fit (five draft levels at 80 columns)."""
+        phases = self.phases
+        full = len("phase ") + sum(len(p) + 2 for p in phases) <= self.size.width - 2
+        bar = Text("phase ")
+        for p in phases:
+            label = p if full or not p.startswith("DRAFT") else "D" + p.split()[1]
+            bar.append(f" {label} ", style="bold reverse cyan" if p == self.phase_name else "dim")
+        return bar
 
     # ---- actions -------------------------------------------------------------------------
     def action_step(self, delta: int) -> None:

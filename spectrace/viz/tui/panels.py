@@ -17,7 +17,7 @@ from rich.tree import Tree
 
 from spectrace.core.trace import TraceFile
 from spectrace.viz.graph import FATE_COLORS
-from spectrace.viz.tokens import shown
+from spectrace.viz.tokens import LABEL_LIMIT, shown
 from spectrace.viz.steptree import Candidate, ViewNode, preorder
 
 MARKS = {"root": "●", "correct": "✓", "rejected": "✗", "unreached": "·", "bonus": "★"}
@@ -54,8 +54,8 @@ def visible_nodes(nodes: list[ViewNode], phase: str) -> list[int]:
     return [i for i in preorder(nodes) if i in keep]
 
 
-def tok(text: str) -> str:
-    return f'"{shown(text)}"'
+def tok(text: str, limit: int | None = LABEL_LIMIT) -> str:
+    return f'"{shown(text, limit=limit)}"'
 
 
 def node_label(n: ViewNode, phase: str, selected: bool) -> Text:
@@ -141,7 +141,7 @@ def inspector_panel(trace: TraceFile, rec: dict, nodes: list[ViewNode], phase: s
     n = nodes[selected]
     verify, draft = rec["verify"], rec.get("draft")
     head = Text()
-    head.append(f"{tok(n.text)}", style=f"bold {FATE_COLORS[n.fate][1]}")
+    head.append(tok(n.text, limit=None), style=f"bold {FATE_COLORS[n.fate][1]}")  # the one place it is whole
     head.append(f"  node {n.index}  id {n.token}  depth {n.depth}")
     if n.parent is not None:
         head.append(f"  parent {n.parent} {tok(nodes[n.parent].text)}", style="dim")
@@ -185,13 +185,13 @@ def proposer_text(trace: TraceFile, src: dict) -> Text:
         if not src["anchors"]:
             return t.append(f"no suffix of the context is in the trie; the tree is the root and "
                             f"{src['padding']} padding tokens (id 0)")
-        t.append(tok("".join(trace.token_text(i) for i in src["matched"])), style="bold magenta")
+        t.append(tok("".join(trace.token_text(i) for i in src["matched"]), 2 * LABEL_LIMIT), style="bold magenta")
         return t.append(f" ({src['anchors'][0]} tokens, the longest of {len(src['anchors'])} matching suffixes) leads "
                         f"into the trie ({src['trie_nodes']} nodes); {src['from_trie']} drafts came from it, "
                         f"{src['padding']} are padding")
     t = Text("n-gram: the context's last ")
     t.append(f"{src['n']} tokens ", style="bold")
-    t.append(tok("".join(trace.token_text(i) for i in src["matched"])), style="bold magenta")
+    t.append(tok("".join(trace.token_text(i) for i in src["matched"]), 2 * LABEL_LIMIT), style="bold magenta")
     t.append(f" also occur at position {src['match_start']} of {src['context_len']}; "
              f"the drafts copy what followed them there.")
     return t
@@ -285,14 +285,15 @@ def stream_panel(trace: TraceFile, request: int, position: int, phase: str) -> T
         t = Text("… ", style="grey50")
         out = out[1:]
     for tid in out:
-        t.append(shown(trace.token_text(tid), newline="\n"))
+        t.append(shown(trace.token_text(tid), "\n", LABEL_LIMIT))
     if position < len(metas) and _after(phase, "ACCEPT"):
         m = metas[position]
         correct = m.committed[:max(0, m.accept_len - 1)]
         for tid in correct:
-            t.append(shown(trace.token_text(tid), newline="\n"), style=f"bold {FATE_COLORS['correct'][1]} on #1b3320")
+            t.append(shown(trace.token_text(tid), "\n", LABEL_LIMIT),
+                     style=f"bold {FATE_COLORS['correct'][1]} on #1b3320")
         if len(m.committed) == m.accept_len:  # the bonus entered (not cut by EOS / the token limit)
-            t.append(shown(trace.token_text(m.committed[-1]), newline="\n"),
+            t.append(shown(trace.token_text(m.committed[-1]), "\n", LABEL_LIMIT),
                      style=f"bold {FATE_COLORS['bonus'][1]} on #172a3f")
     return t
 
@@ -375,27 +376,31 @@ def adaptive_text(a: dict) -> Text:
 
 
 def running_metrics(trace: TraceFile, request: int, position: int) -> Text:
-    """α, τ, verify count and per-position acceptance over the request's steps so far, and the
-    speed-up estimate τ / (1 + r) with r = drafting time / verify time."""
+    """The request's steps so far: verify count, tokens a step (mean accept_len) beside SGLang's τ
+    (completion_tokens / verify_ct, which also counts the prefill's token, so it reads higher on a
+    short run), α, the speed-up estimate accept_len / (1 + r) with r = drafting time / verify
+    time, and the acceptance rate at each draft position."""
     metas = [m for m in trace.index if m.request == request][:position + 1]
     cfg = trace.header.get("config", {})
     proposed_per_step = max(0, (cfg.get("num_draft_tokens") or 1) - 1)
     steps = len(metas)
-    completion = 1 + sum(len(m.committed) for m in metas)  # the prefill's first token counts, as in SGLang
+    per_step = sum(m.accept_len for m in metas) / steps if steps else 0.0
+    tau = (1 + sum(len(m.committed) for m in metas)) / steps if steps else 0.0  # + the prefill's token
     correct = sum(m.accept_len - 1 for m in metas)
     t = Text()
-    tau = completion / steps if steps else 0.0
-    t.append(f"verify_ct {steps}   τ {tau:.2f}   ", style="bold")
-    if proposed_per_step:
-        t.append(f"α {correct / (steps * proposed_per_step):.2f}   ", style="bold")
-        depth = max((m.accept_len for m in metas), default=1) - 1
-        rates = [sum(m.accept_len - 1 > k for m in metas) / steps for k in range(max(depth, 0))]
-        if rates:
-            t.append("accepted at position " + " ".join(f"{k + 1}:{r:.2f}" for k, r in enumerate(rates)))
-        draft_ms = sum(m.timing.get("draft", 0) + m.timing.get("extend", 0) for m in metas)
-        verify_ms = sum(m.timing.get("verify", 0) for m in metas)
-        if verify_ms:
-            r = draft_ms / verify_ms
-            t.append(f"\nspeed-up ≈ τ/(1+r) = {tau:.2f}/(1+{r:.2f}) = {tau / (1 + r):.2f}", style="bold")
-            t.append("  a step = one verify + drafting (r = draft/verify time) and yields τ tokens", style="dim")
+    t.append(f"verify_ct {steps}   accept_len/step {per_step:.2f}   τ {tau:.2f} (completion_tokens/verify_ct)",
+             style="bold")
+    if not proposed_per_step:
+        return t
+    t.append(f"\nα {correct / (steps * proposed_per_step):.2f}   ", style="bold")
+    draft_ms = sum(m.timing.get("draft", 0) + m.timing.get("extend", 0) for m in metas)
+    verify_ms = sum(m.timing.get("verify", 0) for m in metas)
+    if verify_ms:
+        r = draft_ms / verify_ms
+        t.append(f"speed-up ≈ accept_len/(1+r) = {per_step:.2f}/(1+{r:.2f}) = {per_step / (1 + r):.2f}", style="bold")
+        t.append("  (r = draft ÷ verify time)", style="dim")
+    depth = max((m.accept_len for m in metas), default=1) - 1
+    rates = [sum(m.accept_len - 1 > k for m in metas) / steps for k in range(max(depth, 0))]
+    if rates:
+        t.append("\naccepted at position " + " ".join(f"{k + 1}:{r:.2f}" for k, r in enumerate(rates)))
     return t
