@@ -171,6 +171,18 @@ def top_kernels(result: dict, k: int = 10) -> list[dict]:
             for name, n in counts.most_common(k)]
 
 
+def by_phase(result: dict) -> dict:
+    """Every kernel of each phase: launches per launch of the phase, and mean GPU µs (None counted
+    on the CPU), most frequent first."""
+    out = {}
+    for phase, kernels in result["kernels"].items():
+        n = result["launches"].get(phase, max(result["launches"].get("verify", 0), 1))
+        us = result["gpu_us"].get(phase, {})
+        out[phase] = [{"kernel": name, "per_launch": round(c / n, 2), "us_each": round(us[name] / c, 2) if us else None}
+                      for name, c in Counter(kernels).most_common()]
+    return out
+
+
 def profile_algo(config, algo: str, prompts: list[str], device: str) -> dict:
     """One algorithm over the prompts, each alone, under a probe: its per-step rows, its top
     kernels, and (on a GPU) the wall ms of a step of an unprofiled run of the same prompts."""
@@ -188,7 +200,8 @@ def profile_algo(config, algo: str, prompts: list[str], device: str) -> dict:
         if isinstance(probe, CudaProfiler):
             probe.stop()
     result = probe.result()
-    out = {"algo": algo, "phases": per_step(result), "top_kernels": top_kernels(result)}
+    out = {"algo": algo, "phases": per_step(result), "top_kernels": top_kernels(result),
+           "kernels_by_phase": by_phase(result)}
     if steps:
         out["wall_ms_per_step"] = round(wall * 1000 / steps, 3)
         out["tokens_per_s"] = round(tokens / wall, 1)

@@ -1,20 +1,25 @@
-"""EAGLE's draft loop between two draft forwards as one Triton program per request and level: the
-draft's softmax over each kept path's logits, its top-K children (SGLang's `fast_topk`), their path
-scores and the K best of the K*K (`select_top_k_tokens`), written where organize_draft_results
-reads them (one packed row per request, DraftBuffers), and what the next level reads (its input
-ids, the hidden rows it continues from, each kept path's scratch columns).
+"""EAGLE's draft loop between two draft forwards as two Triton launches per level: the draft's
+softmax over each kept path's logits, its top-K children (SGLang's `fast_topk`), their path scores
+and the K best of the K*K (`select_top_k_tokens`), written where organize_draft_results reads them
+(one packed row per request, DraftBuffers), and what the next level reads (its input ids, the
+hidden rows it continues from, each kept path's scratch columns).
 
 Explicit counterpart: core/drafters/eagle_worker.py: draft_forward's `probs` -> `propose_children`
 -> core/tree.py: `select_top_k_tokens` and the torch.cat of organize_draft_results' lists, and
 fast/drafters/eagle_worker.py's path bookkeeping; there they are about sixteen kernels a level.
 Greedy drafts only: q is the draft's softmax at T = 1, and the children are its top K, not draws.
 
-The top K of a row of V logits are found in K passes over the row, each taking the largest value
-after the previous pick in (value descending, index ascending) order, so the row never has to fit
-in one tile. q = softmax(logits) is computed for the K picks only, from the row's max and sum
-(an online pass first). Its sum is reduced in another order than torch's softmax, so q and the path
-scores can differ from the explicit ones in the last bit; which nodes a tree keeps can then differ
-only where two path scores tie to rounding, and greedy verification keeps the output lossless.
+    _chunk_top_k_kernel    grid (rows, chunks): each chunk's top K and its softmax max and sum
+    _select_level_kernel   grid (bs,): each row's top K from its chunks', q, path scores, the K best
+
+Split so a row's V columns are read by many programs at once: one program a request reading the
+whole row K + 1 times took 23.5 us a level on the H200 (V 4096), half the draft phase.
+A value and its index travel as one int64 key (fp32 bits made monotone, then the inverted index),
+so each pick is one max, ties to the lower index as torch.topk's stable order. q = softmax(logits)
+is computed for the K picks only, from the row's max and sum; that sum is reduced in another order
+than torch's softmax, so q and the path scores can differ from the explicit ones in the last bit;
+which nodes a tree keeps can then differ only where two path scores tie to rounding, and greedy
+verification keeps the output lossless.
 """
 from __future__ import annotations
 
@@ -29,58 +34,83 @@ from spectrace.kernels import check
 __all__ = ["DraftBuffers", "select_level"]
 
 
-@triton.jit
-def _next_pick(x, j, prev_v, prev_i):
-    """Per row, the largest x after (prev_v, prev_i) in (value desc, index asc) order: (value, index)."""
-    after = (x < prev_v[:, None]) | ((x == prev_v[:, None]) & (j > prev_i[:, None]))
-    xm = tl.where(after, x, float("-inf"))
-    best = tl.max(xm, axis=1)
-    idx = tl.min(tl.where(after & (xm == best[:, None]), j, 2147483647), axis=1)
-    return best, idx
+NO_KEY = -9223372036854775807  # below every key: a pick already taken, a masked lane
 
 
 @triton.jit
-def _select_level_kernel(src, token_map, scores, paths, hidden, score_buf, token_buf, parent_buf, scores_out, input_ids_out,
-                         hidden_out, paths_out, stride_pb, stride_pk, V, H, level, num_steps, cand_off, C, P,
-                         K: tl.constexpr, KB: tl.constexpr, R: tl.constexpr, FIRST: tl.constexpr, PROBS: tl.constexpr,
-                         TOKEN_MAP: tl.constexpr, HAS_HIDDEN: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
-                         LEVEL_B: tl.constexpr):
+def _order_key(x, j):
+    """(value, index) as one int64 ordered by value, then by lower index: the largest key is the
+    largest value at the lowest index (fp32 bits made monotone; -0.0 counted as +0.0)."""
+    bits = (x + 0.0).to(tl.int32, bitcast=True)
+    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    return (ordered.to(tl.int64) << 32) | (0x7FFFFFFF - j).to(tl.int64)
+
+
+@triton.jit
+def _key_value(key):
+    ordered = (key >> 32).to(tl.int32)
+    return tl.where(ordered >= 0, ordered, ordered ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _key_index(key):
+    return 0x7FFFFFFF - (key & 0x7FFFFFFF).to(tl.int32)
+
+
+@triton.jit
+def _chunk_top_k_kernel(src, keys_out, m_out, s_out, V, NCH, K: tl.constexpr, CH: tl.constexpr,
+                        PROBS: tl.constexpr):
+    """One chunk of CH columns of one row of src: its top K as keys, and (logits) the softmax's
+    max and sum over the chunk."""
+    r = tl.program_id(0)
+    ch = tl.program_id(1)
+    j = ch * CH + tl.arange(0, CH)
+    x = tl.load(src + r * V + j, mask=j < V, other=float("-inf")).to(tl.float32)
+    key = _order_key(x, j)
+    for p in tl.static_range(K):
+        best = tl.max(key, axis=0)
+        tl.store(keys_out + (r * NCH + ch) * K + p, best)
+        key = tl.where(key == best, NO_KEY, key)
+    if not PROBS:
+        m = tl.max(x, axis=0)
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        tl.store(m_out + r * NCH + ch, m)
+        tl.store(s_out + r * NCH + ch, tl.sum(tl.exp(x - m_safe), axis=0))
+
+
+@triton.jit
+def _select_level_kernel(part_keys, part_m, part_s, token_map, scores, paths, hidden, score_buf, token_buf, parent_buf,
+                         scores_out, input_ids_out, hidden_out, paths_out, stride_pb, stride_pk, V, H, NCH, level,
+                         num_steps, cand_off, C, P, K: tl.constexpr, KB: tl.constexpr, NB: tl.constexpr,
+                         R: tl.constexpr, FIRST: tl.constexpr, PROBS: tl.constexpr, TOKEN_MAP: tl.constexpr,
+                         HAS_HIDDEN: tl.constexpr, BLOCK_H: tl.constexpr, LEVEL_B: tl.constexpr):
     b = tl.program_id(0)
     k = tl.arange(0, KB)  # rows of src per request: R, the root's (level 0) or the K kept paths'
     k_ok = k < R
-    row = src + (b * R + k)[:, None] * V
-    # the softmax's max and sum over each row of logits, online (src already holding q: m = 0, s = 1)
-    m = tl.zeros((KB,), tl.float32)
+    # each row's top K, from its chunks' top K (n = chunk * K + pick)
+    n = tl.arange(0, NB)[None, :]
+    n_ok = k_ok[:, None] & (n < NCH * K)
+    keys = tl.load(part_keys + (b * R + k)[:, None] * (NCH * K) + n, mask=n_ok, other=NO_KEY)
+    m = tl.zeros((KB,), tl.float32)  # src already holding q: m = 0, s = 1
     s = tl.full((KB,), 1.0, tl.float32)
-    if not PROBS:
-        m = tl.full((KB,), float("-inf"), tl.float32)
-        s = tl.zeros((KB,), tl.float32)
-        for start in range(0, V, BLOCK_V):
-            j = start + tl.arange(0, BLOCK_V)[None, :]
-            x = tl.load(row + j, mask=k_ok[:, None] & (j < V), other=float("-inf")).to(tl.float32)
-            m_new = tl.maximum(m, tl.max(x, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(x - m_safe[:, None]), axis=1)
-            m = m_new
-    # the top K of each row, one pass each: (KB, KB) tokens and q, child c of path k at [k, c]
+    if not PROBS:  # the softmax's max and sum over the row, from its chunks'
+        ch_ok = k_ok[:, None] & (n < NCH)
+        m_c = tl.load(part_m + (b * R + k)[:, None] * NCH + n, mask=ch_ok, other=float("-inf"))
+        s_c = tl.load(part_s + (b * R + k)[:, None] * NCH + n, mask=ch_ok, other=0.0)
+        m = tl.max(m_c, axis=1)
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        s = tl.sum(s_c * tl.exp(m_c - m_safe[:, None]), axis=1)
+    # child c of path k at [k, c]: (KB, KB) tokens and q
     c = tl.arange(0, KB)[None, :]
     top_i = tl.zeros((KB, KB), tl.int32)
     top_q = tl.zeros((KB, KB), tl.float32)
-    prev_v = tl.full((KB,), float("inf"), tl.float32)
-    prev_i = tl.full((KB,), -1, tl.int32)
     for p in tl.static_range(K):
-        best_v = tl.full((KB,), float("-inf"), tl.float32)
-        best_i = tl.full((KB,), 2147483647, tl.int32)
-        for start in range(0, V, BLOCK_V):
-            j = start + tl.arange(0, BLOCK_V)[None, :]
-            x = tl.load(row + j, mask=k_ok[:, None] & (j < V), other=float("-inf")).to(tl.float32)
-            v, i = _next_pick(x, j, prev_v, prev_i)
-            better = (v > best_v) | ((v == best_v) & (i < best_i))
-            best_v, best_i = tl.where(better, v, best_v), tl.where(better, i, best_i)
-        top_i = tl.where(c == p, best_i[:, None], top_i)
-        q = best_v if PROBS else tl.exp(best_v - m) / s
+        best = tl.max(keys, axis=1)
+        keys = tl.where(keys == best[:, None], NO_KEY, keys)
+        v = _key_value(best)
+        top_i = tl.where(c == p, _key_index(best)[:, None], top_i)
+        q = v if PROBS else tl.exp(v - m) / s
         top_q = tl.where(c == p, q[:, None], top_q)
-        prev_v, prev_i = best_v, best_i
     if TOKEN_MAP:  # column j of src is the head's own token j, target token token_map[j] (EAGLE-3)
         top_t = tl.load(token_map + top_i, mask=k_ok[:, None] & (c < K) & (top_i < V), other=0)
     else:
@@ -97,15 +127,13 @@ def _select_level_kernel(src, token_map, scores, paths, hidden, score_buf, token
     cand = tl.where(ok, expand, float("-inf"))
     tl.store(score_buf + b * C + cand_off + e, expand, mask=ok)
     tl.store(token_buf + b * C + cand_off + e, top_t, mask=ok)
-    sel_v = float("inf")
-    sel_e = -1
+    key = tl.where(ok, _order_key(cand, e), NO_KEY)
     steps = num_steps - 1  # scratch columns per path
     lanes = tl.arange(0, LEVEL_B)
     for p in tl.static_range(K):
-        after = (cand < sel_v) | ((cand == sel_v) & (e > sel_e))
-        xm = tl.where(after & ok, cand, float("-inf"))
-        sel_v = tl.max(tl.max(xm, axis=1), axis=0)
-        sel_e = tl.min(tl.min(tl.where(after & ok & (xm == sel_v), e, 2147483647), axis=1), axis=0)
+        best = tl.max(tl.max(key, axis=1), axis=0)
+        key = tl.where(key == best, NO_KEY, key)
+        sel_v, sel_e = _key_value(best), _key_index(best)
         beam = sel_e // K
         tl.store(scores_out + b * K + p, sel_v)
         tl.store(parent_buf + b * P + 1 + level * K + p, (sel_e + cand_off).to(tl.int64))
@@ -174,15 +202,21 @@ def select_level(src: torch.Tensor, scores: torch.Tensor | None, paths: torch.Te
     if bs:
         KB = triton.next_power_of_2(K)
         H = hidden.shape[1] if hidden is not None else 0
+        CH = min(2048, max(64, triton.next_power_of_2(triton.cdiv(V, 8))))  # about 8 chunks a row, more past 16 K
+        NCH = triton.cdiv(V, CH)
+        part_keys = torch.empty(bs * R, NCH, K, dtype=torch.int64, device=device)
+        part_m = torch.empty(bs * R, NCH, dtype=torch.float32, device=device)
+        part_s = torch.empty_like(part_m)
+        _chunk_top_k_kernel[(bs * R, NCH)](src, part_keys, part_m, part_s, V, NCH, K=K, CH=CH, PROBS=probs)
         placeholder = buffers.parents  # for the pointers a level does not read
         _select_level_kernel[(bs,)](
-            src, token_map if token_map is not None else placeholder, scores if level else placeholder, paths if level else placeholder,
+            part_keys, part_m, part_s, token_map if token_map is not None else placeholder,
+            scores if level else placeholder, paths if level else placeholder,
             hidden if hidden is not None else placeholder, buffers.scores, buffers.tokens, buffers.parents,
             scores_out, input_ids, hidden_out if hidden is not None else placeholder, paths_out,
-            paths.stride(0) if level else 0, paths.stride(1) if level else 0, V, H, level, num_steps,
+            paths.stride(0) if level else 0, paths.stride(1) if level else 0, V, H, NCH, level, num_steps,
             0 if level == 0 else K + (level - 1) * K * K, C, buffers.parents.shape[1],
-            K=K, KB=KB, R=R, FIRST=level == 0, PROBS=probs, TOKEN_MAP=token_map is not None,
-            HAS_HIDDEN=hidden is not None,
-            BLOCK_V=min(triton.next_power_of_2(V), max(256, 8192 // KB)),
+            K=K, KB=KB, NB=triton.next_power_of_2(NCH * K), R=R, FIRST=level == 0, PROBS=probs,
+            TOKEN_MAP=token_map is not None, HAS_HIDDEN=hidden is not None,
             BLOCK_H=min(1024, triton.next_power_of_2(max(H, 1))), LEVEL_B=triton.next_power_of_2(level + 1))
     return scores_out, input_ids, hidden_out, paths_out
