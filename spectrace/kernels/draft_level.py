@@ -34,7 +34,7 @@ from spectrace.kernels import check
 __all__ = ["DraftBuffers", "select_level"]
 
 
-NO_KEY = -9223372036854775807  # below every key: a pick already taken, a masked lane
+NO_KEY = tl.constexpr(-9223372036854775807)  # below every key: a pick already taken, a masked lane
 
 
 @triton.jit
