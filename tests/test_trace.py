@@ -100,3 +100,21 @@ def test_records_that_json_reads_loosely_are_refused_by_line(traced_run, tmp_pat
     assert main(["render", str(bad), "--step", "0", "-o", str(tmp_path / "t.svg")]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and message in err and "Traceback" not in err
+
+
+def test_numbers_json_cannot_carry_are_written_as_null(tmp_path):
+    """NaN and ±inf (a diverged model's q, a failed clock) never reach the file as bare tokens,
+    which strict JSON readers (JSON.parse, Perfetto, jq) refuse; every other value is kept."""
+    from spectrace.core.trace import TraceWriter
+
+    def strict(text):
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} in the trace"))
+
+    path = tmp_path / "t.jsonl"
+    w = TraceWriter(path, str)
+    w.write({"kind": "x", "q": [0.5, float("nan")], "timing": {"draft": float("inf"), "n": (1, -float("inf"))}})
+    w.write({"kind": "y", "q": [0.25]})
+    w.close()
+    first, second = (strict(line) for line in path.read_text().splitlines())
+    assert first["q"] == [0.5, None] and first["timing"] == {"draft": None, "n": [1, None]}
+    assert second["q"] == [0.25]

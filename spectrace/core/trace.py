@@ -14,6 +14,7 @@ their text, so a viewer needs neither tokenizer nor model. Reading needs no torc
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -54,7 +55,11 @@ class TraceWriter:
     def write(self, record: dict, token_ids: Iterable[int] = ()) -> None:
         record = dict(record)
         record["tokens"] = self._new_tokens(token_ids)
-        line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+        try:
+            text = json.dumps(record, ensure_ascii=False, allow_nan=False)
+        except ValueError:  # NaN or ±inf somewhere (a diverged model's q, a clock): JSON has no such number
+            text = json.dumps(_finite(record), ensure_ascii=False, allow_nan=False)
+        line = (text + "\n").encode("utf-8")
         try:
             self._f.write(line)
             self._f.flush()
@@ -89,6 +94,17 @@ class TraceWriter:
         /dev/null that --trace named."""
         if self.path.is_file():
             self.path.unlink(missing_ok=True)
+
+
+def _finite(x):
+    """x with every float that is not finite replaced by None (null in the trace)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
 
 
 @dataclass
