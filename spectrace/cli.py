@@ -326,7 +326,7 @@ def cmd_render(args) -> int:
     for i in picked:
         rec = trace.step(i)
         path = out if not args.all else out.with_name(f"{out.stem}-step{rec['step']}-req{rec['request']}{out.suffix}")
-        print(write_figure(step_graph(rec, trace.token_text), path))
+        print(write_figure(trace.view(i, lambda rec: step_graph(rec, trace.token_text)), path))
     return 0
 
 
@@ -334,14 +334,16 @@ def cmd_export(args) -> int:
     """spectrace/timeline.py: the trace's phases for Perfetto, or a CSV for pandas."""
     from pathlib import Path
 
-    from spectrace.core.trace import read_trace
+    from spectrace.core.trace import MALFORMED, TraceError, read_trace
     from spectrace.timeline import export
 
     trace = read_trace(args.trace)
     try:
-        print(export(trace, args.format, Path(args.out)))
+        print(export(trace, args.format, Path(args.out)))  # built whole, then written: never half a file
     except OSError as e:
         raise UsageError(f"cannot write {args.out}: {e.strerror}") from None
+    except MALFORMED as e:
+        raise TraceError(f"trace {args.trace}: a step record has a field of the wrong shape ({str(e)[:80]})") from None
     return 0
 
 

@@ -32,6 +32,16 @@ class TraceError(Exception):
     """The trace cannot be read; the message says why in one line."""
 
 
+# what reading a field of the wrong shape raises: a list where a number was, a missing key, an
+# index past a list's end, a string where a token id was
+MALFORMED = (KeyError, IndexError, TypeError, ValueError, AttributeError, OverflowError)
+
+
+def malformed(path, lineno: int, e: Exception) -> TraceError:
+    what = str(e)[:80] if not isinstance(e, KeyError) else f"no field {e.args[0]!r}"[:80]
+    return TraceError(f"trace {path}: the record at line {lineno} has a field of the wrong shape ({what})")
+
+
 class TraceWriter:
     """Writes one JSON object per line and flushes it, so readers see every finished step."""
 
@@ -242,7 +252,7 @@ class TraceFile:
                 rec = _parse(line)
             except _RecordError as e:
                 raise TraceError(f"trace {path} is corrupted at line {lineno} ({e})") from None
-            self._add_tokens(rec.get("tokens", {}))
+            self._add_tokens(rec.get("tokens", {}), lineno)
             kind = rec.get("kind")
             if kind == "prefill":
                 self.prefills.append(rec)
@@ -254,8 +264,20 @@ class TraceFile:
             self.notices.append("the run did not finish: no summary record")
         self._cache: dict[int, dict] = {}
 
-    def _add_tokens(self, tokens: dict) -> None:
+    def _add_tokens(self, tokens, lineno: int = 1) -> None:
+        if not isinstance(tokens, dict) or not all(isinstance(v, str) and k.isdigit() for k, v in tokens.items()):
+            raise TraceError(f"trace {self.path} line {lineno}: \"tokens\" must map token ids to their text")
         self.tokens.update({int(k): v for k, v in tokens.items()})
+
+    def view(self, i: int, show: Callable[[dict], object]):
+        """show(step record i): what a viewer draws of it. A record whose fields have other
+        shapes than the writer gives them (an edited or a foreign trace) ends in a TraceError
+        naming its line, not in a traceback from deep inside the viewer."""
+        rec = self.step(i)
+        try:
+            return show(rec)
+        except MALFORMED as e:
+            raise malformed(self.path, self.index[i].line, e) from None
 
     def _index_step(self, lineno: int, line: str) -> None:
         head, acc, com, tim = (_STEP_HEAD.match(line), _ACCEPT_LEN.search(line), _COMMITTED.search(line),
@@ -265,7 +287,9 @@ class TraceFile:
         timing = _json_object(tim.group(1)) if tim else None
         if head is None or acc is None or com is None or tokens is None or timing is None:
             raise TraceError(f"trace {self.path} is corrupted at line {lineno} (not a step record)")
-        self._add_tokens(tokens)
+        self._add_tokens(tokens, lineno)
+        timing = {k: v for k, v in timing.items()  # phase times; what is not a finite number counts as absent
+                  if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
         committed = [int(t) for t in com.group(1).split(",") if t.strip()]
         self.index.append(StepMeta(lineno, int(head.group(1)), int(head.group(2)), int(acc.group(1)), committed,
                                    timing))

@@ -8,6 +8,7 @@ node) and the layout. Records are read from the trace lazily, one step at a time
 """
 from __future__ import annotations
 
+import functools
 import sys
 
 from pathlib import Path
@@ -20,7 +21,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Static
 
 from spectrace.errors import SpectraceError
-from spectrace.core.trace import TraceError, TraceFile
+from spectrace.core.trace import MALFORMED, TraceError, TraceFile, malformed
 from spectrace.viz import graph
 from spectrace.viz.steptree import ViewNode, dropped_candidates, step_tree
 from spectrace.viz.tokens import LABEL_LIMIT, shown
@@ -74,6 +75,20 @@ class Panel(VerticalScroll, can_focus=False):
         self.body.update(renderable)
         if title is not None:
             self.border_title = title
+
+
+def guarded(handler):
+    """A handler that meets a record the viewer cannot show (corrupted, or a field of another
+    shape: an edited or a foreign trace) says why in the inspector instead of ending the app."""
+    @functools.wraps(handler)
+    def run(self, *args):
+        try:
+            return handler(self, *args)
+        except (TraceError, *MALFORMED) as e:
+            if not isinstance(e, TraceError):
+                e = malformed(self.trace.path, self.trace.index[self.by_request[self.request][self.position]].line, e)
+            self.query_one("#inspector", Panel).show(Text(str(e), style="bold red"), "cannot show this step")
+    return run
 
 
 class Walkthrough(App):
@@ -156,6 +171,7 @@ class Walkthrough(App):
         yield Panel("metrics", "metrics")
         yield Footer()
 
+    @guarded
     def on_mount(self) -> None:
         self._clamp()
         self.refresh_panels()
@@ -166,14 +182,11 @@ class Walkthrough(App):
             self.notify(shown(f"re-judged from {rejudged.get('from')}: {rejudged.get('step_local')}"),
                         title="re-judged trace", timeout=10)
 
+    @guarded
     def refresh_panels(self) -> None:
         cfg = self.trace.header.get("config", {})
         steps = self.by_request[self.request]
-        try:
-            rec, nodes = self.record, self.nodes
-        except TraceError as e:  # a corrupted line deep in the file surfaces when visited
-            self.query_one("#inspector", Panel).show(Text(str(e), style="bold red"))
-            return
+        rec, nodes = self.record, self.nodes  # a corrupted line deep in the file surfaces when visited
         self.query_one("#title", Static).update(self.title_bar(cfg, rec, len(steps)))
         self.query_one("#phases", Static).update(self.phase_bar())
         width = max(10, self.size.width - 6)
@@ -221,11 +234,13 @@ class Walkthrough(App):
         return bar
 
     # ---- actions -------------------------------------------------------------------------
+    @guarded
     def action_step(self, delta: int) -> None:
         self.position = max(0, min(self.position + delta, len(self.by_request[self.request]) - 1))
         self._clamp()
         self.refresh_panels()
 
+    @guarded
     def action_phase(self, delta: int) -> None:
         phases = self.phases
         i = max(0, min(phases.index(self.phase_name) + delta, len(phases) - 1))
@@ -233,18 +248,21 @@ class Walkthrough(App):
         self._clamp()
         self.refresh_panels()
 
+    @guarded
     def action_node(self, delta: int) -> None:
         shown = panels.visible_nodes(self.nodes, self.phase_name)
         i = shown.index(self.node) if self.node in shown else 0
         self.node = shown[max(0, min(i + delta, len(shown) - 1))]
         self.refresh_panels()
 
+    @guarded
     def action_request(self) -> None:
         self.request = self.requests[(self.requests.index(self.request) + 1) % len(self.requests)]
         self.position = min(self.position, len(self.by_request[self.request]) - 1)
         self._clamp()
         self.refresh_panels()
 
+    @guarded
     def _tick(self) -> None:
         """Play: the next phase, or the next step's first phase; stop at the end."""
         phases = self.phases
@@ -276,6 +294,7 @@ class Walkthrough(App):
         except SpectraceError:  # no renderer: the DOT source still tells the story
             return graph.write_figure(g, out.with_suffix(".dot"))
 
+    @guarded
     def action_export(self) -> None:
         try:
             path = self.export_figure()
