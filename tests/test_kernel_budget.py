@@ -38,7 +38,7 @@ def test_profile_json_lists_every_kernel_of_each_phase(tmp_path):
     from spectrace.cli import main
 
     out = tmp_path / "p.json"
-    assert main(["bench", "--profile", "--backend", "fast", "--algos", "none", "--max-new-tokens", "3",
+    assert main(["bench", "--profile", "--backend", "fast", "--algos", "none", "--max-new-tokens", "2",
                  "--json", str(out)]) == 0
     res = json.loads(out.read_text())["algos"][0]
     for phase, kernels in res["kernels_by_phase"].items():
