@@ -20,11 +20,11 @@
 # %%
 from collections import Counter
 
-from _lib import at, expect, screen
+from _lib import WALKTHROUGH, at, expect, screen
 
 from spectrace.core.trace import TraceFile, read_trace
 
-PATH = "tests/data/walkthrough.jsonl"
+PATH = WALKTHROUGH
 t = read_trace(PATH)
 trace = TraceFile(PATH)
 cfg = t.header["config"]

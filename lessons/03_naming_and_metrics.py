@@ -25,7 +25,7 @@
 # %%
 from fractions import Fraction
 
-from _lib import OUT, expect, run
+from _lib import OUT, WALKTHROUGH, expect, run
 
 from spectrace.core.metrics import SpecMetrics, vllm_log_line
 from spectrace.core.trace import read_trace
@@ -67,7 +67,7 @@ print(f"α {cs['accept_rate']}  τ {cs['accept_length']} (completion {cs['comple
 # 24 tokens each). Its summary holds SGLang's metrics and vLLM's, from the same steps.
 
 # %%
-t = read_trace("tests/data/walkthrough.jsonl")
+t = read_trace(WALKTHROUGH)
 m = t.summary["metrics"]
 cfg = t.header["config"]
 n = cfg["num_draft_tokens"]

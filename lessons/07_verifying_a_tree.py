@@ -16,13 +16,13 @@
 
 # %%
 import torch
-from _lib import OUT, expect
+from _lib import OUT, WALKTHROUGH, expect
 
 from spectrace.compat.sglang import reconstruct_indices_from_tree_mask
 from spectrace.compat.vllm import calc_spec_decode_metadata
 from spectrace.core.trace import read_trace
 
-t = read_trace("tests/data/walkthrough.jsonl")
+t = read_trace(WALKTHROUGH)
 rec = t.steps[0]
 draft, verify = rec["draft"], rec["verify"]
 n = len(draft["tree_mask"])

@@ -26,6 +26,7 @@ from spectrace.run import run as spectrace_run
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent  # the repository: tests/data holds the fixture traces lessons read
+WALKTHROUGH = ROOT / "tests" / "data" / "walkthrough.jsonl"  # a committed EAGLE run, from any working directory
 OUT = Path(os.environ.get("SPECTRACE_LESSON_OUT", HERE / "_out"))
 CI = os.environ.get("SPECTRACE_LESSON_CI") == "1"
 EXPECTED = HERE / "expected.json"
@@ -51,10 +52,11 @@ def screen(trace: TraceFile | str, keys=(), size=(110, 32), name: str = "screen"
 
 
 def at(phase: str) -> list[str]:
-    """Keys from the first step's DRAFT 1 to `phase` of that step: to the last phase (EXTEND),
-    then back, since the number of draft levels differs from step to step."""
+    """Keys from the first step's DRAFT 1 to `phase` of that step: to the last phase (EXTEND; a
+    step has at most nine, the lessons drafting five levels at most), then back, since the number
+    of draft levels differs from step to step."""
     back = ["EXTEND", "COMMIT", "ACCEPT", "VERIFY"].index(phase)
-    return ["right_square_bracket"] * 20 + ["left_square_bracket"] * back
+    return ["right_square_bracket"] * 8 + ["left_square_bracket"] * back
 
 
 def tree_figure(trace: TraceFile, i: int, name: str) -> Path:

@@ -1,6 +1,6 @@
-"""Every lesson runs top to bottom in this one process (torch and the models warm once), in the
-lessons' CI mode, its figures and traces in a temporary folder; its "check yourself" cells are
-the assertions."""
+"""Every lesson runs top to bottom in this one process (torch and the models warm once), from
+the repository or from inside lessons/, in the lessons' CI mode, its figures and traces in a
+temporary folder; its "check yourself" cells are the assertions."""
 import runpy
 import sys
 from pathlib import Path
@@ -18,6 +18,8 @@ def test_lesson_runs_and_its_checks_hold(lesson, tmp_path, monkeypatch):
     monkeypatch.delenv("SPECTRACE_UPDATE_LESSONS", raising=False)
     monkeypatch.syspath_prepend(str(LESSONS))
     sys.modules.pop("_lib", None)  # re-read with this test's environment
-    monkeypatch.chdir(LESSONS.parent)
+    # where a reader starts one: the repository (python lessons/NN_x.py) for even lessons, inside
+    # lessons/ (where Jupyter starts) for odd ones
+    monkeypatch.chdir(LESSONS if int(lesson.stem[:2]) % 2 else LESSONS.parent)
     runpy.run_path(str(lesson), run_name="__main__")
     assert any(tmp_path.iterdir()), "a lesson leaves its traces and figures in SPECTRACE_LESSON_OUT"

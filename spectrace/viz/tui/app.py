@@ -319,6 +319,8 @@ def replay(path: str | Path) -> None:
     trace = TraceFile(path)
     if not trace.index:
         raise TraceError(f"trace {path} holds no decode steps to replay")
+    first = min(range(len(trace.index)), key=lambda i: (trace.index[i].request, i))  # where it opens
+    trace.view(first, lambda rec: step_tree(rec, trace.token_text))  # the first screen's step: refused before the UI
     if not on_a_terminal():
         raise SpectraceError("the walkthrough needs a terminal on stdin, stdout and stderr (it draws through "
                              f"stderr); without one, draw a step with: spectrace render {path} --step N -o tree.svg")
