@@ -196,6 +196,17 @@ def _apply_speculative_config(args) -> None:
         args.algos = ["none", options["algo"]]
 
 
+# options that only some algorithms read: (the flags, which algorithms, what they do, what the others do not)
+ALGORITHM_OPTIONS = [
+    ({"--medusa-choices"}, lambda a: a == "medusa", "shapes Medusa's tree", "does not draft one"),
+    ({"--prompt-lookup-min", "--prompt-lookup-max", "--ngram-match", "--ngram-style",
+      "--speculative-ngram-match-type", "--speculative-ngram-min-bfs-breadth",
+      "--speculative-ngram-max-bfs-breadth", "--speculative-ngram-max-trie-depth"},
+     lambda a: a == "ngram", "shapes the n-gram drafter", "does not look up n-grams"),
+    ({"--draft-model"}, lambda a: a not in ("none", "ngram"), "names the draft model", "drafts without one"),
+]
+
+
 def _check_supported(args) -> None:
     """Options whose machinery arrives in later work are refused, not ignored."""
     if args.command in ("replay", "render", "export", "rejudge"):
@@ -205,12 +216,13 @@ def _check_supported(args) -> None:
         # SGLang: topk 1 forces num_draft_tokens = num_steps + 1, with a warning
         print(f"spectrace: warning: topk 1 forces --num-draft-tokens to num_steps + 1 = {args.num_steps + 1}",
               file=sys.stderr)
-    if args.medusa_choices is not None:  # refused where no algorithm reads it, as SGLang refuses mismatched flags
-        from spectrace.run import RunConfig
+    from spectrace.run import RunConfig
 
-        algos = args.algos if args.command == "bench" else [args.algo or RunConfig.algo]
-        if "medusa" not in algos:
-            raise UsageError(f"--medusa-choices shapes Medusa's tree; --algo {' '.join(algos)} does not draft one")
+    algos = args.algos if args.command == "bench" else [args.algo or RunConfig.algo]
+    for flags, algo, what, others in ALGORITHM_OPTIONS:  # refused where no algorithm reads them, as SGLang refuses
+        named = sorted(flag for flag in args.given if flag in flags)  # mismatched flags
+        if named and not any(algo(a) for a in algos):
+            raise UsageError(f"{named[0]} {what}; --algo {' '.join(algos)} {others}")
     if args.use_rejection:
         if args.acceptance not in (None, "rejection"):
             raise UsageError(f"--speculative-use-rejection-sampling contradicts --acceptance {args.acceptance}")
@@ -429,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     from spectrace.core.trace import TraceError
 
     args = build_parser().parse_args(argv)
+    args.given = {a.split("=")[0] for a in (sys.argv[1:] if argv is None else argv) if a.startswith("--")}
     try:
         if getattr(args, "speculative_config", None) is not None:
             _apply_speculative_config(args)

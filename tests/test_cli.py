@@ -155,6 +155,9 @@ def other_vocab_model(tmp_path):
     (["--algo", "eagle", "--draft-model", "MEDUSA"], "holds no model.safetensors"),
     (["--algo", "eagle", "--medusa-choices", "/nonexistent.json"], "--algo eagle does not draft one"),
     (["--medusa-choices", "/nonexistent.json"], "--algo standalone does not draft one"),
+    (["--algo", "eagle", "--prompt-lookup-max", "3"], "--prompt-lookup-max shapes the n-gram drafter; --algo eagle"),
+    (["--algo", "eagle", "--ngram-style=sglang"], "--ngram-style shapes the n-gram drafter; --algo eagle does not"),
+    (["--algo", "ngram", "--draft-model", "EAGLE1"], "--draft-model names the draft model; --algo ngram drafts"),
     (["--algo", "eagle", "--draft-model", __file__], "a file, not a model directory"),
     (["--batch", "100000"], "--batch 100000: the KV caches would need"),  # was 33 GB allocated, then a RuntimeError
 ])

@@ -37,8 +37,9 @@ def _set(x, path, value):
 
 
 REPLACEMENTS = {
-    "nan": lambda: float("nan"), "inf": lambda: float("-inf"), "null": lambda: None, "huge string": lambda: "x" * 100_000,
-    "string": lambda: "3", "negative": lambda: -7, "big int": lambda: 10**30, "float": lambda: 0.5, "bool": lambda: True,
+    "nan": lambda: float("nan"), "inf": lambda: float("-inf"), "null": lambda: None,
+    "huge string": lambda: "x" * 100_000, "string": lambda: "3", "negative": lambda: -7, "big int": lambda: 10**30,
+    "float": lambda: 0.5, "bool": lambda: True,
     "empty list": lambda: [], "list": lambda: [1, 2, 3], "object": lambda: {"a": 1}, "deep": lambda: "__DEEP__",
 }
 DEEP = "[" * 5000 + "]" * 5000  # nested past the parser's recursion limit, spliced in as text
@@ -48,7 +49,7 @@ def mutate(data: st.DataObject) -> str:
     """The committed walkthrough trace with one thing changed, as file text."""
     lines = list(LINES)
     kind = data.draw(st.sampled_from(["value", "value", "value", "duplicate key", "cut", "delete key"]))
-    i = data.draw(st.integers(0, len(lines) - 1)) if kind == "cut" else data.draw(st.integers(FIRST_STEP, FIRST_STEP + 3))
+    i = data.draw(st.integers(0, len(lines) - 1) if kind == "cut" else st.integers(FIRST_STEP, FIRST_STEP + 3))
     if kind == "cut":
         return "".join(lines[:i]) + lines[i][:data.draw(st.integers(0, len(lines[i]) - 1))]
     rec = json.loads(lines[i])

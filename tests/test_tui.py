@@ -194,8 +194,9 @@ def _lines():
     (lambda p: p.write_text("".join(_lines()[:3]) + _lines()[3].replace('"accept_tokens": [', '"accept_tokens": ' +
                             "[" * 10000 + "]" * 10000 + ', "x": [', 1) + "".join(_lines()[4:])),
      "corrupted at line 4 (nested too deeply)"),
-    (lambda p: p.write_text("".join(_lines()[:3]) + _lines()[3].replace('"bonus_token":', '"step": 0, "bonus_token":', 1)
-                            + "".join(_lines()[4:])), "corrupted at line 4 (duplicate key 'step')"),
+    (lambda p: p.write_text("".join(_lines()[:3]) + _lines()[3].replace('"bonus_token":', '"step": 0, "bonus_token":',
+                                                                        1) + "".join(_lines()[4:])),
+     "corrupted at line 4 (duplicate key 'step')"),
 ])
 def test_bad_traces_are_one_line_and_exit_2(tmp_path, capsys, make, message):
     path = tmp_path / "t.jsonl"
