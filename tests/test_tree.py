@@ -140,3 +140,27 @@ def test_draft_tree_of_topk_1_is_a_chain():
         assert tree.parents(b) == [0, 1, 2, 3]
         assert tree.positions[b].tolist() == [[5, 7][b] + d for d in range(5)]
         assert torch.equal(tree.tree_mask[b], torch.ones(5, 5, dtype=torch.bool).tril())
+
+
+@settings(max_examples=60, deadline=None)
+@given(bs=st.integers(1, 3), K=st.integers(2, 5), level=st.integers(1, 4), seed=st.integers(0, 2**31))
+def test_a_level_keeps_the_paths_with_the_K_best_path_scores(bs, K, level, seed):
+    """EAGLE-2's beam: of the K*K children of the K kept paths, the K whose path score (the
+    parent's score times the child's q) is highest, by brute force over every child. Ranking by
+    the child's own q instead (a one-line slip in select_top_k_tokens) keeps other paths."""
+    from spectrace.core.tree import select_top_k_tokens
+
+    gen = torch.Generator().manual_seed(seed)
+    scores = torch.rand(bs, K, generator=gen)
+    topk_p = torch.rand(bs * K, K, generator=gen).sort(dim=1, descending=True).values  # as a top-K returns them
+    topk_index = torch.randperm(V, generator=gen)[:K].repeat(bs * K, 1)
+    hidden = torch.randn(bs * K, 3, generator=gen)
+    input_ids, new_hidden, kept, (_, _, parents) = select_top_k_tokens(level, topk_p, topk_index, hidden, scores, K)
+    for b in range(bs):
+        children = sorted(((scores[b, k] * topk_p[b * K + k, c]).item(), k, c) for k in range(K) for c in range(K))
+        best = children[::-1][:K]
+        torch.testing.assert_close(kept[b], torch.tensor([s for s, _, _ in best]))
+        assert input_ids[b * K:(b + 1) * K].tolist() == [topk_index[b * K + k, c].item() for _, k, c in best]
+        assert torch.equal(new_hidden[b * K:(b + 1) * K], hidden[[b * K + k for _, k, _ in best]])
+        block = K + (level - 1) * K * K  # the level's candidates in SGLang's flat order
+        assert parents[b].tolist() == [block + k * K + c for _, k, c in best]
