@@ -160,29 +160,43 @@ def hf_table(config: Config, prompts: list[str], repeat: int,
     return outputs
 
 
-def batch_table(config: Config, algos: list[str], prompts: list[str], batch_sizes: list[int],
-                repeat: int, progress: Progress = _silent) -> dict[int, dict[str, tuple[float, float | None]]]:
-    """At each batch size, one run per algorithm over that many requests (the prompts cycled):
-    tokens/s (every request's tokens over the run's wall time), τ, and tokens/s over `none`'s at
-    the same batch. Returns {batch: {algo: (tokens/s, τ)}}."""
+def batch_runs(prompts: list[str], bs: int) -> list[list[str]]:
+    """The runs of a batch size: every prompt at least once (the prompts cycled up to a whole
+    batch), bs requests a run, so that τ at every batch is the τ of the same requests."""
+    count = -(-max(bs, len(prompts)) // bs) * bs
+    requests = [prompts[i % len(prompts)] for i in range(count)]
+    return [requests[i:i + bs] for i in range(0, count, bs)]
+
+
+def batch_table(config: Config, algos: list[str], prompts: list[str], batch_sizes: list[int], repeat: int,
+                progress: Progress = _silent, policy: str | None = None) -> dict[int, dict[str, tuple]]:
+    """At each batch size, runs of that many requests per algorithm (`batch_runs`): tokens/s
+    (every request's tokens over the runs' wall time), τ, and tokens/s over `none`'s at the same
+    batch; with `policy` (--batch-policy) each algorithm once more at the shape the policy picks
+    for the batch, or drafting off. Returns {batch: {algo or "algo policy": (tokens/s, τ)}}."""
     algos = ["none"] + [a for a in algos if a != "none"]
-    spec_algos = algos[1:]
-    head = f"{'batch':>5} {'none tok/s':>10}" + "".join(
-        f" | {a + ' tok/s':>14} {'tau':>6} {'speed-up':>8}" for a in spec_algos)
-    print(head)
+    columns = [(a, {}) for a in algos[1:]]
+    if policy is not None:
+        columns += [(a, {"batch_policy": policy, "num_steps": None, "topk": None, "num_draft_tokens": None})
+                    for a in algos[1:]]
+    names = [a + (" policy" if over else "") for a, over in columns]
+    print(f"{'batch':>5} {'none tok/s':>10}" + "".join(f" | {n + ' tok/s':>19} {'tau':>6} {'speed-up':>8}" for n in names))
     table = {}
     for bs in batch_sizes:
         row = {}
-        for algo in algos:
-            progress(f"bench: batch {bs}, {algo}")
-            m = best_run(config, repeat, algo=algo, prompts=[prompts[i % len(prompts)] for i in range(bs)],
-                         batch=bs, trace=None).metrics
-            row[algo] = (m["tokens_per_s"], m["accept_length"] if algo != "none" else None)
+        for name, (algo, over) in zip(["none"] + names, [("none", {})] + columns):
+            progress(f"bench: batch {bs}, {name}")
+            runs = [best_run(config, repeat, algo=algo, prompts=group, batch=bs, trace=None, **over)
+                    for group in batch_runs(prompts, bs)]
+            tokens = sum(r.metrics["completion_tokens"] for r in runs)
+            drafted = runs[0].spec.algo != "none"
+            row[name] = (tokens / sum(r.metrics["wall_s"] for r in runs),
+                         tokens / sum(r.metrics["verify_ct"] for r in runs) if drafted else None)
         table[bs] = row
-        none_tps = row["none"][0]
         progress(None)
-        print(f"{bs:>5} {none_tps:>10.1f}" + "".join(
-            f" | {row[a][0]:>14.1f} {row[a][1] or 0:>6.3f} {row[a][0] / none_tps:>7.2f}x" for a in spec_algos))
+        print(f"{bs:>5} {row['none'][0]:>10.1f}" + "".join(
+            f" | {row[n][0]:>19.1f} {f'{row[n][1]:.3f}' if row[n][1] else '-':>6} {row[n][0] / row['none'][0]:>7.2f}x"
+            for n in names))
     return table
 
 

@@ -76,6 +76,9 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculative-adaptive", "--adaptive", dest="adaptive", action="store_true",
                    help="SGLang's adaptive steps: an EMA of accepted drafts switches the chain length among "
                         "1, 3 and 7 steps (EAGLE family, topk 1)")
+    p.add_argument("--batch-policy", dest="batch_policy", default=None, metavar="POLICY",
+                   help='the shape by the number of requests, drafting off where it cannot pay: auto (the embedded '
+                        'pair\'s, measured), or JSON such as {"1": [5, 4, 8], "16": [2, 1, 3], "64": "off"}')
     p.add_argument("--medusa-choices", dest="medusa_choices", default=None, metavar="FILE",
                    help="medusa: the static tree as a JSON list of rank paths, e.g. [[0], [0, 0], [1]] "
                         "(default: the first 24 paths of Medusa's mc_sim_7b_63)")
@@ -241,6 +244,7 @@ def _run_config(args, **over):
               top_k=args.top_k, top_p=args.top_p, seed=args.seed, threshold_single=args.threshold_single,
               threshold_acc=args.threshold_acc, prompt_lookup_min=args.prompt_lookup_min,
               prompt_lookup_max=args.prompt_lookup_max, ngram_match=args.ngram_match, adaptive=args.adaptive,
+              batch_policy=args.batch_policy,
               medusa_choices=args.medusa_choices, ngram_style=args.ngram_style,
               ngram_trie=TrieConfig(min_bfs_breadth=args.ngram_min_bfs, max_bfs_breadth=args.ngram_max_bfs,
                                     match_type=args.ngram_match_type, branch_length=args.ngram_trie_depth),
@@ -387,6 +391,9 @@ def cmd_bench(args) -> int:
                                                              if args.temperature else "greedy"))
 
     record_level, args.trace_level = args.trace_level, "off"  # every speed row runs untraced
+    policy, args.batch_policy = args.batch_policy, None  # a column of its own beside the fixed shapes
+    if policy is not None and not args.batch_sizes:
+        raise UsageError("--batch-policy adds a column to the batch lab: add --batch-sizes")
 
     def config(**over):
         return _run_config(args, **over)
@@ -398,7 +405,7 @@ def cmd_bench(args) -> int:
         bench.shape_table(config, args.target_shape, args.batch_sizes or [1], args.repeat)
         return 0
     if args.batch_sizes:
-        bench.batch_table(config, args.algos, prompts, args.batch_sizes, args.repeat, Progress(0).say)
+        bench.batch_table(config, args.algos, prompts, args.batch_sizes, args.repeat, Progress(0).say, policy)
         return 0
     progress = Progress(0).say  # prompts x algorithms on stderr, when it is a terminal
     hf = bench.hf_table(config, prompts, args.repeat, progress) if args.compare_hf else None

@@ -14,7 +14,7 @@ import json
 import os
 import re
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Callable
 
@@ -80,6 +80,7 @@ class RunConfig:
     ngram_style: str = "vllm"
     ngram_trie: TrieConfig = field(default_factory=TrieConfig)
     adaptive: bool = False
+    batch_policy: str | None = None  # the shape chosen by the number of requests (batch_policy.py)
     # a JSON file of Medusa choices, or the list itself (--speculative-config's chain); default: the
     # first 24 of mc_sim_7b_63
     medusa_choices: str | list | None = None
@@ -127,6 +128,16 @@ class RunConfig:
                 raise SpectraceError(f"--prompt {i} is not valid UTF-8 text") from None
         if self.batch is not None and self.batch < 1:
             raise SpectraceError("--batch must be at least 1")
+        if self.batch_policy is not None:
+            from spectrace.batch_policy import APPLIES_TO, parse_policy
+            if self.algo not in APPLIES_TO:
+                raise SpectraceError(f"--batch-policy chooses (num_steps, topk, num_draft_tokens): --algo {self.algo} "
+                                     f"has no such shape (it applies to {', '.join(APPLIES_TO)})")
+            shape = [f for f in ("num_steps", "topk", "num_draft_tokens") if getattr(self, f) is not None]
+            if shape or self.adaptive:
+                flag = "--speculative-adaptive" if self.adaptive else "--" + shape[0].replace("_", "-")
+                raise SpectraceError(f"--batch-policy chooses the shape by the batch size: drop {flag}")
+            parse_policy(self.batch_policy)
         if self.batch is not None and self.batch < len(self.prompts):
             raise SpectraceError(f"--batch {self.batch} is smaller than the {len(self.prompts)} prompts given")
 
@@ -152,6 +163,7 @@ class RunResult:
     metrics: dict
     trace_path: Path | None  # None at --trace-level off
     spec: SpecConfig
+    policy: str | None = None  # with --batch-policy: what it chose, e.g. "batch 64: drafting off"
 
 
 # ---- options ---------------------------------------------------------------------------------
@@ -216,6 +228,18 @@ def resolve_shape(cfg: RunConfig, target_architecture: str, tree: MedusaTree | N
         return default
     return (cfg.num_steps if cfg.num_steps is not None else default[0],
             cfg.topk if cfg.topk is not None else default[1], cfg.num_draft_tokens)
+
+
+def apply_batch_policy(cfg: RunConfig) -> RunConfig:
+    """The run as --batch-policy makes it for its number of requests: the chosen shape, or plain
+    decoding (no drafter loaded) where the policy turns drafting off."""
+    if cfg.batch_policy is None:
+        return cfg
+    from spectrace.batch_policy import parse_policy
+    shape = parse_policy(cfg.batch_policy).shape_for(len(resolve_prompts(cfg.prompts, cfg.batch)))
+    if shape is None:
+        return replace(cfg, algo="none", draft_model=None)
+    return replace(cfg, num_steps=shape[0], topk=shape[1], num_draft_tokens=shape[2])
 
 
 def resolve(cfg: RunConfig) -> tuple[SpecConfig, dict]:
@@ -332,6 +356,7 @@ def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = N
     """on_step(record) sees every step record as it is made; progress(message) hears what the
     run is doing (loading, generating) before it is done; probe: bench --profile's PhaseProbe."""
     cfg.check()
+    asked, cfg = cfg, apply_batch_policy(cfg)
     check_model_dir(cfg.target_model, "--target-model")
     if cfg.draft_path is not None:
         check_model_dir(cfg.draft_path, "--draft-model")
@@ -364,14 +389,14 @@ def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = N
                               probs=probs, probe=probe, **options)
         threads = choose_threads(target, cfg.device)
         if writer:
-            writer.write(header(cfg, spec, prompts, target, draft, engine, threads, probs),
+            writer.write(header(cfg, spec, prompts, target, draft, engine, threads, probs, asked),
                          [t for p in ids for t in p])
             header_written = True
         (progress or (lambda m: None))(f"generating {cfg.max_new_tokens} tokens for {len(ids)} request(s)")
         reqs, metrics = engine.generate(ids)
         texts = [tok.decode(r.output_ids) for r in reqs]
         if writer is None:
-            return RunResult(reqs, texts, metrics, None, spec)
+            return RunResult(reqs, texts, metrics, None, spec, policy_choice(asked, len(prompts)))
         writer.write({"kind": "summary", "metrics": metrics, "requests": [
             {"request": r.req_pool_idx, "prompt_ids": r.prompt_ids, "output_ids": r.output_ids,
              "prompt_text": prompts[r.req_pool_idx], "output_text": texts[r.req_pool_idx],
@@ -387,7 +412,14 @@ def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = N
                 writer.discard()
             elif probs is not None and not writer.failed:  # also when interrupted: the steps recorded so far
                 seal(trace_path, probs.save())
-    return RunResult(reqs, texts, metrics, trace_path, spec)
+    return RunResult(reqs, texts, metrics, trace_path, spec, policy_choice(asked, len(prompts)))
+
+
+def policy_choice(asked: RunConfig, batch: int) -> str | None:
+    if asked.batch_policy is None:
+        return None
+    from spectrace.batch_policy import parse_policy
+    return f"--batch-policy {asked.batch_policy}, {asked.algo} at {parse_policy(asked.batch_policy).describe(batch)}"
 
 
 def check_topk(spec: SpecConfig, target: CausalLM, draft) -> None:
@@ -411,13 +443,18 @@ def check_prompts(ids: list[list[int]], spec: SpecConfig, context: int) -> None:
 
 
 def header(cfg: RunConfig, spec: SpecConfig, prompts: list[str], target, draft, engine, threads: int,
-           probs: ProbsRecorder | None = None) -> dict:
-    """The trace's first record: the resolved options, the models' identities and, with
-    --record-probs, the sidecar (its hash sealed in once it is saved)."""
+           probs: ProbsRecorder | None = None, asked: RunConfig | None = None) -> dict:
+    """The trace's first record: the resolved options, the models' identities, with
+    --record-probs the sidecar (its hash sealed in once it is saved), and with --batch-policy the
+    algorithm asked for and what the policy chose for the batch."""
     models = {"target": model_identity(cfg.target_model, target)}
     if draft is not None:
         models["draft"] = model_identity(cfg.draft_path, draft)
     extra = {"probs": {"file": probs.path.name, "sha256": UNSEALED}} if probs is not None else {}
+    if asked is not None and asked.batch_policy is not None:
+        extra["batch_policy"] = {"policy": asked.batch_policy, "algo": asked.algo, "batch": len(prompts),
+                                 "shape": None if cfg.algo == "none" else [spec.num_steps, spec.topk,
+                                                                           spec.num_draft_tokens]}
     return {"kind": "header", "schema": SCHEMA,
             "config": {**asdict(cfg), "prompts": prompts, "draft_model": cfg.draft_path or "",
                        "num_steps": spec.num_steps, "topk": spec.topk, "num_draft_tokens": spec.num_draft_tokens,

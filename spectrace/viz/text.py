@@ -31,6 +31,8 @@ def what_ran(spec, backend: str) -> str:
 
 def run_summary(result, algo: str, backend: str = "explicit") -> str:
     out = [what_ran(result.spec, backend)] if getattr(result, "spec", None) is not None else []
+    if getattr(result, "policy", None):
+        out.append(result.policy)
     for r, text in zip(result.requests, result.texts):
         out.append(f"--- request {r.req_pool_idx} ({len(r.prompt_ids)} prompt tokens, {len(r.output_ids)} generated, "
                    f"finished: {r.finish_reason})")

@@ -1,0 +1,84 @@
+"""A batch policy (--batch-policy): the speculative shape chosen by the batch size, drafting off
+where it cannot pay.
+
+A draft tree of n nodes per request makes the verify a forward of bs * n rows. At batch 1 those
+rows are free (the forward costs its kernel launches, or its weight reads on a large model), so a
+wide tree pays; as the batch grows the verify's matrix products stop being free and the draft
+loop's work grows with it, so the tree that pays shrinks, and at some batch none does. SGLang
+keys its adaptive steps on the batch size for this reason (`adaptive_spec_params.py`, the
+per-batch-size version: `DEFAULT_ADAPTIVE_CONFIG` maps batch sizes 1, 8, 32 and 64 to candidate
+steps [1, 3, 5, 7], [0, 1, 3], [0, 1] and [0], where 0 steps means no drafting). That table feeds
+its EMA over chains (topk 1); the policy here is the simpler half of it: each batch-size entry
+fixes one shape, a tree allowed, or `off`.
+
+    {"1": [5, 4, 8], "8": [3, 1, 4], "32": "off"}   # (num_steps, topk, num_draft_tokens) per batch
+
+A run takes the entry of the largest batch size not above its own number of requests. The fast
+engine's graphs keep the batch they were captured with as requests finish, so the choice is made
+once, when the run starts (SGLang decides per forward, on the running batch).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from spectrace.core.tree import tree_capacity
+from spectrace.errors import SpectraceError
+
+Shape = tuple[int, int, int]  # (num_steps, topk, num_draft_tokens)
+
+# The embedded pair's policy, measured with `spectrace bench --device cuda --backend fast
+# --batch-sizes 1 4 16 64 --algos none eagle eagle3` over the shapes in docs/kernel-budget.md
+# ("A batch policy"): the fastest shape at each measured batch size.
+EMBEDDED = {1: (5, 4, 8), 4: (3, 1, 4), 16: (2, 1, 3), 64: None}
+
+# the algorithms whose shape is (num_steps, topk, num_draft_tokens); the others' drafters fix theirs
+APPLIES_TO = ("standalone", "eagle", "eagle3", "mtp", "nextn", "frozen_kv_mtp")
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    table: dict[int, Shape | None]  # smallest batch size -> shape, or None: drafting off
+
+    def shape_for(self, batch: int) -> Shape | None:
+        """The entry of the largest batch size not above `batch` (the smallest entry below it)."""
+        below = [b for b in self.table if b <= batch]
+        return self.table[max(below) if below else min(self.table)]
+
+    def describe(self, batch: int) -> str:
+        shape = self.shape_for(batch)
+        return f"batch {batch}: " + ("drafting off" if shape is None else "({}, {}, {})".format(*shape))
+
+
+def parse_policy(text: str) -> BatchPolicy:
+    """`auto` (the embedded pair's table), a JSON object, or a file holding one."""
+    if text == "auto":
+        return BatchPolicy(EMBEDDED)
+    source = Path(text).read_text(encoding="utf-8") if not text.lstrip().startswith("{") and Path(text).is_file() \
+        else text
+    try:
+        raw = json.loads(source)
+    except json.JSONDecodeError as e:
+        raise SpectraceError(f"--batch-policy: not auto, a JSON object or a file holding one ({e.msg})") from None
+    if not isinstance(raw, dict) or not raw:
+        raise SpectraceError('--batch-policy: expected an object of batch sizes, e.g. {"1": [5, 4, 8], "32": "off"}')
+    table = {}
+    for key, value in raw.items():
+        if not (key.isdigit() and int(key) >= 1):
+            raise SpectraceError(f"--batch-policy: {key!r} is not a batch size (a whole number from 1)")
+        table[int(key)] = None if value == "off" else check_shape(key, value)
+    return BatchPolicy(table)
+
+
+def check_shape(key: str, value) -> Shape:
+    """A shape as SpecConfig accepts it: steps and topk from 1, a tree of 2 to 1 + tree_capacity
+    nodes, a chain (topk 1) of num_steps + 1."""
+    if not (isinstance(value, list) and len(value) == 3 and all(type(v) is int and v >= 1 for v in value)):
+        raise SpectraceError(f'--batch-policy: batch {key} needs [num_steps, topk, num_draft_tokens] or "off", '
+                             f"got {json.dumps(value)}")
+    steps, topk, n = value
+    if not 2 <= n <= 1 + tree_capacity(topk, steps) or (topk == 1 and n != steps + 1):
+        raise SpectraceError(f"--batch-policy: batch {key}: {n} draft tokens do not fit a tree of {steps} steps "
+                             f"and topk {topk} (2 to {1 + tree_capacity(topk, steps)}; a chain takes num_steps + 1)")
+    return steps, topk, n
