@@ -1,8 +1,10 @@
 """The explicit engine's step records (core/step_record.py) from a fast step's tensors.
 
-A recording run (a trace, or on_step) copies the step's tensors to the host after the step
-(`host_tensors`), rebuilds each request's draft tree and StepRow from them, and runs the
-explicit rule's walk over the same tree with the same p and random numbers: its per-node
+A recording run (a trace, or on_step) copies the step's tensors to the host in one copy that
+the host does not wait for (`copy_step`, a `PackedCopy` enqueued behind the step), so the next
+step is launched before this one is recorded, as in an untraced run. Once the copy has landed,
+`host_tensors` rebuilds each request's draft tree and StepRow from it, and the explicit rule's
+walk runs over the same tree with the same p and random numbers: its per-node
 decisions are what the trace records, and a step whose kernel path or bonus differs from the
 explicit walk's is refused with one line. The KV part records lengths and the req_to_token
 pointers; the static KV has no allocator, so it has no events.
@@ -23,6 +25,32 @@ from spectrace.errors import SpectraceError
 TREE_FIELDS = ("draft_tokens", "positions", "retrive_index", "retrive_next_token", "retrive_next_sibling")
 
 
+class PackedCopy:
+    """Device tensors to the host in one copy: each viewed as bytes and concatenated on the device
+    (one kernel), then copied into pinned memory without waiting. `tensors()` reads them back once
+    the copy has landed (after the step's event); None entries stay None."""
+    ALIGN = 8  # every tensor starts at a multiple of the largest element size
+
+    def __init__(self, tensors: dict):
+        self.layout, chunks, at = {}, [], 0
+        for name, t in tensors.items():
+            if t is None:
+                self.layout[name] = None
+                continue
+            size = t.numel() * t.element_size()
+            self.layout[name] = (at, size, t.dtype, tuple(t.shape))
+            pad = -size % self.ALIGN
+            chunks += [t.contiguous().view(-1).view(torch.uint8)] + [t.new_zeros(pad, dtype=torch.uint8)] * (pad > 0)
+            at += size + pad
+        flat = torch.cat(chunks) if chunks else torch.empty(0, dtype=torch.uint8)
+        self.host = torch.empty(flat.shape, dtype=torch.uint8, pin_memory=flat.is_cuda)
+        self.host.copy_(flat, non_blocking=flat.is_cuda)
+
+    def tensors(self) -> dict:
+        return {name: None if where is None else self.host[where[0]:where[0] + where[1]].view(where[2]).view(where[3])
+                for name, where in self.layout.items()}
+
+
 class StepRecorder:
     def __init__(self, spec: SpecConfig, drafter, probs: ProbsRecorder | None):
         self.spec, self.drafter, self.probs = spec, drafter, probs
@@ -32,31 +60,35 @@ class StepRecorder:
         kv = {"style": "sglang", "target_seq_len": [0, len(r.prompt_ids)], "events": [], "free_slots": None}
         return prefill_record(StepRow(r, 0, None, None), first_token, kv, {"prefill": ms})
 
-    def host_tensors(self, tier, kv) -> dict:
-        """The step's tensors on the host (the cost of --trace-level steps/full)."""
+    def copy_step(self, tier, kv) -> PackedCopy:
+        """The step's tensors, on their way to the host (the cost of --trace-level steps/full)."""
         tree, verdict, bs, n = tier.tree, tier.verdict, *tier.tree.draft_tokens.shape
-        host = {"target_predict": tier.target_predict.view(bs, n).cpu(), "accept_index": verdict.accept_index.cpu(),
-                "accept_num": verdict.accept_num.cpu(), "req_to_token": kv.req_to_token.cpu(),
-                "seq_lens": kv.seq_lens.cpu()}
         sampling = self.spec.sampling  # p as the trace shows it: softmax at temperature 0, else after T, top-k, top-p
         p = torch.softmax(tier.logits, dim=-1) if sampling.greedy else probs_from_logits(tier.logits, sampling)
-        host["target_probs"] = p.view(bs, n, -1).cpu()
-        if self.probs is not None:
-            host["logits"] = tier.logits.float().view(bs, n, -1).cpu()
-        if self.drafter is None:
-            return host
-        host.update({name: getattr(tree, name).cpu() for name in TREE_FIELDS})
-        if self.drafter.kv is not None:
-            host["draft_seq_lens"] = self.drafter.kv.seq_lens.cpu()
-        if not self.drafter.on_host:  # n-gram's trees are on the host already
-            host.update({name: getattr(tree, name).cpu() for name in ("tree_mask", "q", "scores")})
-            host["draft_probs"] = tree.draft_probs.cpu() if tree.draft_probs is not None else None
-            host["worth"] = tier.randoms.worth.cpu() if self.spec.acceptance == "tree_rejection" and \
+        step = {"target_predict": tier.target_predict.view(bs, n), "accept_index": verdict.accept_index,
+                "accept_num": verdict.accept_num, "req_to_token": kv.req_to_token, "seq_lens": kv.seq_lens,
+                "target_probs": p.view(bs, n, -1),
+                "logits": tier.logits.float().view(bs, n, -1) if self.probs is not None else None}
+        if self.drafter is not None:
+            step.update({name: getattr(tree, name) for name in TREE_FIELDS})
+            step["draft_seq_lens"] = self.drafter.kv.seq_lens if self.drafter.kv is not None else None
+        if self.drafter is not None and not self.drafter.on_host:  # n-gram's trees are on the host already
+            step.update({name: getattr(tree, name) for name in ("tree_mask", "q", "scores", "draft_probs")})
+            step["worth"] = tier.randoms.worth if self.spec.acceptance == "tree_rejection" and \
                 self.spec.topk > 1 else None
-            values, indices = tree.draft_top
-            host["draft_topk"] = [as_pairs(ib, vb) for ib, vb in zip(indices.tolist(), values.tolist())]
-            host["candidates"] = (draft_candidates(*(t.cpu() for t in tree.candidates), self.spec.topk)
-                                  if tree.candidates is not None else None)
+            step["draft_top_values"], step["draft_top_indices"] = tree.draft_top
+            for i, t in enumerate(tree.candidates or ()):
+                step[f"candidates{i:02d}"] = t
+        return PackedCopy(step)
+
+    def host_tensors(self, copied: PackedCopy) -> dict:
+        """The step's tensors on the host, once `copied` has landed, as the records read them."""
+        host = copied.tensors()
+        if "draft_top_values" in host:
+            host["draft_topk"] = [as_pairs(ib, vb) for ib, vb in zip(host.pop("draft_top_indices").tolist(),
+                                                                    host.pop("draft_top_values").tolist())]
+            candidates = [host.pop(k) for k in sorted(k for k in host if k.startswith("candidates"))]
+            host["candidates"] = draft_candidates(*candidates, self.spec.topk) if candidates else None
         return host
 
     def draft_tree(self, host: dict, b: int) -> tuple[DraftTree | None, int, int]:
@@ -117,7 +149,7 @@ class StepRecorder:
               "req_to_token_tail": {"start": max(0, after - 16),
                                     "slots": host["req_to_token"][b, max(0, after - 16):after].tolist()},
               "events": [], "free_slots": None}
-        if "draft_seq_lens" in host:
+        if host.get("draft_seq_lens") is not None:
             d_after, num = int(host["draft_seq_lens"][b]), int(host["accept_num"][b])
             kv["draft_seq_len"] = [d_after - num - 1, d_after]  # EXTEND ran over every accepted token
         return kv
