@@ -20,7 +20,7 @@ once, when the run starts (SGLang decides per forward, on the running batch).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from spectrace.core.tree import tree_capacity
@@ -82,3 +82,42 @@ def check_shape(key: str, value) -> Shape:
         raise SpectraceError(f"--batch-policy: batch {key}: {n} draft tokens do not fit a tree of {steps} steps "
                              f"and topk {topk} (2 to {1 + tree_capacity(topk, steps)}; a chain takes num_steps + 1)")
     return steps, topk, n
+
+
+# ---- a run under a policy (spectrace.run) -------------------------------------------------------
+
+def check(cfg) -> None:
+    """RunConfig.check's part: the policy parses, and it is the only thing choosing the shape."""
+    if cfg.algo not in APPLIES_TO:
+        raise SpectraceError(f"--batch-policy chooses (num_steps, topk, num_draft_tokens): --algo {cfg.algo} has no "
+                             f"such shape (it applies to {', '.join(APPLIES_TO)})")
+    shape = [f for f in ("num_steps", "topk", "num_draft_tokens") if getattr(cfg, f) is not None]
+    if shape or cfg.adaptive:
+        flag = "--speculative-adaptive" if cfg.adaptive else "--" + shape[0].replace("_", "-")
+        raise SpectraceError(f"--batch-policy chooses the shape by the batch size: drop {flag}")
+    parse_policy(cfg.batch_policy)
+
+
+def apply(cfg, batch: int):
+    """The RunConfig as the policy makes it for `batch` requests: the chosen shape, or plain
+    decoding (no drafter loaded) where the policy turns drafting off."""
+    if cfg.batch_policy is None:
+        return cfg
+    shape = parse_policy(cfg.batch_policy).shape_for(batch)
+    if shape is None:
+        return replace(cfg, algo="none", draft_model=None)
+    return replace(cfg, num_steps=shape[0], topk=shape[1], num_draft_tokens=shape[2])
+
+
+def choice(asked, batch: int) -> str | None:
+    """The summary's line: what the policy chose for the run asked for."""
+    if asked.batch_policy is None:
+        return None
+    return f"--batch-policy {asked.batch_policy}, {asked.algo} at {parse_policy(asked.batch_policy).describe(batch)}"
+
+
+def header(asked, spec, batch: int) -> dict:
+    """The trace header's `batch_policy`: the policy, the algorithm asked for, the batch, the shape
+    chosen (None: drafting off)."""
+    return {"policy": asked.batch_policy, "algo": asked.algo, "batch": batch,
+            "shape": None if spec.algo == "none" else [spec.num_steps, spec.topk, spec.num_draft_tokens]}

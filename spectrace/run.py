@@ -14,12 +14,13 @@ import json
 import os
 import re
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Callable
 
 import torch
 
+from spectrace import batch_policy
 from spectrace.algos import ALGOS, auto_shape
 from spectrace.core.adaptive import AdaptiveConfig
 from spectrace.core.config import read_config_json
@@ -129,15 +130,7 @@ class RunConfig:
         if self.batch is not None and self.batch < 1:
             raise SpectraceError("--batch must be at least 1")
         if self.batch_policy is not None:
-            from spectrace.batch_policy import APPLIES_TO, parse_policy
-            if self.algo not in APPLIES_TO:
-                raise SpectraceError(f"--batch-policy chooses (num_steps, topk, num_draft_tokens): --algo {self.algo} "
-                                     f"has no such shape (it applies to {', '.join(APPLIES_TO)})")
-            shape = [f for f in ("num_steps", "topk", "num_draft_tokens") if getattr(self, f) is not None]
-            if shape or self.adaptive:
-                flag = "--speculative-adaptive" if self.adaptive else "--" + shape[0].replace("_", "-")
-                raise SpectraceError(f"--batch-policy chooses the shape by the batch size: drop {flag}")
-            parse_policy(self.batch_policy)
+            batch_policy.check(self)
         if self.batch is not None and self.batch < len(self.prompts):
             raise SpectraceError(f"--batch {self.batch} is smaller than the {len(self.prompts)} prompts given")
 
@@ -228,18 +221,6 @@ def resolve_shape(cfg: RunConfig, target_architecture: str, tree: MedusaTree | N
         return default
     return (cfg.num_steps if cfg.num_steps is not None else default[0],
             cfg.topk if cfg.topk is not None else default[1], cfg.num_draft_tokens)
-
-
-def apply_batch_policy(cfg: RunConfig) -> RunConfig:
-    """The run as --batch-policy makes it for its number of requests: the chosen shape, or plain
-    decoding (no drafter loaded) where the policy turns drafting off."""
-    if cfg.batch_policy is None:
-        return cfg
-    from spectrace.batch_policy import parse_policy
-    shape = parse_policy(cfg.batch_policy).shape_for(len(resolve_prompts(cfg.prompts, cfg.batch)))
-    if shape is None:
-        return replace(cfg, algo="none", draft_model=None)
-    return replace(cfg, num_steps=shape[0], topk=shape[1], num_draft_tokens=shape[2])
 
 
 def resolve(cfg: RunConfig) -> tuple[SpecConfig, dict]:
@@ -356,7 +337,7 @@ def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = N
     """on_step(record) sees every step record as it is made; progress(message) hears what the
     run is doing (loading, generating) before it is done; probe: bench --profile's PhaseProbe."""
     cfg.check()
-    asked, cfg = cfg, apply_batch_policy(cfg)
+    asked, cfg = cfg, batch_policy.apply(cfg, len(resolve_prompts(cfg.prompts, cfg.batch)))
     check_model_dir(cfg.target_model, "--target-model")
     if cfg.draft_path is not None:
         check_model_dir(cfg.draft_path, "--draft-model")
@@ -396,7 +377,7 @@ def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = N
         reqs, metrics = engine.generate(ids)
         texts = [tok.decode(r.output_ids) for r in reqs]
         if writer is None:
-            return RunResult(reqs, texts, metrics, None, spec, policy_choice(asked, len(prompts)))
+            return RunResult(reqs, texts, metrics, None, spec, batch_policy.choice(asked, len(prompts)))
         writer.write({"kind": "summary", "metrics": metrics, "requests": [
             {"request": r.req_pool_idx, "prompt_ids": r.prompt_ids, "output_ids": r.output_ids,
              "prompt_text": prompts[r.req_pool_idx], "output_text": texts[r.req_pool_idx],
@@ -412,14 +393,7 @@ def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = N
                 writer.discard()
             elif probs is not None and not writer.failed:  # also when interrupted: the steps recorded so far
                 seal(trace_path, probs.save())
-    return RunResult(reqs, texts, metrics, trace_path, spec, policy_choice(asked, len(prompts)))
-
-
-def policy_choice(asked: RunConfig, batch: int) -> str | None:
-    if asked.batch_policy is None:
-        return None
-    from spectrace.batch_policy import parse_policy
-    return f"--batch-policy {asked.batch_policy}, {asked.algo} at {parse_policy(asked.batch_policy).describe(batch)}"
+    return RunResult(reqs, texts, metrics, trace_path, spec, batch_policy.choice(asked, len(prompts)))
 
 
 def check_topk(spec: SpecConfig, target: CausalLM, draft) -> None:
@@ -452,9 +426,7 @@ def header(cfg: RunConfig, spec: SpecConfig, prompts: list[str], target, draft, 
         models["draft"] = model_identity(cfg.draft_path, draft)
     extra = {"probs": {"file": probs.path.name, "sha256": UNSEALED}} if probs is not None else {}
     if asked is not None and asked.batch_policy is not None:
-        extra["batch_policy"] = {"policy": asked.batch_policy, "algo": asked.algo, "batch": len(prompts),
-                                 "shape": None if cfg.algo == "none" else [spec.num_steps, spec.topk,
-                                                                           spec.num_draft_tokens]}
+        extra["batch_policy"] = batch_policy.header(asked, spec, len(prompts))
     return {"kind": "header", "schema": SCHEMA,
             "config": {**asdict(cfg), "prompts": prompts, "draft_model": cfg.draft_path or "",
                        "num_steps": spec.num_steps, "topk": spec.topk, "num_draft_tokens": spec.num_draft_tokens,

@@ -36,7 +36,7 @@ from spectrace.fast.batch import extend_batch, features, one_token_forwards
 from spectrace.fast.graphs import PhaseClock, Tier, capture, launch_groups
 from spectrace.fast.kv import StaticKV
 from spectrace.fast.sampling import DeviceRandoms, next_tokens
-from spectrace.fast.step_record import PackedCopy, StepRecorder
+from spectrace.fast.step_record import StepRecorder
 from spectrace.fast.tree import root_tree
 from spectrace.kernels.commit import accept_tokens
 
@@ -109,10 +109,9 @@ class FastEngine:
 
     # ---- the loop (host) ----------------------------------------------------------------------
     def generate(self, prompts: list[list[int]]) -> tuple[list[Request], dict]:
-        """Prefill, then steps until every request is finished. Without a trace the next step is
-        launched before the last one is read (SGLang's overlap scheduler: a request that finished
-        runs one step more, frozen), traced or not; n-gram's drafts, an adaptive tier and
-        tree_rejection's trees follow the last step, so those do not overlap."""
+        """Prefill, then steps until every request is finished. The next step is launched before the
+        last one is read (SGLang's overlap scheduler: a request that finished runs one step more,
+        frozen) but where n-gram's drafts, an adaptive tier or tree_rejection's trees follow it."""
         reqs = [Request(i, list(p), gen=request_generator(self.spec.seed, i)) for i, p in enumerate(prompts)]
         self.sibling_stats = {r.req_pool_idx: SiblingStats(self.spec.topk) for r in reqs}
         t0 = time.perf_counter()
@@ -179,7 +178,7 @@ class FastEngine:
         """Enqueue one step: the step's random numbers in, each launch group (a graph replay, or
         eager), then the step's tokens' copy to the host. Returns what finish_step reads."""
         tier, on_host = self.tier, self.host_drafts
-        before = PackedCopy({"seq_lens": self.kv.seq_lens}) if self.recorder else None
+        before = self.kv.seq_lens.clone() if self.recorder else None  # on the device: nothing waits
         marks = {"draft": self.run_phase("draft", lambda: self.drafter.host_draft(reqs))} if on_host else {}
         sizes = self.drafter.sizes if on_host else [tier.num_draft_tokens if self.drafter else 1] * len(reqs)
         randoms = tier.randoms.draw(reqs, sizes) if not self.spec.sampling.greedy else None
@@ -188,15 +187,14 @@ class FastEngine:
                                                                  for r in reqs]))
         for name, names in self.launches:
             marks[name] = self.run_phase(name, tier.graphs[name].replay if tier.graphs else self.phases(names))
-        if self.recorder:  # behind the step, before the next one overwrites its buffers
-            before = (before, self.recorder.copy_step(tier, self.kv))
+        copied = self.recorder.copy_step(tier, self.kv, before) if self.recorder else None  # before the next step
         if self.device.type != "cuda":
-            return {"marks": marks, "out": tier.step_out.clone(), "done": None, "before": before, "randoms": randoms}
+            return {"marks": marks, "out": tier.step_out.clone(), "done": None, "copied": copied, "randoms": randoms}
         out = torch.empty(tier.step_out.shape, dtype=tier.step_out.dtype, pin_memory=True)
         out.copy_(tier.step_out, non_blocking=True)  # without waiting: finish_step waits for `done`
         done = torch.cuda.Event()
         done.record()
-        return {"marks": marks, "out": out, "done": done, "before": before, "randoms": randoms}
+        return {"marks": marks, "out": out, "done": done, "copied": copied, "randoms": randoms}
 
     def run_phase(self, name: str, fn) -> tuple:  # one launch, on the phase clock (and in the profile's probe)
         with self.probe.phase(name) if self.probe else nullcontext():
@@ -210,10 +208,7 @@ class FastEngine:
             launched["done"].synchronize()
         rows = launched["out"].tolist()  # (bs, num_steps + 2 [+ 2 topk]): accept_tokens, [counts,] accept_num
         timing = {**self.clock.read(launched["marks"]), "batch_size": sum(not r.finish_reason for r in reqs)}
-        host = None
-        if self.recorder:
-            seq_lens, copied = launched["before"]
-            launched["before"], host = seq_lens.tensors()["seq_lens"].tolist(), self.recorder.host_tensors(copied)
+        host = self.recorder.host_tensors(launched["copied"]) if self.recorder else None
         adaptive = self.adaptive.step([row[-1] for row, r in zip(rows, reqs) if not r.finish_reason]) \
             if self.adaptive else None  # the explicit engine's adapt: the EMA over this step's requests
         finished = False
@@ -243,8 +238,8 @@ class FastEngine:
         if self.recorder is None:
             return
         randoms = launched["randoms"][b] if launched["randoms"] else None
-        rec = self.recorder.record(self.step_count, b, r, host, row[:num + 1], randoms, committed,
-                                   launched["before"][b], timing, adaptive, tier.num_steps)
+        rec = self.recorder.record(self.step_count, b, r, host, row[:num + 1], randoms, committed, timing, adaptive,
+                                   tier.num_steps)
         if self.trace:
             self.trace.write(rec, record_token_ids(rec))
         if self.on_step:

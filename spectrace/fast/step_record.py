@@ -60,13 +60,14 @@ class StepRecorder:
         kv = {"style": "sglang", "target_seq_len": [0, len(r.prompt_ids)], "events": [], "free_slots": None}
         return prefill_record(StepRow(r, 0, None, None), first_token, kv, {"prefill": ms})
 
-    def copy_step(self, tier, kv) -> PackedCopy:
+    def copy_step(self, tier, kv, seq_lens_before: torch.Tensor) -> PackedCopy:
         """The step's tensors, on their way to the host (the cost of --trace-level steps/full)."""
         tree, verdict, bs, n = tier.tree, tier.verdict, *tier.tree.draft_tokens.shape
         sampling = self.spec.sampling  # p as the trace shows it: softmax at temperature 0, else after T, top-k, top-p
         p = torch.softmax(tier.logits, dim=-1) if sampling.greedy else probs_from_logits(tier.logits, sampling)
         step = {"target_predict": tier.target_predict.view(bs, n), "accept_index": verdict.accept_index,
                 "accept_num": verdict.accept_num, "req_to_token": kv.req_to_token, "seq_lens": kv.seq_lens,
+                "seq_lens_before": seq_lens_before,
                 "target_probs": p.view(bs, n, -1),
                 "logits": tier.logits.float().view(bs, n, -1) if self.probs is not None else None}
         if self.drafter is not None:
@@ -106,8 +107,9 @@ class StepRecorder:
         return tree, b, host["draft_tokens"].shape[1]
 
     def record(self, step: int, b: int, r: Request, host: dict, tokens: list[int], randoms, committed: list[int],
-               seq_before: int, timing: dict, adaptive: dict | None, max_depth: int) -> dict:
+               timing: dict, adaptive: dict | None, max_depth: int) -> dict:
         """Request b's step record (tokens: the step's accept tokens, the bonus last)."""
+        seq_before = int(host["seq_lens_before"][b])
         tree, i, size = self.draft_tree(host, b)
         row = StepRow(r, seq_before, None, None, b=i, drafted=size > 1, committed=committed)
         row.target_predict = host["target_predict"][b, :size].tolist()
