@@ -28,10 +28,12 @@ from spectrace.errors import SpectraceError
 
 Shape = tuple[int, int, int]  # (num_steps, topk, num_draft_tokens)
 
-# The embedded pair's policy, measured with `spectrace bench --device cuda --backend fast
-# --batch-sizes 1 4 16 64 --algos none eagle eagle3` over the shapes in docs/kernel-budget.md
-# ("A batch policy"): the fastest shape at each measured batch size.
-EMBEDDED = {1: (5, 4, 8), 4: (3, 1, 4), 16: (2, 1, 3), 64: None}
+# `auto`: the embedded pair's policy by device, the shape that was fastest for eagle and eagle3
+# at each measured batch size (docs/kernel-budget.md, "A batch policy"): on a GPU with
+# `spectrace bench --device cuda --backend fast --batch-sizes 1 4 16 64`, on a CPU with the
+# explicit engine, where the draft head's forward is not cheap beside the target's.
+EMBEDDED = {"cuda": {1: (4, 2, 6), 2: (2, 1, 3)},
+            "cpu": {1: (5, 4, 8), 4: None}}
 
 # the algorithms whose shape is (num_steps, topk, num_draft_tokens); the others' drafters fix theirs
 APPLIES_TO = ("standalone", "eagle", "eagle3", "mtp", "nextn", "frozen_kv_mtp")
@@ -51,10 +53,10 @@ class BatchPolicy:
         return f"batch {batch}: " + ("drafting off" if shape is None else "({}, {}, {})".format(*shape))
 
 
-def parse_policy(text: str) -> BatchPolicy:
-    """`auto` (the embedded pair's table), a JSON object, or a file holding one."""
+def parse_policy(text: str, device: str = "cuda") -> BatchPolicy:
+    """`auto` (the embedded pair's table for the device), a JSON object, or a file holding one."""
     if text == "auto":
-        return BatchPolicy(EMBEDDED)
+        return BatchPolicy(EMBEDDED["cpu" if device == "cpu" else "cuda"])
     source = Path(text).read_text(encoding="utf-8") if not text.lstrip().startswith("{") and Path(text).is_file() \
         else text
     try:
@@ -103,7 +105,7 @@ def apply(cfg, batch: int):
     decoding (no drafter loaded) where the policy turns drafting off."""
     if cfg.batch_policy is None:
         return cfg
-    shape = parse_policy(cfg.batch_policy).shape_for(batch)
+    shape = parse_policy(cfg.batch_policy, cfg.device).shape_for(batch)
     if shape is None:
         return replace(cfg, algo="none", draft_model=None)
     return replace(cfg, num_steps=shape[0], topk=shape[1], num_draft_tokens=shape[2])
@@ -113,7 +115,8 @@ def choice(asked, batch: int) -> str | None:
     """The summary's line: what the policy chose for the run asked for."""
     if asked.batch_policy is None:
         return None
-    return f"--batch-policy {asked.batch_policy}, {asked.algo} at {parse_policy(asked.batch_policy).describe(batch)}"
+    policy = parse_policy(asked.batch_policy, asked.device)
+    return f"--batch-policy {asked.batch_policy}, {asked.algo} on {asked.device} at {policy.describe(batch)}"
 
 
 def header(asked, spec, batch: int) -> dict:

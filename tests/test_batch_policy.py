@@ -21,8 +21,9 @@ def test_a_batch_takes_the_entry_of_the_largest_batch_size_not_above_it(table, b
     assert policy.shape_for(batch) == expected
 
 
-def test_auto_is_the_embedded_table_and_json_reads_the_same_from_text_or_file(tmp_path):
-    assert parse_policy("auto").table == EMBEDDED
+def test_auto_is_the_embedded_table_of_the_device_and_json_reads_the_same_from_text_or_file(tmp_path):
+    assert parse_policy("auto", "cuda:1").table == EMBEDDED["cuda"]
+    assert parse_policy("auto", "cpu").table == EMBEDDED["cpu"]
     text = '{"1": [5, 4, 8], "8": [3, 1, 4], "32": "off"}'
     (tmp_path / "policy.json").write_text(text)
     for source in (text, str(tmp_path / "policy.json")):
