@@ -33,7 +33,7 @@ Shape = tuple[int, int, int]  # (num_steps, topk, num_draft_tokens)
 # `spectrace bench --device cuda --backend fast --batch-sizes 1 4 16 64`, on a CPU with the
 # explicit engine, where the draft head's forward is not cheap beside the target's.
 EMBEDDED = {"cuda": {1: (4, 2, 6), 2: (2, 1, 3)},
-            "cpu": {1: (5, 4, 8), 4: None}}
+            "cpu": {1: (1, 1, 2)}}
 
 # the algorithms whose shape is (num_steps, topk, num_draft_tokens); the others' drafters fix theirs
 APPLIES_TO = ("standalone", "eagle", "eagle3", "mtp", "nextn", "frozen_kv_mtp")

@@ -136,23 +136,28 @@ def test_decode_twin_equals_the_explicit_decode_and_one_token_extends(heads, kv_
 @given(data=st.data(), splits=st.sampled_from([1, 2]))
 def test_decode_over_req_to_token_rows_and_paths_equals_its_kv_indices(data, splits):
     """The fast engine's decode form (row r of request r // R reads its request's committed
-    columns, then its path's columns after them) equals the kv_indptr/kv_indices form given the
-    slots those columns hold, listed as fast/batch.py used to build them per level."""
+    columns, then its path's columns after them, all L of them or its own path_lens) equals, bit
+    for bit, the kv_indptr/kv_indices form given the slots those columns hold as one list: the
+    keys are cut into tiles and splits the same way, which --deterministic's verify relies on
+    (a tree node over prefix + ancestors reads its keys as a one-token decode over them does)."""
     bs, R, L = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 4)), data.draw(st.integers(0, 4))
     lens = data.draw(st.lists(st.integers(0, 70), min_size=bs, max_size=bs))
     columns = max(lens) + R * 4
     gen = torch.Generator().manual_seed(data.draw(st.integers(0, 99)))
     req_to_token = torch.randperm(bs * columns, generator=gen).view(bs, columns)
     paths = torch.randint(0, R * 4, (bs, R, L), generator=gen)
+    path_lens = torch.randint(0, L + 1, (bs, R), generator=gen) if L and data.draw(st.booleans()) else None
     k_buffer, v_buffer = torch.randn(2, bs * columns, 2, 13, generator=gen)
     q = torch.randn(bs * R, 4, 13, generator=gen)
     prefix_lens = torch.tensor(lens)
-    rows = [torch.cat((req_to_token[b, :lens[b]], req_to_token[b, lens[b] + paths[b, k]]))
+    used = torch.full((bs, R), L) if path_lens is None else path_lens
+    rows = [torch.cat((req_to_token[b, :lens[b]], req_to_token[b, lens[b] + paths[b, k, :used[b, k]]]))
             for b in range(bs) for k in range(R)]
     kv_indptr = torch.tensor([0] + [len(r) for r in rows]).cumsum(0)
     outs = []
     for form in (dict(kv_indptr=kv_indptr, kv_indices=torch.cat(rows)),
-                 dict(req_to_token=req_to_token, prefix_lens=prefix_lens, paths=paths if L else None)):
+                 dict(req_to_token=req_to_token, prefix_lens=prefix_lens, paths=paths if L else None,
+                      path_lens=path_lens)):
         o = torch.zeros_like(q)
         attention.decode_attention_fwd(q, k_buffer, v_buffer, o, num_kv_splits=splits, **form)
         outs.append(o)

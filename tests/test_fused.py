@@ -114,6 +114,31 @@ def test_a_fused_model_computes_the_explicit_forward(target, drafters, name):
     assert attn.q_proj.weight.data_ptr() == attn.qkv_weight.data_ptr()
 
 
+@settings(max_examples=10, deadline=None)
+@given(rows=st.integers(1, 40), k=st.sampled_from([16, 70, 256]), n=st.sampled_from([8, 64, 100]),
+       bias=st.booleans(), dtype=st.sampled_from([torch.float32, torch.float16 if DEVICE == "cpu" else torch.bfloat16]),
+       seed=st.integers(0, 2**16))
+def test_invariant_linear_is_f_linear_and_each_row_as_alone(rows, k, n, bias, dtype, seed):
+    """kernels/matmul.py: F.linear to float32 rounding (the half type to its own), and every row
+    bit for bit what it is computed alone or in any slice of the batch (a 16-bit float on a GPU
+    is the case that matters: cuBLAS is not batch-invariant there; the interpreter cannot do
+    bfloat16 products, so the CPU takes float16)."""
+    from spectrace.kernels.matmul import invariant_linear
+
+    g = torch.Generator().manual_seed(seed)
+    x, w = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g) / k ** 0.5
+    b = torch.randn(n, generator=g) if bias else None
+    x, w, b = (t.to(DEVICE, dtype) if t is not None else None for t in (x, w, b))
+    y = invariant_linear(x, w, b)
+    want = F.linear(x.float(), w.float(), None if b is None else b.float())
+    tol = 2e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(y.float(), want, rtol=tol, atol=tol)
+    alone = torch.cat([invariant_linear(x[i:i + 1], w, b) for i in range(rows)])
+    assert torch.equal(alone, y)
+    lo = rows // 3
+    assert torch.equal(invariant_linear(x[lo:], w, b), y[lo:])
+
+
 def test_rounded_is_torchs_round_to_nearest_even():
     """The kernels' bfloat16 rounding by hand equals torch's cast, ties to even included."""
     import triton

@@ -9,17 +9,15 @@ a CUDA graph replays them without the host. Three layouts:
                     committed draft KV then its path's scratch columns (drafters/scratch.py's
                     [topk][step] layout), read by decode_attention_fwd from req_to_token; every
                     level's positions and slots come from scratch_slots, once a step
-`one_token_forwards` is --deterministic's verify: every row a one-token decode of its own.
+`decode_rows_batch` is --deterministic's verify: every node a one-token decode of its own.
 """
 from __future__ import annotations
 
 import functools
 
 import torch
-import torch.nn.functional as F
 
 from spectrace.core.batch import ForwardBatch
-from spectrace.core.model import ForwardOutput
 
 
 @functools.cache
@@ -76,34 +74,26 @@ def scratch_batch(kv, input_ids, positions, out_cache_loc, paths: torch.Tensor) 
                         out_cache_loc=out_cache_loc)
 
 
-def one_token_forwards(target, kv, tree, capture_layers) -> ForwardOutput:
-    """--deterministic: the target over a tree's (bs, w) nodes as bs * w one-token forwards, each a
-    decode over its request's committed KV, then the slots of the nodes its tree row shows (its
-    ancestors, in index order: parents come first) and its own, in one KV split. Every operation
-    then has a one-token decode's shapes and reads the keys an autoregressive decode of that token
-    reads, in the same order, so bf16 greedy speculative output equals bf16 greedy autoregressive
-    output. core/model.py's batch_invariant, on the device."""
-    input_ids, positions = tree.draft_tokens, tree.positions
-    bs, w = input_ids.shape
-    tree_rows = tree.tree_mask  # (bs, w, w); None: a lone root
-    col = torch.arange(kv.req_to_token.shape[1], device=input_ids.device)
-    outs = []
-    for b in range(bs):  # a tree's rows in index order: a node's ancestors have written their KV
-        seq = kv.seq_lens[b]
-        node = (col - seq).clamp(0, w - 1)  # which node a verify column holds
-        verify = (col >= seq) & (col < seq + w)
-        for j in range(w):
-            shown = (col < seq) | (verify & tree_rows[b, j, node]) if w > 1 else col <= seq
-            order = torch.argsort((~shown).to(torch.int8), stable=True)  # the shown columns first, in order
-            meta = dict(kv_indptr=F.pad(shown.sum()[None], (1, 0)), kv_indices=kv.req_to_token[b, order],
-                        num_kv_splits=1)
-            batch = ForwardBatch(input_ids=input_ids[b, j:j + 1], positions=positions[b, j:j + 1],
-                                 req_pool_indices=[], seq_lens=[], extend_lens=[1],
-                                 out_cache_loc=kv.req_to_token[b].gather(0, (seq + j)[None]), custom_masks=[],
-                                 attn_metadata={"branch": meta})
-            outs.append(target(batch, kv, capture_layers))
-    return ForwardOutput(torch.cat([o.logits for o in outs]), torch.cat([o.hidden_states for o in outs]),
-                         [torch.cat(a) for a in zip(*(o.aux_hidden_states for o in outs))])
+def decode_rows_batch(kv, tree, invariant: bool) -> ForwardBatch:
+    """--deterministic's verify, and plain decoding's: every node of the (bs, w) trees a one-token
+    decode of its own, over its request's committed KV, then its ancestors and itself in index
+    order (the columns its tree_mask row shows; parents come first), as one logical sequence in
+    the tiles and the fixed KV splits a one-token decode over the same keys reads
+    (decode_attention_fwd's path_lens). With invariant (the fused forward's fixed-tile matmuls,
+    kernels/matmul.py) every row's numbers are the ones an autoregressive decode of its token
+    computes, so bf16 greedy speculative output equals bf16 greedy plain decoding: core/model.py's
+    batch_invariant in one batched forward, where the explicit engine makes one pass a row."""
+    bs, w = tree.draft_tokens.shape
+    device = kv.seq_lens.device
+    shown = torch.ones(bs, 1, 1, dtype=torch.bool, device=device) if tree.tree_mask is None else tree.tree_mask
+    paths = torch.argsort((~shown).to(torch.int8), dim=-1, stable=True)  # (bs, w, w): the shown nodes first
+    splits = 4 if device.type == "cuda" else 1  # fixed: a row's tiles and splits depend on its keys alone
+    meta = dict(req_to_token=kv.req_to_token, prefix_lens=kv.seq_lens, paths=paths, path_lens=shown.sum(-1),
+                num_kv_splits=splits)
+    slots = kv.req_to_token.gather(1, kv.seq_lens[:, None] + ramp(w, 1, device))
+    return ForwardBatch(input_ids=tree.draft_tokens.flatten(), positions=tree.positions.flatten(),
+                        req_pool_indices=[], seq_lens=[], extend_lens=[w] * bs, out_cache_loc=slots.flatten(),
+                        custom_masks=[], attn_metadata={"branch": meta}, batch_invariant=invariant)
 
 
 def features(out) -> torch.Tensor:

@@ -32,13 +32,15 @@ from spectrace.core.step_record import record_token_ids
 from spectrace.core.trace import TraceWriter
 from spectrace.errors import SpectraceError
 from spectrace.fast.acceptance import FAST_RULES, greedy, plain_sample
-from spectrace.fast.batch import extend_batch, features, one_token_forwards
+from spectrace.fast.batch import decode_rows_batch, extend_batch, features
 from spectrace.fast.graphs import PhaseClock, Tier, capture, launch_groups
 from spectrace.fast.kv import StaticKV
 from spectrace.fast.sampling import DeviceRandoms, next_tokens
 from spectrace.fast.step_record import StepRecorder
 from spectrace.fast.tree import root_tree
 from spectrace.kernels.commit import accept_tokens
+from spectrace.kernels.fused import is_fused
+
 
 class FastEngine:
     def __init__(self, target, kv: StaticKV, spec: SpecConfig, drafter, prompt_ids: list[list[int]], eos_token_ids,
@@ -260,14 +262,11 @@ class FastEngine:
 
     def verify(self) -> None:
         """VERIFY (TARGET_VERIFY): the target over every node under the tree's mask (plain
-        decoding: the root, causal); with --deterministic, every node as a one-token decode."""
+        decoding: the root, causal); with --deterministic, every node as a one-token decode (one forward)."""
         tier, tree = self.tier, self.tier.tree
-        if self.spec.deterministic:
-            out = one_token_forwards(self.target, self.kv, tree, self.capture_layers)
-        else:
-            batch = extend_batch(self.kv, tree.draft_tokens.flatten(), tree.positions.flatten(), tree.num_nodes,
-                                 tree.tree_mask)
-            out = self.target(batch, self.kv, self.capture_layers)
+        batch = decode_rows_batch(self.kv, tree, is_fused(self.target)) if self.spec.deterministic else \
+            extend_batch(self.kv, tree.draft_tokens.flatten(), tree.positions.flatten(), tree.num_nodes, tree.tree_mask)
+        out = self.target(batch, self.kv, self.capture_layers)
         tier.logits, tier.features = out.logits, features(out)
         tier.target_predict = torch.argmax(out.logits, dim=-1)  # ties to the lowest id, as plain decoding
 

@@ -15,6 +15,7 @@ each mirrors (the twin of core/X.py:f is kernels/X.py:f), with every random numb
     attention.py                 extend_attention_fwd,              core/model.py: attend over the paged KV
                                  decode_attention_fwd, create_kv_indices, pack_custom_mask
     fused.py                     rms_norm, split_rope, silu_mul     core/model.py: RMSNorm, Attention, MLP
+    matmul.py                    invariant_linear                   nn.Linear, batch-invariant (--deterministic)
     backend.py                   install(): the twins under --backend triton
 
 A twin batches what its explicit function does for one request (one program per request), with

@@ -56,12 +56,13 @@ def _attend_tile(q, k_tile, v_tile, visible, m_i, l_i, acc, sm_scale, logit_cap,
 
 @triton.jit
 def _fwd_kernel(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
-                paths, stride_pr, stride_pk, custom_mask, mask_indptr, mid_o, mid_ml, sm_scale, logit_cap, kv_row_stride,
+                paths, stride_pr, stride_pk, path_lens, custom_mask, mask_indptr, mid_o, mid_ml, sm_scale, logit_cap, kv_row_stride,
                 stride_qt, stride_qh, stride_kt, stride_kh, stride_bt, stride_bh, stride_ot, stride_oh,
                 NUM_HEADS: tl.constexpr, D: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_EXTEND: tl.constexpr, USE_CUSTOM_MASK: tl.constexpr,
                 SKIP_PREFIX_CUSTOM_MASK: tl.constexpr, IEEE: tl.constexpr, SPLITS: tl.constexpr,
-                KV_ROWS: tl.constexpr, QLEN_MASK: tl.constexpr, ROWS_PER_REQ: tl.constexpr, PATH_LEN: tl.constexpr):
+                KV_ROWS: tl.constexpr, QLEN_MASK: tl.constexpr, ROWS_PER_REQ: tl.constexpr, PATH_LEN: tl.constexpr,
+                PATH_LENS: tl.constexpr):
     b, kvh = tl.program_id(0), tl.program_id(1)
     block, split = tl.program_id(2) // SPLITS, tl.program_id(2) % SPLITS
     if HAS_EXTEND:
@@ -79,6 +80,8 @@ def _fwd_kernel(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_i
         prefix_len = tl.load(kv_indptr + b + 1) - kv_start
     seq_len = prefix_len + extend_len  # the mask row's width: attend's (extend_len, seq_len)
     keys = prefix_len + PATH_LEN  # stage 1's keys: the prefix, then the row's path columns
+    if PATH_LENS:  # a decode row's own path length (a verify node's depth)
+        keys = prefix_len + tl.load(path_lens + b)
 
     rows = tl.arange(0, BLOCK_M)
     tokens_per_block: tl.constexpr = BLOCK_M // GROUP
@@ -185,7 +188,7 @@ def auto_kv_splits(device: torch.device, programs: int, prefix_tokens: int, bs: 
 
 def _launch(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask,
             mask_indptr, max_len_extend, sm_scale, logit_cap, skip_prefix_custom_mask, has_extend, num_kv_splits,
-            kv_rows=False, qlen_mask=False, paths=None):
+            kv_rows=False, qlen_mask=False, paths=None, path_lens=None):
     bs = qo_indptr.shape[0] - 1 if has_extend else q.shape[0]  # programs along axis 0: requests, or decode rows
     # rows per request: one per request in an extend; a decode over req_to_token rows groups its query rows
     rows_per_req = q.shape[0] // max(kv_indptr.shape[0], 1) if kv_rows and not has_extend else 1
@@ -207,7 +210,8 @@ def _launch(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr, 
     _fwd_kernel[(bs, num_kv_heads, blocks * splits)](
         q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
         kv_indptr if paths is None else paths, 0 if paths is None else paths.stride(0),
-        0 if paths is None else paths.stride(1), custom_mask if use_mask else kv_indptr,
+        0 if paths is None else paths.stride(1), kv_indptr if path_lens is None else path_lens,
+        custom_mask if use_mask else kv_indptr,
         mask_indptr if use_mask else kv_indptr, mid_o, mid_ml,
         head_dim ** -0.5 if sm_scale is None else sm_scale, logit_cap, kv_indices.stride(0) if kv_rows else 0,
         q.stride(0), q.stride(1), k_extend.stride(0), k_extend.stride(1), k_buffer.stride(0), k_buffer.stride(1),
@@ -215,7 +219,7 @@ def _launch(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr, 
         NUM_HEADS=num_heads, D=head_dim, GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         HAS_EXTEND=has_extend, USE_CUSTOM_MASK=use_mask, SKIP_PREFIX_CUSTOM_MASK=skip_prefix_custom_mask,
         IEEE=q.dtype == torch.float32, SPLITS=splits, KV_ROWS=kv_rows, QLEN_MASK=qlen_mask,
-        ROWS_PER_REQ=rows_per_req, PATH_LEN=0 if paths is None else paths.shape[-1])
+        ROWS_PER_REQ=rows_per_req, PATH_LEN=0 if paths is None else paths.shape[-1], PATH_LENS=path_lens is not None)
     if splits > 1 and q.shape[0]:
         _merge_splits_kernel[(q.shape[0], num_heads)](mid_o, mid_ml, o, o.stride(0), o.stride(1), NUM_HEADS=num_heads,
                                                       D=head_dim, SPLITS=splits,
@@ -274,7 +278,7 @@ def extend_attention_fwd(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buf
 
 
 def decode_attention_fwd(q, k_buffer, v_buffer, o, kv_indptr=None, kv_indices=None, sm_scale=None, logit_cap=0.0,
-                         num_kv_splits=None, req_to_token=None, prefix_lens=None, paths=None) -> None:
+                         num_kv_splits=None, req_to_token=None, prefix_lens=None, paths=None, path_lens=None) -> None:
     """One new token per query row, its own K/V already in the pool: every key comes through
     kv_indices (stage 1 of the same kernel, one query row per program). q, o (rows, num_heads, head_dim);
     row r reads the slots kv_indices[kv_indptr[r]:kv_indptr[r+1]].
@@ -283,7 +287,12 @@ def decode_attention_fwd(q, k_buffer, v_buffer, o, kv_indptr=None, kv_indices=No
     and kv_indices (None), the rows grouped R = rows // bs per request: row r reads its request's
     req_to_token[r // R, :prefix_lens[r // R]] and then, given paths (bs, R, L), the columns
     prefix_lens[r // R] + paths[r // R, r % R, :L] (the draft loop's scratch columns of the row's
-    path, fast/batch.py: scratch_batch). Nothing is built per forward."""
+    path, fast/batch.py: scratch_batch). Nothing is built per forward. path_lens (bs, R): row r
+    reads only the first path_lens[r // R, r % R] of its path's columns (--deterministic's verify,
+    every tree node a decode over its prefix, its ancestors and itself: fast/batch.py:
+    decode_rows_batch). The keys are one logical sequence, prefix then path, cut into BLOCK_N
+    tiles and num_kv_splits shares from its start, so a row reads its keys in the blocks a
+    one-token decode over the same keys would."""
     kv_rows = req_to_token is not None
     if kv_rows:
         kv_indptr, kv_indices = prefix_lens, req_to_token
@@ -294,11 +303,13 @@ def decode_attention_fwd(q, k_buffer, v_buffer, o, kv_indptr=None, kv_indices=No
             if paths.shape[2] > 1 and paths.stride(2) != 1:
                 paths = paths.contiguous()
             check("paths", paths, torch.int64, (requests, q.shape[0] // max(requests, 1), None), q.device, strided=True)
+        if path_lens is not None:
+            check("path_lens", path_lens, torch.int64, tuple(paths.shape[:2]) if paths is not None else (0,), q.device)
     else:
         requests = q.shape[0]
     _check_attention(q, o, k_buffer, v_buffer, requests, kv_indptr, kv_indices, kv_rows)
     _launch(q, q, q, o, k_buffer, v_buffer, kv_indptr, kv_indptr, kv_indices, None, None, 1, sm_scale, logit_cap,
-            True, False, num_kv_splits, kv_rows, paths=paths)
+            True, False, num_kv_splits, kv_rows, paths=paths, path_lens=path_lens)
 
 
 @triton.jit

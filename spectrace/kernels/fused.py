@@ -33,6 +33,7 @@ import triton.language as tl
 
 from spectrace.core.drafters.eagle import DraftHead
 from spectrace.core.model import MLP, Attention, CausalLM, ForwardOutput, RMSNorm, RotaryEmbedding
+from spectrace.kernels.matmul import invariant_linear
 
 
 @triton.jit
@@ -178,18 +179,19 @@ def _rms_norm_forward(self: RMSNorm, x):
     return rms_norm(x, self.weight, self.eps)
 
 
-def _attention_forward(self: Attention, x, cos, sin, batch, kv):
+def _attention_forward(self: Attention, x, cos, sin, batch, kv, linear=F.linear):
     from spectrace.core.model import ATTENTION
 
     N = x.shape[0]
-    q, k, v = split_rope(F.linear(x, self.qkv_weight, self.qkv_bias), cos, sin, self.num_heads, self.num_kv_heads,
+    q, k, v = split_rope(linear(x, self.qkv_weight, self.qkv_bias), cos, sin, self.num_heads, self.num_kv_heads,
                          self.head_dim, kv.pool.k[self.layer_id], kv.pool.v[self.layer_id], batch.out_cache_loc)
     out = ATTENTION[kv.backend](q, k, v, batch, kv, self.layer_id)
-    return self.o_proj(out.view(N, self.num_heads * self.head_dim))
+    return linear(out.view(N, self.num_heads * self.head_dim), self.o_proj.weight, self.o_proj.bias)
 
 
-def _mlp_forward(self: MLP, x):
-    return self.down_proj(silu_mul(F.linear(x, self.gate_up_weight, self.gate_up_bias)))
+def _mlp_forward(self: MLP, x, linear=F.linear):
+    return linear(silu_mul(linear(x, self.gate_up_weight, self.gate_up_bias)), self.down_proj.weight,
+                  self.down_proj.bias)
 
 
 def _rotary_forward(self: RotaryEmbedding, positions, dtype):
@@ -202,9 +204,14 @@ def _rotary_forward(self: RotaryEmbedding, positions, dtype):
 
 def _causal_lm_forward(self: CausalLM, batch, kv, capture_layers=(), last_only=False) -> ForwardOutput:
     """CausalLM.forward with each residual add inside the next norm (add_rms_norm): the residual
-    stream x, and `delta`, the block output still to be added to it."""
-    if batch.batch_invariant and len(batch.input_ids) > 1:  # the explicit forward's row-by-row passes
+    stream x, and `delta`, the block output still to be added to it.
+
+    batch.batch_invariant (--deterministic): a fast engine's batch is already one decode row per
+    token (fast/batch.py: decode_rows_batch), and every linear layer is then the fixed-tile one
+    (kernels/matmul.py); an explicit engine's batch takes the explicit forward's row-by-row passes."""
+    if batch.batch_invariant and "branch" not in batch.attn_metadata and len(batch.input_ids) > 1:
         return CausalLM.forward(self, batch, kv, capture_layers, last_only)
+    linear = invariant_linear if batch.batch_invariant else F.linear
     x = self.model.embed_tokens(batch.input_ids)  # (N, H)
     cos, sin = self.model.rotary_emb(batch.positions, x.dtype)
     aux, delta = [], None
@@ -212,11 +219,12 @@ def _causal_lm_forward(self: CausalLM, batch, kv, capture_layers=(), last_only=F
         x, normed = add_rms_norm(x, delta, layer.input_layernorm)
         if i in capture_layers:  # the residual stream entering layer i
             aux.append(x)
-        x, normed = add_rms_norm(x, layer.self_attn(normed, cos, sin, batch, kv), layer.post_attention_layernorm)
-        delta = layer.mlp(normed)
+        x, normed = add_rms_norm(x, layer.self_attn(normed, cos, sin, batch, kv, linear),
+                                 layer.post_attention_layernorm)
+        delta = layer.mlp(normed, linear)
     x, normed = add_rms_norm(x, delta, self.model.norm)
     rows = normed[torch.tensor(batch.extend_lens, device=x.device).cumsum(0) - 1] if last_only else normed
-    return ForwardOutput(self.lm_head(rows).float(), normed, aux)
+    return ForwardOutput(linear(rows, self.lm_head.weight, self.lm_head.bias).float(), normed, aux)
 
 
 def _draft_head_forward(self: DraftHead, batch, kv, features):
@@ -240,6 +248,11 @@ def _concat(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None
             lin.bias = nn.Parameter(bias[start:start + rows], requires_grad=False)
         start += rows
     return weight, bias
+
+
+def is_fused(model: nn.Module) -> bool:
+    """Whether fuse() gave `model` its fused forward."""
+    return "forward" in vars(model)
 
 
 def fuse(model: nn.Module) -> nn.Module:
