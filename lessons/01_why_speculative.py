@@ -25,7 +25,7 @@
 # step (`--algo standalone --topk 1 --num-steps 3`), which the target then checks in one forward.
 
 # %%
-from _lib import OUT, at, expect, run, screen, tree_figure
+from _lib import at, expect, run, screen, show, tree_figure
 
 from spectrace.core.metrics import speedup_model
 from spectrace.core.trace import read_trace
@@ -62,7 +62,7 @@ print(repr(spec.texts[0]))
 
 # %%
 print(screen(spec_trace, at("ACCEPT"), size=(110, 32), name="01_step0"))
-print("tree of step 0:", tree_figure(spec_trace, 0, "01_step0_tree"))
+show(tree_figure(spec_trace, 0, "01_step0_tree"))
 
 # %% [markdown]
 # ## The guess is not free
@@ -78,9 +78,6 @@ plain_model = speedup_model(read_trace(plain_trace.path).steps, plain.metrics)
 print("speculative step, ms ≈", {k: round(v, 2) for k, v in model["phase_ms"].items()})
 print("plain decode step, ms ≈", {k: round(v, 2) for k, v in plain_model["phase_ms"].items()})
 
-import matplotlib  # noqa: E402
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 fig, ax = plt.subplots(figsize=(6, 2.2))
@@ -92,8 +89,7 @@ ax.barh(["plain decode step"], [plain_model["phase_ms"]["verify"]], color="grey"
 ax.set_xlabel("ms per step (≈, CPU)")
 ax.legend(ncol=3, fontsize=7)
 fig.tight_layout()
-fig.savefig(OUT / "01_phases.png", dpi=120)
-print("figure:", OUT / "01_phases.png")
+show(fig, "01_phases")
 
 # %% [markdown]
 # ## Check yourself

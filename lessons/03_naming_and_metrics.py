@@ -25,7 +25,7 @@
 # %%
 from fractions import Fraction
 
-from _lib import OUT, WALKTHROUGH, expect, run
+from _lib import WALKTHROUGH, expect, run, show
 
 from spectrace.core.metrics import SpecMetrics, vllm_log_line
 from spectrace.core.trace import read_trace
@@ -105,9 +105,6 @@ alpha = Fraction(m["num_correct_drafts"], m["num_proposed_drafts"])
 identity = 1 + alpha * (n - 1) + Fraction(requests - cut, m["verify_ct"])
 print(f"1 + {alpha} x {n - 1} + ({requests} - {cut}) / {m['verify_ct']} = {identity} = {float(identity)}")
 
-import matplotlib  # noqa: E402
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 fig, (left, right) = plt.subplots(1, 2, figsize=(8, 2.8))
@@ -120,8 +117,7 @@ right.plot(range(1, len(per_pos) + 1), per_pos, marker="o")
 right.set_xlabel("draft position")
 right.set_ylabel("accepted / drafted steps")
 fig.tight_layout()
-fig.savefig(OUT / "03_acceptance.png", dpi=120)
-print("figure:", OUT / "03_acceptance.png")
+show(fig, "03_acceptance")
 
 # %% [markdown]
 # ## A drafter that finds nothing (000 §8.3)

@@ -29,7 +29,7 @@
 # %%
 from fractions import Fraction
 
-from _lib import OUT, expect, run
+from _lib import expect, run, show
 
 from spectrace.core.metrics import predicted_speedup
 
@@ -80,9 +80,6 @@ for alpha, c, printed in CHAPTER_002:
 # MAX_SPEC_LEN = 32 as a safety valve, far above any best k here.
 
 # %%
-import matplotlib  # noqa: E402
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -95,8 +92,7 @@ ax.set_xlabel("k (drafts per step)")
 ax.set_ylabel("speed-up")
 ax.legend(fontsize=7)
 fig.tight_layout()
-fig.savefig(OUT / "04_speedup_vs_k.png", dpi=120)
-print("figure:", OUT / "04_speedup_vs_k.png")
+show(fig, "04_speedup_vs_k")
 
 # %% [markdown]
 # ## Does a real chain follow the closed form?

@@ -22,7 +22,7 @@
 # (`organize_draft_results`).
 
 # %%
-from _lib import WALKTHROUGH, expect, run, tree_figure
+from _lib import WALKTHROUGH, expect, run, show, tree_figure
 
 from spectrace.core.trace import TraceFile, read_trace
 from spectrace.core.tree import tree_capacity
@@ -50,7 +50,7 @@ print(f"{'node':>4} {'parent':>6} {'depth':>5} {'q':>9} {'score':>9}  token")
 for j, (par, depth, q, score, tok) in enumerate(zip(d["parents"], d["depths"], d["q"], d["scores"], d["tokens"]),
                                                  start=1):
     print(f"{j:>4} {par:>6} {depth:>5} {q:>9.6f} {score:>9.6f}  {t.token_text(tok)!r}")
-print("figure:", tree_figure(TraceFile(WALKTHROUGH), 0, "06_step0_tree"))
+show(tree_figure(TraceFile(WALKTHROUGH), 0, "06_step0_tree"))
 
 # %% [markdown]
 # The root's four children are its top 4 by q; node 3's and node 4's children come next because

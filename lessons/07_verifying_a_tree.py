@@ -16,7 +16,7 @@
 
 # %%
 import torch
-from _lib import OUT, WALKTHROUGH, expect
+from _lib import WALKTHROUGH, expect, show
 
 from spectrace.compat.sglang import reconstruct_indices_from_tree_mask
 from spectrace.compat.vllm import calc_spec_decode_metadata
@@ -52,9 +52,6 @@ mask = torch.tensor([[c == "1" for c in row] for row in draft["tree_mask"]])
 full_mask_len = n * (seq_len + n)
 print(f"prefix {seq_len} tokens; FULL_MASK for this request: {n} rows x {seq_len + n} columns = {full_mask_len} bits")
 
-import matplotlib  # noqa: E402
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 fig, ax = plt.subplots(figsize=(3, 3))
@@ -62,8 +59,7 @@ ax.imshow(mask.int().tolist(), cmap="Greys")
 ax.set_xlabel("sees node")
 ax.set_ylabel("node")
 fig.tight_layout()
-fig.savefig(OUT / "07_tree_mask.png", dpi=120)
-print("figure:", OUT / "07_tree_mask.png")
+show(fig, "07_tree_mask")
 
 # %% [markdown]
 # ## The mask says it all: rebuilding the tree from it

@@ -30,7 +30,7 @@
 from fractions import Fraction as F
 
 import torch
-from _lib import CI, OUT
+from _lib import CI, show
 
 from spectrace.testing import chi_square, continuations, samples_for
 
@@ -71,9 +71,6 @@ print(f"N {n}: residual redraw chi2 {stat_right:.1f}, redraw from p chi2 {stat_b
 print("empirical:", (right / n).tolist())
 print("buggy:    ", (buggy / n).tolist())
 
-import matplotlib  # noqa: E402
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 fig, ax = plt.subplots(figsize=(6, 2.6))
@@ -84,8 +81,7 @@ for shift, heights, label in ((-0.27, pt, "p (target)"), (0.0, right / n, "specu
 ax.set_xlabel("token")
 ax.legend(fontsize=7)
 fig.tight_layout()
-fig.savefig(OUT / "09_rejection.png", dpi=120)
-print("figure:", OUT / "09_rejection.png")
+show(fig, "09_rejection")
 
 # %% [markdown]
 # ## The engines' rules, over two tokens

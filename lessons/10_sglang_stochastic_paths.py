@@ -25,7 +25,7 @@
 
 # %%
 import torch
-from _lib import CI, OUT, expect, run
+from _lib import CI, expect, run, show
 
 from spectrace.compat.sglang import tree_speculative_sampling_target_only
 from spectrace.testing import chi_square, continuations
@@ -75,9 +75,6 @@ won = torch.searchsorted(cumulative, grid)  # index of the first child with u <=
 shares = torch.bincount(won, minlength=4) / len(grid)
 print("child shares:", [round(x, 4) for x in shares.tolist()], "  p:", p_children.tolist(), "+ bonus 0.2")
 
-import matplotlib  # noqa: E402
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 fig, ax = plt.subplots(figsize=(6, 1.4))
@@ -89,8 +86,7 @@ ax.set_yticks([])
 ax.set_xlabel("coin u")
 ax.legend(fontsize=6, ncol=4, loc="upper center", bbox_to_anchor=(0.5, 1.6))
 fig.tight_layout()
-fig.savefig(OUT / "10_roulette.png", dpi=120)
-print("figure:", OUT / "10_roulette.png")
+show(fig, "10_roulette")
 
 # %% [markdown]
 # ## The thresholds make it lossy (000 §7.2, FAQ 3)

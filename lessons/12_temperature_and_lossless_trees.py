@@ -27,12 +27,10 @@
 # ## τ against temperature, three ways (000 §7.4, 002 §12.2.4)
 
 # %%
-import matplotlib
-from _lib import OUT, expect, run, tree_figure
+from _lib import expect, run, show, tree_figure
 
 from spectrace.zoo.prompts import HELD_OUT_PROMPTS
 
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 prompts = HELD_OUT_PROMPTS[:1]  # one prompt, 24 tokens, seed 0: docs/acceptance.md's table is the 8-prompt, 4-seed version
@@ -57,8 +55,7 @@ ax.set_xlabel("temperature")
 ax.set_ylabel("tau (accept_length)")
 ax.legend(fontsize=7)
 fig.tight_layout()
-fig.savefig(OUT / "12_tau_vs_temperature.png", dpi=120)
-print("figure:", OUT / "12_tau_vs_temperature.png")
+show(fig, "12_tau_vs_temperature")
 
 # %% [markdown]
 # At temperature 0 the two trees are the same greedy tree, so they have the same τ. Above it,
@@ -81,7 +78,7 @@ again, _ = run("12_sampled_tree_again", algo="eagle", topk=4, temperature=1.0, s
 rec = trace.step(3)
 print("sibling_worth at step 3:", rec["draft"]["sibling_worth"])
 print("path scores:", rec["draft"]["scores"])
-print("figure:", tree_figure(trace, 3, "12_sampled_tree"))
+show(tree_figure(trace, 3, "12_sampled_tree"))
 
 
 def decisions(path):

@@ -23,12 +23,10 @@
 # embedded models, 24 tokens.
 
 # %%
-import matplotlib
-from _lib import OUT, expect, run
+from _lib import expect, run, show
 
 from spectrace.algos import ALGOS
 
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 DRAFTERS = ["standalone", "eagle", "eagle3", "nextn", "frozen_kv_mtp", "medusa", "dflash", "ngram"]
@@ -49,8 +47,7 @@ ax.bar(DRAFTERS, [results[a].metrics["accept_length"] for a in DRAFTERS])
 ax.set_ylabel("tau")
 ax.tick_params(axis="x", labelsize=7, rotation=30)
 fig.tight_layout()
-fig.savefig(OUT / "13_drafters.png", dpi=120)
-print("figure:", OUT / "13_drafters.png")
+show(fig, "13_drafters")
 
 # %% [markdown]
 # What the table says:

@@ -24,7 +24,7 @@
 # the rule's constants:
 
 # %%
-from _lib import CI, OUT, expect, run
+from _lib import CI, expect, run, show
 
 from spectrace.core.adaptive import AdaptiveConfig, AdaptiveSpeculativeParams
 from spectrace.zoo.prompts import REPEATING_PROMPTS
@@ -56,9 +56,6 @@ by_hand[30] = by_hand[25] * 0.8 ** 5
 for b in (15, 20, 25, 30):
     print(f"after batch {b}: ema {history[b - 1][0]:.3f} (by hand {by_hand[b]:.3f}), tier {history[b - 1][1]}")
 
-import matplotlib  # noqa: E402
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 fig, ax = plt.subplots(figsize=(6, 2.6))
@@ -70,8 +67,7 @@ for threshold in list(up.values()) + list(down.values()):
 ax.set_xlabel("verified batch")
 ax.legend(fontsize=7)
 fig.tight_layout()
-fig.savefig(OUT / "15_adaptive.png", dpi=120)
-print("figure:", OUT / "15_adaptive.png")
+show(fig, "15_adaptive")
 
 # %% [markdown]
 # ## Live (000 §12, §14)

@@ -28,7 +28,7 @@ import os
 import torch
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # the fast engine's kernels, interpreted on this CPU's tensors
-from _lib import OUT, ROOT  # noqa: E402
+from _lib import ROOT, show  # noqa: E402
 
 from spectrace.core.engine import Request
 from spectrace.core.trace import read_trace
@@ -104,9 +104,6 @@ print(f"{len(trace.steps)} step records: {verified} verify rows, {kept} kept, {v
 # step (illustrative, not measured):
 
 # %%
-import matplotlib  # noqa: E402
-
-matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 t = trace.steps[0]["timing"]
@@ -125,8 +122,7 @@ for lane, overlapped in ((1, False), (0, True)):
 ax.set_yticks([0, 1], ["overlapped", "synced"])
 ax.set_xlabel("ms (three steps; grey: the host's part)")
 fig.tight_layout()
-fig.savefig(OUT / "16_overlap.png", dpi=120)
-print("figure:", OUT / "16_overlap.png")
+show(fig, "16_overlap")
 
 # %% [markdown]
 # ## Check yourself

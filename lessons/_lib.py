@@ -6,6 +6,8 @@ tree as a figure, and the goldens the "check yourself" cells compare with.
     screen(trace, keys, size)   the walkthrough after `keys`, as text (an SVG beside it in OUT)
     at(phase)                   the keys from where the walkthrough opens (DRAFT 1) to a phase
     tree_figure(trace, i)       step i's draft tree as an SVG in OUT (`spectrace render`)
+    show(figure, name)          a matplotlib figure (saved as OUT/<name>.png) or an SVG's path:
+                                inline in a notebook, its path printed by a script
     expect(lesson, key, value)  a value a run produced, against lessons/expected.json
 
 Environment: SPECTRACE_LESSON_OUT (default lessons/_out, git-ignored) takes the figures and
@@ -18,7 +20,10 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
+
+import matplotlib
 
 from spectrace.core.trace import TraceFile
 from spectrace.run import RunConfig, RunResult
@@ -31,6 +36,9 @@ OUT = Path(os.environ.get("SPECTRACE_LESSON_OUT", HERE / "_out"))
 CI = os.environ.get("SPECTRACE_LESSON_CI") == "1"
 EXPECTED = HERE / "expected.json"
 UPDATE = os.environ.get("SPECTRACE_UPDATE_LESSONS") == "1"
+NOTEBOOK = "ipykernel" in sys.modules  # a Jupyter kernel runs this lesson: figures show inline
+if not NOTEBOOK:
+    matplotlib.use("Agg")  # a script writes its figures to OUT and prints where
 
 
 def run(name: str, **options) -> tuple[RunResult, TraceFile]:
@@ -64,6 +72,27 @@ def tree_figure(trace: TraceFile, i: int, name: str) -> Path:
     from spectrace.viz.graph import step_graph, write_figure
 
     return write_figure(step_graph(trace.step(i), trace.token_text), OUT / f"{name}.svg")
+
+
+def show(figure, name: str | None = None) -> None:
+    """A matplotlib figure, saved as OUT/<name>.png, or the path of an SVG already in OUT: shown
+    inline in a notebook, its path printed otherwise."""
+    if isinstance(figure, Path):
+        path = figure
+    else:
+        path = OUT / f"{name}.png"
+        OUT.mkdir(parents=True, exist_ok=True)
+        figure.savefig(path, dpi=120)
+    if NOTEBOOK:
+        from IPython.display import SVG, Image, display
+
+        display(SVG(filename=str(path)) if path.suffix == ".svg" else Image(filename=str(path)))
+        if not isinstance(figure, Path):
+            import matplotlib.pyplot as plt
+
+            plt.close(figure)  # shown once, not again at the cell's end
+    else:
+        print("figure:", path)
 
 
 def expect(lesson: str, key: str, value):

@@ -1,6 +1,8 @@
-"""Every lesson runs top to bottom in this one process (torch and the models warm once), from
-the repository or from inside lessons/, in the lessons' CI mode, its figures and traces in a
-temporary folder; its "check yourself" cells are the assertions."""
+"""Every lesson runs top to bottom two ways, in the lessons' CI mode, its figures and traces in a
+temporary folder, its "check yourself" cells the assertions: as a script from the repository
+(`python lessons/NN_x.py`; in this one process, so torch and the models warm once), and as a
+notebook (jupytext's conversion, executed by nbclient in a kernel started inside lessons/, where
+Jupyter starts), its figures inline."""
 import runpy
 import sys
 from pathlib import Path
@@ -8,18 +10,34 @@ from pathlib import Path
 import pytest
 
 LESSONS = Path(__file__).resolve().parent.parent / "lessons"
+ALL = sorted(LESSONS.glob("[0-9][0-9]_*.py"))
 
 
-@pytest.mark.parametrize("lesson", sorted(LESSONS.glob("[0-9][0-9]_*.py")), ids=lambda p: p.stem)
-def test_lesson_runs_and_its_checks_hold(lesson, tmp_path, monkeypatch):
+@pytest.fixture
+def lesson_env(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECTRACE_LESSON_CI", "1")
     monkeypatch.setenv("SPECTRACE_LESSON_OUT", str(tmp_path))
-    monkeypatch.setenv("MPLBACKEND", "Agg")
     monkeypatch.delenv("SPECTRACE_UPDATE_LESSONS", raising=False)
-    monkeypatch.syspath_prepend(str(LESSONS))
+    return tmp_path
+
+
+@pytest.mark.parametrize("lesson", ALL, ids=lambda p: p.stem)
+def test_lesson_runs_as_a_script(lesson, lesson_env, monkeypatch):
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.syspath_prepend(str(LESSONS))  # what `python lessons/NN_x.py` puts first on sys.path
     sys.modules.pop("_lib", None)  # re-read with this test's environment
-    # where a reader starts one: the repository (python lessons/NN_x.py) for even lessons, inside
-    # lessons/ (where Jupyter starts) for odd ones
-    monkeypatch.chdir(LESSONS if int(lesson.stem[:2]) % 2 else LESSONS.parent)
+    monkeypatch.chdir(LESSONS.parent)
     runpy.run_path(str(lesson), run_name="__main__")
-    assert any(tmp_path.iterdir()), "a lesson leaves its traces and figures in SPECTRACE_LESSON_OUT"
+    assert any(lesson_env.iterdir()), "a lesson leaves its traces and figures in SPECTRACE_LESSON_OUT"
+
+
+@pytest.mark.parametrize("lesson", ALL, ids=lambda p: p.stem)
+def test_lesson_runs_as_a_notebook(lesson, lesson_env):
+    jupytext = pytest.importorskip("jupytext")
+    nbclient = pytest.importorskip("nbclient")
+    notebook = jupytext.read(lesson)
+    nbclient.NotebookClient(notebook, timeout=300, kernel_name="python3",
+                            resources={"metadata": {"path": str(LESSONS)}}).execute()
+    figures = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.get("outputs", [])
+               if {"image/png", "image/svg+xml"} & set(o.get("data", {}))]
+    assert len(figures) >= (lesson.read_text().count("show(") > 0), "a lesson's figures show inline"

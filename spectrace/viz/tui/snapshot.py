@@ -7,6 +7,7 @@ SVG in a notebook) and for the tests that drive the walkthrough with Textual's P
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import io
 from pathlib import Path
 
@@ -39,7 +40,13 @@ def drive(trace: str | Path, keys=(), size=(100, 30), export_dir=None, svg: bool
             if not app.is_running:
                 return app, ""
             return app, app.export_screenshot() if svg else screen_text(app)
-    return asyncio.run(go())
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # no loop here: run one
+        return asyncio.run(go())
+    # called from a running loop (a Jupyter cell): asyncio.run refuses it there, so a thread runs ours
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, go()).result()
 
 
 def snapshot(trace: str | Path, keys=(), size=(100, 30), svg: bool = False) -> str:
