@@ -8,10 +8,10 @@
 # **Chapter sections.** SGLang end to end (`000`) §1; vLLM's chapter (`002`) §12 and §12.1;
 # SGLang's ModelRunner section (`004`) §0 and §2.
 #
-# > 普通 AR：每 1 token = 1 次 target forward。 (000 §1)
+# > 普通 AR：每 1 token = 1 次 target forward。 (《投机解码（Speculative Decoding）端到端深挖》§1)
 # > *Plain autoregressive decoding: one target forward for every token.*
 #
-# > LLM Decode 是被内存带宽而不是算力拖慢的。 (002 §12.1)
+# > LLM Decode 是被内存带宽而不是算力拖慢的。 (《第12章 投机解码：以小博大》§12.1)
 # > *LLM decoding is slowed by memory bandwidth, not by compute.*
 #
 # **Time.** About 10 minutes. Run it as `python lessons/01_why_speculative.py` from the

@@ -7,9 +7,9 @@
 #
 # **Chapter sections.** SGLang end to end (`000`) §4, §5, §5.1, §6 (its opening).
 #
-# > Draft → Target VERIFY → Accept + Bonus → Draft extend (000 §1)
+# > Draft → Target VERIFY → Accept + Bonus → Draft extend (《投机解码（Speculative Decoding）端到端深挖》§1)
 #
-# > 投机挂在每个 decode 步上，不是整次 API 只跑一轮 draft→verify。 (000 §5.1)
+# > 投机挂在每个 decode 步上，不是整次 API 只跑一轮 draft→verify。 (《投机解码（Speculative Decoding）端到端深挖》§5.1)
 # > *Speculation happens at every decode step, not once per API call.*
 #
 # **Time.** About 15 minutes. Everything here reads the committed trace

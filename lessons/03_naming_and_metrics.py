@@ -8,7 +8,7 @@
 # **Chapter sections.** SGLang end to end (`000`) §1.4, §8-§8.4, §13; vLLM's chapter (`002`)
 # §12.7.5; SGLang's ModelRunner section (`004`) §8.
 #
-# > SGLang 投机路径里，动词决定是否含 bonus。 (000 §8)
+# > SGLang 投机路径里，动词决定是否含 bonus： (《投机解码（Speculative Decoding）端到端深挖》§8)
 # > *In SGLang's speculative path, the verb decides whether the bonus is included.*
 #
 # **Time.** About 10 minutes.

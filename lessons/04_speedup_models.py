@@ -9,10 +9,10 @@
 # **Chapter sections.** SGLang end to end (`000`) §1.1-§1.3; vLLM's chapter (`002`) §12.5
 # (12.5.1-12.5.4) and §12.6.2.
 #
-# > 实际加速 ≈ τ / (1 + r) = τ / (1 + C_draft / C_verify) (000 §1.1)
+# > 实际加速 ≈ τ / (1 + r) = τ / (1 + C_draft / C_verify) (《投机解码（Speculative Decoding）端到端深挖》§1.1)
 # > *Real speed-up ≈ τ / (1 + r), r = C_draft / C_verify.*
 #
-# > 加速比有硬上界 1/(1-α)——这是 c=0、k→∞ 的极限。 (002 §12.5.4)
+# > 加速比有硬上界 $\frac{1}{1-\alpha}$——这是 $c=0$、$k\to\infty$ 的极限。 (《第12章 投机解码：以小博大》§12.5.4)
 # > *The speed-up has a hard ceiling of 1/(1-α): the limit at c = 0, k → ∞.*
 #
 # **Time.** About 15 minutes.

@@ -8,11 +8,12 @@
 # **Chapter sections.** SGLang end to end (`000`) §6.1, §7, §7.1; vLLM's chapter (`002`)
 # §12.2.4, §12.3.1, §12.3.2.
 #
-# > 某层拒绝 → 该层之后全部丢弃（不回头试更深层）。 (000 §7)
+# > 某层拒绝 → 该层之后全部丢弃（不回头试更深层）。 (《投机解码（Speculative Decoding）端到端深挖》§7)
 # > *A level rejected: everything after it is dropped (no going back to try deeper ones).*
 #
-# > draft_token == target_token → 接受；draft_token != target_token → 拒绝，用 target 的 argmax (002 §12.2.4)
-# > *Draft equals the target's token: accept; else reject and take the target's argmax.*
+# > draft_token == target_token → 接受
+# > draft_token != target_token → 拒绝，用 target 的 argmax (《第12章 投机解码：以小博大》§12.2.4)
+# > *The draft's token equals the target's: accept; it differs: reject, and take the target's argmax.*
 #
 # **Time.** About 15 minutes.
 

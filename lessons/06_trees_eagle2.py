@@ -7,8 +7,8 @@
 #
 # **Chapter sections.** SGLang end to end (`000`) §6, §6.2, §6.3.
 #
-# > Tree 在每一层保留 topk 个 sibling：draft 不是赌一条路，而是长出一棵候选树。 (000 §6.2)
-# > *A tree keeps topk siblings at each level: the draft does not bet on one path, it grows a tree.*
+# > Tree 在每一层保留 topk 个 sibling：draft 不是赌一条路，而是长出一棵候选树，再在 verify 时按层挑选。 (《投机解码（Speculative Decoding）端到端深挖》§6.2)
+# > *A tree keeps topk siblings at each level: the draft does not bet on one path, it grows a tree of candidates, then picks level by level at verify.*
 #
 # **Time.** About 15 minutes.
 

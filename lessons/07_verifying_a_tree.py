@@ -8,7 +8,7 @@
 #
 # **Chapter sections.** vLLM's chapter (`002`) §12.3.3; SGLang end to end (`000`) §9.
 #
-# > spec decode 对 attention backend 来说，无非是"每个 decode 请求的 Q 长度从 1 变成 k+1"。 (002 §12.3.3)
+# > spec decode 对 attention backend 来说，无非是"每个 decode 请求的 Q 长度从 1 变成 k+1" (《第12章 投机解码：以小博大》§12.3.3)
 # > *To the attention backend, spec decode only changes each decoding request's Q length from 1 to k+1.*
 #
 # **Time.** About 15 minutes. The tree is step 0 of the committed trace

@@ -8,10 +8,11 @@
 #
 # **Chapter sections.** vLLM's chapter (`002`) §12.3.4; SGLang's ModelRunner section (`004`) §7.
 #
-# > 写进目标模型 KV Cache 的不是 draft 阶段，而是 verify 那一次 forward。 (002 §12.3.4)
-# > *What writes the target's KV cache is not the draft phase but the verify forward.*
+# > 写进目标模型 KV Cache 的不是 draft 阶段，而是 verify 那一次 forward——它把这一步调度到的全部 k+1 个位置的 K/V 都算好并写进了块里。 (《第12章 投机解码：以小博大》§12.3.4)
+# > *What writes the target's KV cache is not the draft phase but the one verify forward: it computes
+# > the K/V of all k+1 positions scheduled this step and writes them into the blocks.*
 #
-# > V1 不做任何物理擦除，只是把进度指针往回拨。 (002 §12.3.4)
+# > V1 不做任何物理擦除，只是把进度指针往回拨。 (《第12章 投机解码：以小博大》§12.3.4)
 # > *vLLM V1 erases nothing; it only moves the progress pointer back.*
 #
 # **Time.** About 15 minutes.

@@ -8,7 +8,7 @@
 # **Chapter sections.** vLLM's chapter (`002`) §12 (its epigraph), §12.2.1-§12.2.3; SGLang end to
 # end (`000`) §7.3.
 #
-# > 投机解码产出的 token 分布与直接用大模型采样完全一致。 (002 §12.2)
+# > 投机解码产出的 token 分布与直接用大模型采样完全一致。 (《第12章 投机解码：以小博大》§12.2)
 # > *Speculative decoding's tokens follow exactly the distribution of sampling the target directly.*
 #
 # **Time.** About 15 minutes.

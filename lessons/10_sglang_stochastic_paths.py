@@ -9,9 +9,11 @@
 #
 # **Chapter sections.** SGLang end to end (`000`) §7.2, §7.3, §7.4, §16 (FAQ 2 and 3).
 #
-# > 树 + 采样走 target-only：只看目标模型的概率，不做严格的拒绝采样。 (000 §7.2)
-# > *Trees with sampling take target-only: only the target's probabilities are looked at, no strict
-# > rejection sampling.*
+# > 默认双阈值=1.0：本层按 target 概率做累积抽样；抽中某个 draft sibling 就下钻，一个都抽不中就停。
+# > draft_probs 常被置零占位——主要看 target 概率，不是完整 draft-vs-target 比值。 (《投机解码（Speculative Decoding）端到端深挖》§7.2)
+# > *With both thresholds at their default 1.0, each level draws cumulatively by the target's
+# > probabilities: if a draft sibling is drawn, descend; if none is, stop. draft_probs is often a
+# > zero placeholder: it is mainly the target's probability, not the full draft-vs-target ratio.*
 #
 # **Time.** About 15 minutes.
 

@@ -8,8 +8,8 @@
 #
 # **Chapter sections.** vLLM's chapter (`002`) §12.2.3, §12.3.2, §12.3.5 (segment 4), §12.9.
 #
-# > 被拒绝的位置从 (p - q)+ 归一化后的分布里重新采样一个 recovered token。 (002 §12.2.3)
-# > *A rejected position resamples a recovered token from the normalised (p - q)+.*
+# > 拒绝时，从修正分布 $p'(x) = \frac{\max(0, p(x) - q(x))}{\sum_y \max(0, p(y) - q(y))}$ 中重新采样 (《第12章 投机解码：以小博大》§12.2.1)
+# > *On a rejection, resample from the corrected distribution p'(x) = max(0, p(x) - q(x)) / Σ_y max(0, p(y) - q(y)).*
 #
 # **Time.** About 15 minutes.
 

@@ -9,8 +9,8 @@
 # **Chapter sections.** SGLang end to end (`000`) §6.3, §7.4; vLLM's chapter (`002`) §12.2.4;
 # SGLang's ModelRunner section (`004`) §6.
 #
-# > 树形 draft 不能直接做拒绝采样，所以采样时只能走 target-only。 (000 §6.3)
-# > *A tree draft cannot do rejection sampling directly, so sampling can only take target-only.*
+# > 不能开 rejection sampling、不能开 Adaptive（需 topk=1） (《投机解码（Speculative Decoding）端到端深挖》§6.2)
+# > *(A tree) cannot turn on rejection sampling, cannot turn on Adaptive (they need topk=1).*
 #
 # **Time.** About 15 minutes.
 

@@ -10,8 +10,8 @@
 # **Chapter sections.** SGLang end to end (`000`) §2, §11; vLLM's chapter (`002`) §12.4, §12.4.1-
 # §12.4.3, §12.8; SGLang's ModelRunner section (`004`) §3.
 #
-# > EAGLE / EAGLE3 / NEXTN / STANDALONE / NGRAM / DFLASH 共用同一套 draft → verify 的骨架。 (000 §2)
-# > *EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM and DFLASH share one draft -> verify skeleton.*
+# > 无独立 MTP enum：MTP 走 EAGLE/NEXTN + 内置 MTP 头。 (《投机解码（Speculative Decoding）端到端深挖》§2)
+# > *There is no MTP enum of its own: MTP goes through EAGLE/NEXTN plus the model's built-in MTP head.*
 #
 # **Time.** About 15 minutes.
 

@@ -9,9 +9,9 @@
 # **Chapter sections.** vLLM's chapter (`002`) §12.4.4, §12.4.5, §12.7.4; SGLang end to end
 # (`000`) §2 (NGRAM), §11.
 #
-# > N-gram 不需要任何额外模型：在 prompt 里找到与最近 n 个 token 相同的片段，把它后面的 token 当作 draft。 (002 §12.4.4)
-# > *N-gram needs no extra model: find a span of the prompt equal to the last n tokens and take the
-# > tokens after it as the draft.*
+# > 最简单但在对的场景下惊人有效。原理：在已生成的上下文里找重复模式。 (《第12章 投机解码：以小博大》§12.4.4)
+# > *The simplest, yet surprisingly effective in the right setting. The principle: look for repeated
+# > patterns in the context generated so far.*
 #
 # **Time.** About 15 minutes.
 

@@ -9,8 +9,8 @@
 # **Chapter sections.** SGLang end to end (`000`) §12, §10.3 (a CUDA-graph set per tier), §14;
 # vLLM's chapter (`002`) §12.6.4 (V0's `disable_by_batch_size`, the older answer).
 #
-# > Adaptive 根据最近的接受长度在几档 num_steps 之间切换。 (000 §12)
-# > *Adaptive switches among a few num_steps tiers by the recent accept length.*
+# > 运行时按 EMA 接受长度切换 num_steps tier (《投机解码（Speculative Decoding）端到端深挖》§12)
+# > *At run time, switch the num_steps tier by an EMA of the accept length.*
 #
 # **Time.** About 10 minutes.
 

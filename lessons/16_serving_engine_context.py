@@ -10,9 +10,9 @@
 # **Chapter sections.** SGLang end to end (`000`) §3, §4, §10 (10.1-10.3), §14; vLLM's chapter
 # (`002`) §12.1.2, §12.3.5, §12.6; SGLang's ModelRunner section (`004`) §3.
 #
-# > 三个 CUDA Graph runner：draft decode、target verify、draft extend，各自按 batch size 分桶捕获。 (000 §10.3)
-# > *Three CUDA-graph runners, draft decode, target verify and draft extend, each captured per
-# > batch-size bucket.*
+# > 投机一步有 三个 GPU 阶段、两套模型、三种 token 布局，所以不能共用一张 graph——每阶段各自 capture 一套 runner。 (《投机解码（Speculative Decoding）端到端深挖》§10.3)
+# > *A speculative step has three GPU phases, two models and three token layouts, so it cannot share
+# > one graph: each phase captures a runner of its own.*
 #
 # **Time.** About 15 minutes.
 

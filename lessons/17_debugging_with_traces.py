@@ -9,9 +9,13 @@
 # **Chapter sections.** SGLang's ModelRunner section (`004`) §8, §9; SGLang end to end (`000`) §16
 # (the FAQ); vLLM's chapter (`002`) §12.10.
 #
-# > 调试 speculative decoding 时，先看接受率，再看 draft 模型，最后看 verify 的开销。 (004 §8)
-# > *When debugging speculative decoding, look at the acceptance first, then the draft model, then
-# > the cost of verify.*
+# > 1. 先确认 draft model 的 acceptance rate 是否达到预期（通常需要 > 0.7 才有净收益）；
+# > 2. 如果 acceptance rate 低，检查 draft model 和 target model 是否来自同一 family；
+# > 3. 如果延迟更高，看当前 batch size 是否太大，导致 draft K 次 forward 的开销超过了 target verify 的收益； (《Speculative Decoding》「调试 speculative decoding 时先看哪里」)
+# > *1. First check that the draft model's acceptance rate is as expected (usually > 0.7 is needed
+# > for a net gain); 2. if it is low, check that draft and target come from the same family; 3. if
+# > latency is higher, check whether the batch is so large that the draft's K forwards cost more
+# > than the target verify gains.*
 #
 # **Time.** About 20 minutes.
 

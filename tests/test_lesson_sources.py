@@ -1,0 +1,40 @@
+"""The lessons' quotations are verbatim in the texts they cite (tools/check_quotes.py), and no
+lesson points at a path outside the repository. The texts are not in the repository: the check
+against them runs where they are (SPECTRACE_SEEDS, or ../shared/seeds beside the checkout); the
+checker itself is tested on texts made here."""
+import importlib.util
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("check_quotes", ROOT / "tools" / "check_quotes.py")
+check_quotes = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(check_quotes)
+SEEDS = Path(os.environ.get("SPECTRACE_SEEDS", ROOT.parent / "shared" / "seeds"))
+
+
+@pytest.mark.skipif(not SEEDS.is_dir(), reason="the source texts are not on this machine")
+def test_every_lesson_quotation_is_verbatim_in_its_source():
+    assert check_quotes.missing(SEEDS) == []
+
+
+def test_the_quote_checker_finds_what_is_not_verbatim(tmp_path):
+    seeds, lessons = tmp_path / "seeds", tmp_path / "lessons"
+    seeds.mkdir(), lessons.mkdir()
+    (seeds / "000.txt").write_text("一篇文章\n\n1. 第一节\n\nDraft（便宜）猜候选，\nVerify 一次验整块。\n", encoding="utf-8")
+    (lessons / "01_a.py").write_text(
+        "# > Draft（便宜）猜候选，Verify 一次验整块。 (《一篇文章》§1)\n# > *translation, not checked*\n"
+        "# > Draft……验整块。 (《一篇文章》§1)\n"
+        "# > Draft 猜候选 (《一篇文章》§1)\n"
+        "# > 猜候选 (《另一篇》§2)\n", encoding="utf-8")
+    bad = check_quotes.missing(seeds, lessons)
+    assert [re.match(r"01_a.py:(\d+)", b).group(1) for b in bad] == ["4", "5"], bad
+
+
+def test_no_lesson_points_outside_the_repository():
+    for path in sorted((ROOT / "lessons").iterdir()):
+        if path.suffix in (".py", ".md"):
+            assert not re.search(r"\.\./shared|/seeds/|/work/", path.read_text(encoding="utf-8")), path.name
