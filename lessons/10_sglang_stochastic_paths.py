@@ -60,7 +60,7 @@ for thresholds in sgl_kernel_rows:
     print(f"thresholds {thresholds}: accept_index {ours[thresholds][1]}, accept_token_num {ours[thresholds][2]}")
 
 # %% [markdown]
-# ## One coin per level: a roulette over the siblings (000 §7.3)
+# ## One coin per level: a roulette over the siblings (000 §7.2)
 #
 # At a node the rule draws one coin u and walks the children in sibling order, adding each
 # child's target probability to `prob_acc`; the first child with u <= prob_acc is accepted. So
@@ -130,11 +130,19 @@ tau_tree, tau_chain = tree_run.metrics["accept_length"], chain_run.metrics["acce
 print(f"tau: target_only tree (5,4,8) {tau_tree:.3f}, rejection chain (5,1,6) {tau_chain:.3f}")
 
 # %% [markdown]
-# What the seed simplifies: §7.3 calls target_only "not strict rejection sampling". With the
-# default thresholds it is exact: each child is taken with probability p (the roulette above) and
-# the bonus comes from the residual; it does not read q at all, which is why it can verify a
-# deterministic top-k tree. Only thresholds below 1 make it lossy. spectrace's `tree_rejection`
-# rule (lesson 12) is the tree rule that does read q.
+# > **Erratum (000 §7.4, §7.5).** The text's table rates target_only's fidelity to the target
+# > as 「近似 / 依赖阈值」 (approximate / depends on the thresholds), and §7.5 calls it
+# > 「默认 threshold 近似路径」 (the default-threshold approximate path). With the default
+# > thresholds (1.0, 1.0) it is exact: each child is taken with probability p (the roulette above)
+# > and the bonus comes from the residual; it does not read q at all, which is why it can verify a
+# > deterministic top-k tree. Only thresholds below 1 make it lossy (the χ² test above).
+# > spectrace's `tree_rejection` rule (lesson 12) is the tree rule that does read q.
+#
+# > **Erratum (this lesson, on a CPU).** These live runs sample at T = 1 on the CPU. SGLang itself
+# > would not: its `_verify_uses_greedy` is true when `is_all_greedy or CPU or XPU or (HIP and
+# > not rejection_sampling)`, so off CUDA it verifies greedily at any temperature (sgl-kernel's
+# > sampling kernels are CUDA's). spectrace runs the rule on any device; what you see here is what
+# > SGLang does on an NVIDIA GPU.
 #
 # ## Check yourself
 

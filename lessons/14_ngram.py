@@ -37,7 +37,7 @@ print("context [1, 2, 3, 4, 2, 3], n 2..3, k 4 ->", proposal.tolist())
 # [4, 2, 3] never occurred before the suffix, [2, 3] did (at index 1): the proposal is what followed
 # it, cut short where the context ends.
 #
-# ## KMP: why the search is linear (002 §12.4.5)
+# ## KMP: why the search is linear (002 §12.4.4)
 #
 # `lps[i]` is the length of the longest proper prefix of pattern[:i+1] that is also its suffix.
 # After a mismatch KMP slides the pattern to that border instead of re-reading the text, so each

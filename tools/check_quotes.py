@@ -10,7 +10,8 @@ parentheses at the end, then the translation in italics on its own `> *...*` lin
 
 The quote must appear in the cited text once line breaks and spaces are ignored (a lesson wraps
 its lines; the texts use spaces between Chinese and Latin inconsistently), an ellipsis "……"
-standing for an omission. The repository does not ship the texts: SEEDS_DIR holds them, one file
+standing for an omission. A phrase quoted inline, in 「」, must be verbatim in one of the texts
+(the sentence around it names which). The repository does not ship the texts: SEEDS_DIR holds them, one file
 each, the title on its first line. Prints each quote that is not found and exits 1 if any is.
 """
 from __future__ import annotations
@@ -72,6 +73,10 @@ def missing(seeds: Path, lessons: Path = LESSONS) -> list[str]:
                     bad.append(f"{lesson.name}:{line}: not in {title}: {quote}")
                     break
                 at += len(piece)
+        text = lesson.read_text(encoding="utf-8")
+        for m in re.finditer(r"「([^」]+)」", text):  # a phrase quoted inline, its text named beside it
+            if not any(squeeze(m.group(1)) in body for body in sources.values()):
+                bad.append(f"{lesson.name}:{text.count(chr(10), 0, m.start()) + 1}: in none of the texts: {m.group(1)}")
     return bad
 
 
