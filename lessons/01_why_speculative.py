@@ -92,6 +92,37 @@ fig.tight_layout()
 show(fig, "01_phases")
 
 # %% [markdown]
+# ## When speculation is slower, and why
+#
+# A speculative step earns τ tokens for its whole cost; a plain step earns one for one forward.
+# So speculation pays only when τ · T_AR > T_spec = C_draft + C_verify + C_other (000 §1.1),
+# which with C_verify ≈ T_AR is τ > 1 + r (+ the rest): the tokens a verify earns against what
+# the draft adds, r = C_draft / C_verify. On this run:
+
+# %%
+t_spec = sum(model["phase_ms"].values())
+t_ar = sum(plain_model["phase_ms"].values())
+step_model = model["tau"] * t_ar / t_spec
+print(f"τ {model['tau']:.2f}, r {model['r']:.2f}; a speculative step {t_spec:.1f} ms against a plain one "
+      f"{t_ar:.1f} ms: τ · T_AR / T_spec = {step_model:.2f}x, so speculation is "
+      f"{'faster' if step_model > 1 else 'slower'} here")
+
+# %% [markdown]
+# Read the printed line plainly. On a CPU with these tiny models the draft LM's three forwards
+# cost about half a verify (r about 0.5), and the rest of the step (accept, commit, the draft's
+# extend) about as much again, while a verify of 4 tokens costs more than a plain forward of
+# one: a speculative step costs twice a plain one or more, and τ (about 1.7 on the default
+# prompt) does not cover it. This run is slower than plain decoding, though it needed fewer
+# target forwards. Speculation pays where a
+# draft is cheap beside the target's forward. Measured (docs/kernel-budget.md, docs/benchmarks.md):
+# on an H100 with the fast engine, bf16, the 8 held-out prompts, plain decoding made about 4,100
+# tokens/s and EAGLE's tree (5, 4, 8) about 5,100 (1.23-1.25x; τ 2.93, r about 0.9 in GPU time,
+# paid back by one verify costing about one plain forward there), while the standalone chain
+# (3, 1, 4), whose draft is a whole small LM, stayed near 1.0x; on the development CPU the
+# explicit engine's standalone chain and plain decoding both made about 90 tokens/s. Lesson 04
+# turns this into the formula and its best k.
+
+# %% [markdown]
 # ## Check yourself
 
 # %%
@@ -104,6 +135,8 @@ assert target_forwards(plain) == plain.metrics["completion_tokens"] == 24
 assert m["accept_length"] == m["completion_tokens"] / m["verify_ct"]
 # every step keeps between 1 (the bonus alone) and num_steps + 1 = 4 tokens
 assert all(1 <= spec_trace.step(i)["accept_len"] <= 4 for i in range(len(spec_trace)))
+# fewer target forwards than tokens: what speculation saves, whether or not it is faster here
+assert target_forwards(spec) < target_forwards(plain)
 # this run's numbers (greedy, so they repeat exactly)
 expect("01", "standalone_verify_ct", m["verify_ct"])
 expect("01", "standalone_tau", m["accept_length"])

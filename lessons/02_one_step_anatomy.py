@@ -20,7 +20,7 @@
 # %%
 from collections import Counter
 
-from _lib import WALKTHROUGH, at, expect, screen
+from _lib import WALKTHROUGH, at, expect, run, screen
 
 from spectrace.core.trace import TraceFile, read_trace
 
@@ -103,6 +103,41 @@ cut = sum(r["accept_len"] for r in t.steps) - sum(len(r["committed_tokens"]) for
 print(f"steps per request {dict(per_request)}; tokens accepted but cut at the limit: {cut}")
 
 # %% [markdown]
+# ## Live: the same steps on your machine
+#
+# The walkthrough's trace is committed, so no change to the engine can move what it shows. Run
+# the same shape yourself (EAGLE tree (5, 4, 8), two held-out prompts, 16 tokens each) with
+# plain decoding beside it, and check what every step of any run must satisfy: the accepted path
+# follows the tree's parent links from the root; each accepted draft is the target's argmax after
+# its parent (greedy), the bonus the argmax after the last one; COMMIT grows the target's KV by
+# exactly accept_len (the root and the correct drafts; the bonus is the next step's root); and
+# the output is plain decoding's, token for token.
+
+# %%
+from spectrace.zoo.prompts import HELD_OUT_PROMPTS  # noqa: E402
+
+live, live_trace = run("02_live", algo="eagle", topk=4, prompts=HELD_OUT_PROMPTS[:2], max_new_tokens=16)
+plain, _ = run("02_plain", algo="none", prompts=HELD_OUT_PROMPTS[:2], max_new_tokens=16)
+
+
+def step_is_sound(r) -> bool:
+    d, v, nodes = r["draft"], r["verify"], r["accept"]["accept_nodes"]
+    parents = [None] + d["parents"]  # node j's parent; node 0 is the root
+    tokens = [v["tokens"][0]] + d["tokens"]
+    path_ok = nodes[0] == 0 and all(parents[b] == a for a, b in zip(nodes, nodes[1:]))
+    greedy_ok = all(tokens[b] == v["target_predict"][a] for a, b in zip(nodes, nodes[1:])) and \
+        r["bonus_token"] == v["target_predict"][nodes[-1]]
+    drafts_ok = r["correct_drafts"] == [tokens[j] for j in nodes[1:]]
+    before, after = r["kv"]["target_seq_len"]
+    kv_ok = r["finish_reason"] is not None or after - before == r["accept_len"]
+    return path_ok and greedy_ok and drafts_ok and kv_ok
+
+
+live_steps = read_trace(live_trace.path).steps
+print(f"live: {len(live_steps)} step records, all sound: {all(map(step_is_sound, live_steps))}; "
+      f"the same text as plain decoding: {live.texts == plain.texts}")
+
+# %% [markdown]
 # ## Check yourself
 
 # %%
@@ -119,6 +154,9 @@ assert sum(len(e["slots"]) for e in draft_ev if e["op"] == "alloc") == \
     sum(len(e["slots"]) for e in draft_ev if e["op"] == "free")
 # only a finishing step skips the draft extend
 assert all(x or r["finish_reason"] for r, x in zip(t.steps, extended))
+# every step of the committed run and of the live one: the path, the greedy verdicts, the KV
+assert all(map(step_is_sound, t.steps)) and all(map(step_is_sound, live_steps))
+assert live.texts == plain.texts  # speculation changed no token
 # the fixture's step 0 (a committed trace: these move only when it is remade)
 expect("02", "step0_correct_drafts", rec["correct_drafts"])
 expect("02", "step0_bonus_token", rec["bonus_token"])

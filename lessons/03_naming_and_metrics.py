@@ -134,6 +134,39 @@ print(f"n-gram: verify_ct {g['verify_ct']}  τ {g['accept_length']:.4f}  propose
       f"{g['num_proposed_drafts']}  vLLM num_drafts {g['vllm']['num_drafts']}")
 
 # %% [markdown]
+# ## The same counting on a live run
+#
+# The committed trace cannot change, so checks on it alone would pass whatever the engine did.
+# Run an EAGLE tree yourself (two held-out prompts, 16 tokens each) and count it both ways: the
+# identities below must hold for every run the engine makes.
+
+# %%
+from spectrace.zoo.prompts import HELD_OUT_PROMPTS  # noqa: E402
+
+live, live_trace = run("03_live", algo="eagle", topk=4, prompts=HELD_OUT_PROMPTS[:2], max_new_tokens=16)
+lt = read_trace(live_trace.path)
+lm = lt.summary["metrics"]
+
+
+def counting_holds(t, m) -> bool:
+    """Every step: accept_len = correct + 1, the tokens are the correct drafts then the bonus; the
+    run: τ = completion / verify_ct, α = correct / proposed, vLLM's counters from the same steps."""
+    steps_ok = all(r["accept_len"] == len(r["correct_drafts"]) + 1 and
+                   r["accept_tokens"] == r["correct_drafts"] + [r["bonus_token"]] for r in t.steps)
+    completion = len(t.prefills) + sum(len(r["committed_tokens"]) for r in t.steps)
+    proposed = sum(len(r["draft"]["tokens"]) for r in t.steps if r["draft"])
+    correct = sum(len(r["correct_drafts"]) for r in t.steps)
+    return (steps_ok and m["completion_tokens"] == completion and m["verify_ct"] == len(t.steps)
+            and m["accept_length"] == completion / len(t.steps) and m["num_correct_drafts"] == correct
+            and m["accept_rate"] == correct / proposed and m["vllm"]["num_accepted_tokens"] == correct
+            and m["vllm"]["mean_acceptance_length"] == 1 + correct / m["vllm"]["num_drafts"])
+
+
+print(f"live: verify_ct {lm['verify_ct']}  τ {lm['accept_length']:.4f}  α {lm['accept_rate']:.4f}  "
+      f"vLLM mean acceptance length {lm['vllm']['mean_acceptance_length']:.4f}")
+print("the counting holds on the walkthrough:", counting_holds(t, m), "and live:", counting_holds(lt, lm))
+
+# %% [markdown]
 # ## "Usually > 0.7 to gain" (004 §8)
 #
 # The ModelRunner section advises checking that the draft's acceptance rate is "usually above
@@ -142,6 +175,20 @@ print(f"n-gram: verify_ct {g['verify_ct']}  τ {g['accept_length']:.4f}  propose
 # SGLang's (5, 4, 8) that is 5/7 = 0.714. The walkthrough's run earns τ 2.4 at α 0.21, and the
 # embedded EAGLE over the 8 held-out prompts τ 3.066 at α 0.300 (docs/benchmarks.md). The advice
 # fits a chain's per-position acceptance, not SGLang's tree α.
+#
+# > **Erratum (004 「调试 speculative decoding 时先看哪里」).** Even for a chain, 0.7 is no
+# > threshold. The vLLM chapter's own table (002 §12.5.4), the closed form
+# > (1 - α^(k+1)) / ((1 - α)(1 + c·k)) with draft cost c per token, shows gains well below it:
+# > 「中等接受率、中等成本」 α 0.55, c 0.20, k 3: 1.26×; 「低接受率、零成本」 α 0.25, c 0: 1.33×.
+# > Whether speculation pays is α against the draft's cost, not α alone (lesson 04).
+
+# %%
+def closed_form(alpha, c, k):
+    return (1 - alpha ** (k + 1)) / ((1 - alpha) * (1 + c * k))
+
+
+for alpha, c, k in ((0.55, 0.20, 3), (0.25, 0.0, 3), (0.75, 0.40, 7)):
+    print(f"α {alpha}, c {c}, k {k}: {closed_form(alpha, c, k):.2f}x")
 
 # %% [markdown]
 # ## Check yourself
@@ -158,6 +205,11 @@ assert identity == Fraction(m["accept_length"]).limit_denominator(1000)
 assert v["mean_acceptance_length"] == 1 + v["num_accepted_tokens"] / v["num_drafts"]
 assert v["num_accepted_tokens"] == sum(v["num_accepted_tokens_per_pos"]) == m["num_correct_drafts"]
 assert abs(m["vllm"]["draft_acceptance_rate"] - 100 * m["accept_rate"]) < 1e-9
+# the same counting holds on a run made now, not only on the committed trace
+assert counting_holds(t, m) and counting_holds(lt, lm)
+assert lm["accept_rate"] <= 5 / 7  # the tree bound, live
+# the chapter's table: gains below α 0.7, a loss at α 0.75 when drafting is dear
+assert [round(closed_form(*row), 2) for row in ((0.55, 0.20, 3), (0.25, 0.0, 3), (0.75, 0.40, 7))] == [1.26, 1.33, 0.95]
 # the tree bound on α, and the n-gram run's plain steps
 assert m["accept_rate"] <= cfg["num_steps"] / (n - 1) == 5 / 7
 assert g["num_proposed_drafts"] == 0 and g["vllm"]["num_drafts"] == 0

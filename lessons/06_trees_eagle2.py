@@ -26,6 +26,7 @@ from _lib import WALKTHROUGH, expect, run, show, tree_figure
 
 from spectrace.core.trace import TraceFile, read_trace
 from spectrace.core.tree import tree_capacity
+from spectrace.zoo.prompts import HELD_OUT_PROMPTS
 
 def full_tree(K, S):
     """Nodes of a complete K-ary tree of depth S, what expanding every path would score."""
@@ -65,8 +66,6 @@ show(tree_figure(TraceFile(WALKTHROUGH), 0, "06_step0_tree"))
 # two held-out prompts: the tree tries alternatives at each level, so a step accepts more.
 
 # %%
-from spectrace.zoo.prompts import HELD_OUT_PROMPTS  # noqa: E402
-
 tau = {}
 for name, shape in (("chain", dict(topk=1, num_steps=5)), ("tree", dict(topk=4, num_steps=5, num_draft_tokens=8))):
     tokens = verify = 0
@@ -75,6 +74,68 @@ for name, shape in (("chain", dict(topk=1, num_steps=5)), ("tree", dict(topk=4, 
         tokens, verify = tokens + result.metrics["completion_tokens"], verify + result.metrics["verify_ct"]
     tau[name] = tokens / verify
     print(f"{name}: τ {tau[name]:.3f}")
+
+# %% [markdown]
+# ## Grow one live, and check it against a reference
+#
+# The trace of a run keeps every candidate the draft loop scored: its level, q, path score, the
+# candidate it was expanded from, and the tree node it became (or -1, cut). That is enough to
+# check the loop against the rule written out independently: level 0 is the root's top K by q;
+# each later level expands exactly the K best paths of the level before by path score (not by
+# their own q); a path score is the parent's times q; the tree is the n - 1 best scores of all.
+
+# %%
+_, live_trace = run("06_live", algo="eagle", topk=4, num_steps=5, num_draft_tokens=8,
+                    prompts=HELD_OUT_PROMPTS[:2], max_new_tokens=16)
+
+
+def follows_eagle2(c, K: int, n: int) -> bool:
+    levels = sorted(set(c["levels"]))
+    of = {lv: [i for i, x in enumerate(c["levels"]) if x == lv] for lv in levels}
+    ok = all(c["parents"][i] == -1 and abs(c["scores"][i] - c["q"][i]) < 2e-6 for i in of[0])
+    for lv in levels[1:]:
+        best = sorted(of[lv - 1], key=lambda i: -c["scores"][i])[:K]  # the K best paths, by path score
+        expanded = {c["parents"][i] for i in of[lv]}
+        ties = {i for i in of[lv - 1] if abs(c["scores"][i] - c["scores"][best[-1]]) < 2e-6}
+        ok &= expanded <= set(best) | ties and len(expanded) == K
+        ok &= all(abs(c["scores"][i] - c["scores"][c["parents"][i]] * c["q"][i]) < 2e-6 for i in of[lv])
+    kept = sorted((c["scores"][i] for i, node in enumerate(c["nodes"]) if node > 0), reverse=True)
+    return ok and len(kept) == n - 1 and all(abs(a - b) < 2e-6 for a, b in zip(kept, sorted(c["scores"], reverse=True)))
+
+
+live_steps = [r for r in read_trace(live_trace.path).steps if r["draft"]]
+print(f"{len(live_steps)} live trees; each follows EAGLE-2's rule: "
+      f"{all(follows_eagle2(r['draft']['candidates'], 4, 8) for r in live_steps)}")
+
+# %% [markdown]
+# ## The text's example: topk 2, depth 2 (000 §6.2)
+#
+# The SGLang text draws a tree of topk 2 and depth 2: A1 and A2 under the root, two children
+# under each, and walks it greedily: find the target's argmax among {A1, A2}; on a hit, go on
+# among that node's children only; at the first level with no hit, stop. With
+# num_draft_tokens 7 every one of the 2 + 4 candidates is kept, so the tree is the text's.
+
+# %%
+_, small_trace = run("06_topk2_depth2", algo="eagle", topk=2, num_steps=2, num_draft_tokens=7,
+                     prompts=HELD_OUT_PROMPTS[:1], max_new_tokens=16)
+small = [r for r in read_trace(small_trace.path).steps if r["draft"]]
+print("parents of nodes 1..6:", small[0]["draft"]["parents"], " depths:", small[0]["draft"]["depths"])
+
+
+def walks_as_the_text_says(r) -> bool:
+    """Every node the walk tried is a child of the last accepted node, siblings in order, and it
+    stops at the first level where no child matched."""
+    parents, path, ok = [None] + r["draft"]["parents"], [0], True
+    for dec in r["accept"]["decisions"]:
+        ok &= parents[dec["node"]] == path[-1]
+        if dec["accepted"]:
+            path.append(dec["node"])
+    return ok and path == r["accept"]["accept_nodes"]
+
+
+for r in small[:4]:
+    print(f"step {r['step']}: tried {[d['node'] for d in r['accept']['decisions']]}, accepted path "
+          f"{r['accept']['accept_nodes']}")
 
 # %% [markdown]
 # ## Check yourself
@@ -91,6 +152,11 @@ assert all(par == 0 or d["scores"][j - 1] <= d["scores"][par - 1] for j, par in 
 # the root's children are the draft's top candidates after the root, best first
 root_children = [tok for tok, par in zip(d["tokens"], d["parents"]) if par == 0]
 assert root_children == [tok for tok, _ in d["draft_topk"][0][:len(root_children)]]
+# a tree grown now follows EAGLE-2's rule, checked against the reference above
+assert live_steps and all(follows_eagle2(r["draft"]["candidates"], 4, 8) for r in live_steps)
+# topk 2, depth 2: the text's tree (A1, A2; two children each) and its greedy walk
+assert all(r["draft"]["parents"] == [0, 0, 1, 1, 2, 2] and r["draft"]["depths"] == [1, 1, 2, 2, 2, 2] for r in small)
+assert all(map(walks_as_the_text_says, small))
 expect("06", "chain_tau", tau["chain"])
 expect("06", "tree_tau", tau["tree"])
 print("all checks passed")

@@ -104,6 +104,52 @@ print("bonus_logits_indices", meta.bonus_logits_indices.tolist(), " target_logit
       meta.target_logits_indices.tolist())
 
 # %% [markdown]
+# ## Live: every tree of a run of your own
+#
+# The trees above are from a committed trace. Draft some now (EAGLE, topk 4, 8 nodes, two
+# held-out prompts) and check each against what the draft loop itself chose: the trace keeps
+# every candidate the loop scored, the tree node each kept one became, and the candidate it was
+# expanded from. build_tree must turn exactly those parent links into mask rows, positions and
+# retrive lists.
+
+# %%
+from _lib import run  # noqa: E402
+
+from spectrace.zoo.prompts import HELD_OUT_PROMPTS  # noqa: E402
+
+_, live_trace = run("07_live", algo="eagle", topk=4, prompts=HELD_OUT_PROMPTS[:2], max_new_tokens=16)
+
+
+def tree_is_built_right(r) -> bool:
+    d, v = r["draft"], r["verify"]
+    c = d["candidates"]
+    node_of = {cand: node for cand, node in enumerate(c["nodes"]) if node > 0}
+    # each kept candidate's parent candidate is a kept node too (or the root, -1)
+    loop_parent = {node: 0 if c["parents"][cand] == -1 else node_of[c["parents"][cand]]
+                   for cand, node in node_of.items()}
+    size = len(d["tree_mask"])
+    par = [None] + [loop_parent[j] for j in range(1, size)]
+
+    def up(j):
+        while j is not None:
+            yield j
+            j = par[j]
+    rows_ok = all(d["tree_mask"][j] == "".join("1" if i in set(up(j)) else "0" for i in range(size))
+                  for j in range(size))
+    depth = [0] + [len(list(up(j))) - 1 for j in range(1, size)]
+    m = torch.tensor([[ch == "1" for ch in row] for row in d["tree_mask"]])
+    pos, nt, ns = torch.empty(size, dtype=torch.int64), *torch.full((2, 1, size), -1, dtype=torch.int64)
+    reconstruct_indices_from_tree_mask(m.flatten(), torch.tensor([v["positions"][0]]), pos,
+                                       torch.full((1, size), -1), nt, ns, 1, size)
+    return (rows_ok and d["parents"] == par[1:] and v["positions"] == [v["positions"][0] + x for x in depth]
+            and nt.tolist()[0] == d["retrive_next_token"] and ns.tolist()[0] == d["retrive_next_sibling"])
+
+
+live_steps = [r for r in read_trace(live_trace.path).steps if r["draft"]]
+print(f"live: {len(live_steps)} trees, every one built from the draft loop's own parent links: "
+      f"{all(map(tree_is_built_right, live_steps))}")
+
+# %% [markdown]
 # ## Check yourself
 
 # %%
@@ -115,6 +161,7 @@ assert verify["positions"] == [seq_len] + [seq_len + d for d in draft["depths"]]
 # the mask alone gives back the positions and the retrive lists the trace recorded
 assert positions.tolist() == verify["positions"]
 assert rnt.tolist()[0] == draft["retrive_next_token"] and rns.tolist()[0] == draft["retrive_next_sibling"]
+assert all(map(tree_is_built_right, live_steps))  # every live tree, against the loop's own choices
 assert chain_mask == causal.tolist()
 assert cu_seqlens_q.tolist() == [0, 6, 12, 18]
 assert meta.logits_indices.tolist() == [0, 1, 2, 3, 103, 104, 105, 106, 206, 207, 208]

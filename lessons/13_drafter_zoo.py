@@ -61,6 +61,17 @@ show(fig, "13_drafters")
 # - **n-gram** needs no model and keeps no KV; on prose that does not repeat itself it rarely finds
 #   a match and most steps are plain decodes (lesson 14).
 #
+# > **Erratum (004 「speculative decoding 怎样进入 ModelRunner」, 「一张图先看整体结构」).** The
+# > ModelRunner text lists SGLang's modes as 「EAGLE / EAGLE2」, 「DRAFT_MODEL」 and 「MEDUSA」.
+# > SGLang's `SpeculativeAlgorithm` has none of the last three: its members are EAGLE, EAGLE3,
+# > STANDALONE, NGRAM, DFLASH and FROZEN_KV_MTP (and NONE), NEXTN resolving to EAGLE. EAGLE-2 is
+# > not a mode but EAGLE drafting a tree (topk > 1, lesson 06); a separate small LM is
+# > STANDALONE; Medusa heads are vLLM's (V0), which spectrace also runs, under its own name. The
+# > text places the acceptance in `speculative_algorithm.verify_step(...)`; SGLang verifies in the
+# > EAGLE worker's `verify()`, whose walk is `eagle_sample()` (lesson 02). And where it says a
+# > target forward over 「K+1 个位置」 「等于原本 K 次 autoregressive decode」, it is worth up to
+# > K + 1: the K drafts and the bonus (lessons 01 and 03).
+#
 # ## EAGLE-3 drafts over its own vocabulary (002 §12.4.2)
 #
 # Its lm_head scores `draft_vocab_size` tokens, mapped to target ids by `d2t` (SGLang's
@@ -85,6 +96,9 @@ print(f"draft vocabulary {len(hot)} of {head.config.vocab_size}; the run propose
 # %%
 # greedy acceptance is lossless: every drafter gives plain decoding's text
 assert all(results[a].texts == results["none"].texts for a in DRAFTERS)
+# SGLang's names: no EAGLE2 or DRAFT_MODEL mode (a tree is EAGLE, a small LM STANDALONE)
+assert traces["eagle"].header["config"]["resolved_algorithm"] == "EAGLE"
+assert traces["standalone"].header["config"]["resolved_algorithm"] == "STANDALONE"
 # the names SGLang resolves: NEXTN and MTP run the EAGLE worker
 assert traces["nextn"].header["config"]["resolved_algorithm"] == "EAGLE" == ALGOS["mtp"].resolved
 # shapes: Medusa's 24 paths over 3 heads, DFLASH's block of 8, the EAGLE tree

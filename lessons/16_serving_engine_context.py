@@ -28,7 +28,7 @@ import os
 import torch
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # the fast engine's kernels, interpreted on this CPU's tensors
-from _lib import ROOT, show  # noqa: E402
+from _lib import ROOT, run, show  # noqa: E402
 
 from spectrace.core.engine import Request
 from spectrace.core.trace import read_trace
@@ -49,8 +49,13 @@ print(shapes)
 # - DRAFT: num_steps - 1 forwards of bs x topk rows (the kept paths of each level);
 # - VERIFY: bs x num_draft_tokens rows, the whole tree of every request;
 # - EXTEND: bs x (num_steps + 1) rows, each request's accepted tokens padded to the longest a step
-#   can accept (SGLang's draft-extend graph pads the same way; the explicit engine extends only the
-#   accepted rows).
+#   can accept (the explicit engine extends only the accepted rows).
+#
+# > **Erratum, or rather a choice (000 §10.3).** The SGLang text sizes its draft-extend graph
+# > (`EAGLEDraftExtendCudaGraphRunner`, mode DRAFT_EXTEND_V2) as 「bs × speculative_num_draft_tokens」:
+# > SGLang's V2 worker runs the draft over the whole verify window and keeps the accepted rows.
+# > spectrace's fast engine sizes it by what a step can accept, num_steps + 1 (the shape of
+# > SGLang's V1 draft extend), which for (5, 4, 8) is 6 rows a request instead of 8.
 # The fast engine runs here on the CPU, eagerly, with the Triton kernels interpreted: the same
 # code as on a GPU, where each phase is replayed from a graph. We count the rows each forward
 # reads by wrapping the models' forwards:
@@ -77,15 +82,17 @@ print("bucket for 3 requests:", engine.bs, " forwards of one step (model, rows):
 # %% [markdown]
 # ## Wasted verify rows (002 §12.6)
 #
-# Every verify computes all n rows of every tree; only accept_len of them are kept. On the
-# walkthrough's trace (eagle (5, 4, 8), 2 requests):
+# Every verify computes all n rows of every tree; only accept_len of them are kept. On a run of
+# the same three requests (explicit engine, eagle (5, 4, 8), 16 tokens each):
 
 # %%
-trace = read_trace(ROOT / "tests/data/walkthrough.jsonl")
-verified = sum(len(s["verify"]["tokens"]) for s in trace.steps)
-kept = sum(s["accept_len"] for s in trace.steps)
-print(f"{len(trace.steps)} step records: {verified} verify rows, {kept} kept, {verified - kept} thrown away "
+_, live = run("16_live", algo="eagle", prompts=HELD_OUT_PROMPTS[:3], batch=3, max_new_tokens=16)
+live_steps = read_trace(live.path).steps
+verified = sum(len(s["verify"]["tokens"]) for s in live_steps)
+kept = sum(s["accept_len"] for s in live_steps)
+print(f"{len(live_steps)} step records: {verified} verify rows, {kept} kept, {verified - kept} thrown away "
       f"({(verified - kept) / verified:.0%})")
+trace = read_trace(ROOT / "tests/data/walkthrough.jsonl")  # its timings draw the overlap below
 
 # %% [markdown]
 # At batch 1 those rows are nearly free: the GPU is waiting on memory, not arithmetic (lesson 01).
@@ -135,6 +142,7 @@ assert bucket(3) == 4 and engine.bs == 4 and BUCKETS[-1] == 64
 # the step's forwards: 4 draft levels of bs x topk rows, one verify of bs x n, one extend of bs x (S + 1)
 S, K, n = shapes["eagle"]
 assert rows == [("draft", 4 * K)] * (S - 1) + [("target", 4 * n), ("draft", 4 * (S + 1))]
-# the walkthrough's wasted rows: every step verified its 8 nodes
-assert verified == 8 * len(trace.steps) and verified - kept == sum(8 - s["accept_len"] for s in trace.steps)
+# every live verify computed the whole tree of 8 nodes; what it kept fits the extend's S + 1 rows
+assert all(len(s["verify"]["tokens"]) == n for s in live_steps)
+assert all(1 <= s["accept_len"] <= S + 1 for s in live_steps) and kept < verified
 print("all checks passed")

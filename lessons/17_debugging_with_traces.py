@@ -102,7 +102,19 @@ print(f"to look at it: spectrace replay {buggy_trace.path}  (step {first_bad})")
 # %%
 records = read_trace(eagle_trace.path).steps
 # Q: after a level with no match, can a deeper node be accepted? (greedy stops at the first miss)
-stops = all(len(s["accept"]["accept_nodes"]) == len(s["correct_drafts"]) + 1 for s in records)
+def stops_at_first_miss(s) -> bool:
+    """Every node the walk tried is a child of the last node it accepted; a tried node is accepted
+    exactly when its token is the target's argmax after its parent; the accepted ones are the path."""
+    parents, tokens, path = [None] + s["draft"]["parents"], s["verify"]["tokens"], [0]
+    for d in s["accept"]["decisions"]:
+        if parents[d["node"]] != path[-1] or d["accepted"] != (tokens[d["node"]] == s["verify"]["target_predict"][path[-1]]):
+            return False
+        if d["accepted"]:
+            path.append(d["node"])
+    return path == s["accept"]["accept_nodes"]
+
+
+stops = all(stops_at_first_miss(s) for s in records if s["draft"])
 # Q: is every accepted node the child of the one before it?
 paths = all(all(s["draft"]["parents"][b - 1] == a for a, b in zip(s["accept"]["accept_nodes"],
                                                                  s["accept"]["accept_nodes"][1:]))
