@@ -5,8 +5,8 @@
 # token, what a speculative step buys in exchange for a cheap guess, and why greedy output does
 # not change by a single token (sampled output keeps its distribution: lesson 09).
 #
-# **Chapter sections.** SGLang end to end (`000`) §1; vLLM's chapter (`002`) §12 and §12.1;
-# SGLang's ModelRunner section (`004`) §0 and §2.
+# **Chapter sections.** SGLang end to end (`000`) §1, §1.1; vLLM's chapter (`002`) §12.1, §12.1.1;
+# SGLang's ModelRunner section (`004`) §0, §2, §6.
 #
 # > 普通 AR：每 1 token = 1 次 target forward。 (《投机解码（Speculative Decoding）端到端深挖》§1)
 # > *Plain autoregressive decoding: one target forward for every token.*
@@ -18,7 +18,7 @@
 # repository root, or open it as a notebook (`jupytext --to ipynb lessons/01_why_speculative.py`).
 
 # %% [markdown]
-# ## Plain decoding, and a speculative run of the same prompt
+# ## Plain decoding, and a speculative run of the same prompt (004 §0, §2)
 #
 # Both runs use the embedded 7M-parameter target on the default prompt, greedy, 24 new tokens.
 # The speculative one drafts with the embedded 0.9M-parameter draft LM: a chain of 3 guesses per
@@ -92,7 +92,7 @@ fig.tight_layout()
 show(fig, "01_phases")
 
 # %% [markdown]
-# ## When speculation is slower, and why
+# ## When speculation is slower, and why (000 §1.1, 004 §6)
 #
 # A speculative step earns τ tokens for its whole cost; a plain step earns one for one forward.
 # So speculation pays only when τ · T_AR > T_spec = C_draft + C_verify + C_other (000 §1.1),
@@ -114,7 +114,8 @@ print(f"τ {model['tau']:.2f}, r {model['r']:.2f}; a speculative step {t_spec:.1
 # one: a speculative step costs twice a plain one or more, and τ (about 1.7 on the default
 # prompt) does not cover it. This run is slower than plain decoding, though it needed fewer
 # target forwards. Speculation pays where a
-# draft is cheap beside the target's forward. Measured (docs/kernel-budget.md, docs/benchmarks.md):
+# draft is cheap beside the target's forward: the ModelRunner text's 「吞吐提升约为 (k+1) / 1」 (004 §6)
+# leaves the draft's cost out. Measured (docs/kernel-budget.md, docs/benchmarks.md):
 # on an H100 with the fast engine, bf16, the 8 held-out prompts, plain decoding made about 4,100
 # tokens/s and EAGLE's tree (5, 4, 8) about 5,100 (1.23-1.25x; τ 2.93, r about 0.9 in GPU time,
 # paid back by one verify costing about one plain forward there), while the standalone chain

@@ -5,7 +5,8 @@
 # phase reads and writes (and in which KV pool), map the phases onto SGLang's workers and
 # forward modes, and read a step record of a trace field by field.
 #
-# **Chapter sections.** SGLang end to end (`000`) §4, §5, §5.1, §6 (its opening).
+# **Chapter sections.** SGLang end to end (`000`) §1, §4, §5, §5.1, §6, §15; SGLang's ModelRunner
+# section (`004`) §1, §4.
 #
 # > Draft → Target VERIFY → Accept + Bonus → Draft extend (《投机解码（Speculative Decoding）端到端深挖》§1)
 #
@@ -48,9 +49,28 @@ print(f"{cfg['resolved_algorithm']} ({cfg['num_steps']}, {cfg['topk']}, {cfg['nu
 #
 # A request's prefill runs once; every later step runs all five phases. The trace's step record is
 # one request's part of one step.
+#
+# ## Where to read it: SGLang's files, and this repository's (000 §15)
+#
+# The ModelRunner text sets out to answer three questions (004 §1): how speculative decoding is
+# expressed as an execution configuration; how the two phases, draft and verify, fit ForwardBatch
+# and ModelRunner; and why it does not change the output distribution. This lesson is the second
+# (the first is lesson 16's, the third lessons 05, 09 and 10). The SGLang text's reading route, file
+# by file, with where the same thing is written out here:
+#
+# | # | SGLang (`python/sglang/srt/`) | what it holds | spectrace |
+# |---|---|---|---|
+# | 1 | `speculative/spec_info.py` | `SpeculativeAlgorithm`, NEXTN resolved to EAGLE | `spectrace/algos.py` |
+# | 2 | `arg_groups/speculative_hook.py` | the automatic shape, topk 1 forcing n = S + 1 | `spectrace/run.py` (`resolve_shape`) |
+# | 3 | `managers/scheduler.py` | one `forward_batch_generation` call per decode step | `spectrace/core/engine.py` (the loop) |
+# | 4 | `speculative/eagle_worker_v2.py` | draft, verify, draft extend | `spectrace/core/engine.py` (the phases), `spectrace/core/drafters/eagle_worker.py` |
+# | 5 | `speculative/eagle_utils.py` | `build_tree`, `organize_draft_results`, `eagle_sample` | `spectrace/core/tree.py`, `spectrace/core/acceptance/` |
+# | 6 | `speculative/reject_sampling.py` | chain rejection sampling | `spectrace/core/acceptance/rejection.py` |
+# | 7 | `managers/scheduler_components/batch_result_processor.py` | accept lengths into the request's counters | `spectrace/core/metrics.py` |
+# | 8 | `managers/tokenizer_manager.py` | `meta_info`: `spec_accept_length`, `spec_verify_ct` | `spectrace/core/metrics.py` (`summary`) |
 
 # %% [markdown]
-# ## The step, phase by phase
+# ## The step, phase by phase (000 §6; 004 §4)
 #
 # The walkthrough opens on step 0 at DRAFT 1; `]` goes on a phase, `[` back. Each screen below is
 # the same step at another phase (their SVGs are in the lesson's output folder).
@@ -154,6 +174,13 @@ assert sum(len(e["slots"]) for e in draft_ev if e["op"] == "alloc") == \
     sum(len(e["slots"]) for e in draft_ev if e["op"] == "free")
 # only a finishing step skips the draft extend
 assert all(x or r["finish_reason"] for r, x in zip(t.steps, extended))
+# the reading route's files are all here
+from _lib import ROOT  # noqa: E402
+
+route = ["spectrace/algos.py", "spectrace/run.py", "spectrace/core/engine.py", "spectrace/core/drafters/eagle_worker.py",
+         "spectrace/core/tree.py", "spectrace/core/acceptance", "spectrace/core/acceptance/rejection.py",
+         "spectrace/core/metrics.py"]
+assert all((ROOT / path).exists() for path in route)
 # every step of the committed run and of the live one: the path, the greedy verdicts, the KV
 assert all(map(step_is_sound, t.steps)) and all(map(step_is_sound, live_steps))
 assert live.texts == plain.texts  # speculation changed no token

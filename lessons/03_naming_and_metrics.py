@@ -5,8 +5,8 @@
 # from a run, read vLLM's "SpecDecoding metrics" line beside them, and know which numbers a
 # claim about "acceptance rate" can mean.
 #
-# **Chapter sections.** SGLang end to end (`000`) §1.4, §8-§8.4, §13; vLLM's chapter (`002`)
-# §12.7.5; SGLang's ModelRunner section (`004`) §8.
+# **Chapter sections.** SGLang end to end (`000`) §1.4, §8, §8.1, §8.2, §8.3, §13; vLLM's chapter
+# (`002`) §12.5.4, §12.7.5; SGLang's ModelRunner section (`004`) §8.
 #
 # > SGLang 投机路径里，动词决定是否含 bonus： (《投机解码（Speculative Decoding）端到端深挖》§8)
 # > *In SGLang's speculative path, the verb decides whether the bonus is included.*
@@ -61,7 +61,7 @@ print(f"α {cs['accept_rate']}  τ {cs['accept_length']} (completion {cs['comple
       f"verify_ct {cs['verify_ct']})")
 
 # %% [markdown]
-# ## A real run: the walkthrough's trace
+# ## A real run: the walkthrough's trace (000 §1.4, §8.2)
 #
 # The committed trace `tests/data/walkthrough.jsonl` is an EAGLE run (tree 5, 4, 8; two requests;
 # 24 tokens each). Its summary holds SGLang's metrics and vLLM's, from the same steps.

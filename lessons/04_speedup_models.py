@@ -6,8 +6,8 @@
 # draft cost, and see where the independence assumption behind the closed form breaks on a
 # real drafter.
 #
-# **Chapter sections.** SGLang end to end (`000`) §1.1-§1.3; vLLM's chapter (`002`) §12.5
-# (12.5.1-12.5.4) and §12.6.2.
+# **Chapter sections.** SGLang end to end (`000`) §1.1, §1.2, §1.3; vLLM's chapter (`002`) §12.5,
+# §12.5.1, §12.5.2, §12.5.3, §12.5.4, §12.6.2.
 #
 # > 实际加速 ≈ τ / (1 + r) = τ / (1 + C_draft / C_verify) (《投机解码（Speculative Decoding）端到端深挖》§1.1)
 # > *Real speed-up ≈ τ / (1 + r), r = C_draft / C_verify.*
@@ -18,7 +18,7 @@
 # **Time.** About 15 minutes.
 
 # %% [markdown]
-# ## SGLang's model: tokens earned over time paid
+# ## SGLang's model: tokens earned over time paid (000 §1.1, §1.2, §1.3)
 #
 # A step earns τ tokens (the accepted drafts and the bonus) and costs a verify plus the drafting,
 # r verify-times of it; plain decoding earns 1 token per verify-time. So the speed-up is
@@ -45,7 +45,7 @@ for tau, r, printed in CHAPTER_000:
 # only the bonus) every r > 0 loses.
 
 # %% [markdown]
-# ## Leviathan's closed form (002 §12.5)
+# ## Leviathan's closed form (002 §12.5, §12.5.1, §12.5.2, §12.5.3, §12.5.4)
 #
 # If each draft is accepted with the same probability α, independently, a chain of k drafts
 # earns E[tokens per step] = (1 - α^{k+1}) / (1 - α), the bonus included, and costs

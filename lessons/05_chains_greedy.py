@@ -5,8 +5,8 @@
 # its in-place outputs (`predicts`, `accept_index`, `accept_token_num`), and see a live chain's
 # shape: its parents, depths, causal mask and positions, and the k + 1 rows one verify scores.
 #
-# **Chapter sections.** SGLang end to end (`000`) §6.1, §7, §7.1; vLLM's chapter (`002`)
-# §12.2.4, §12.3.1, §12.3.2.
+# **Chapter sections.** SGLang end to end (`000`) §6.1, §7, §7.1; vLLM's chapter (`002`) §12.2.4,
+# §12.3.1, §12.3.2.
 #
 # > 某层拒绝 → 该层之后全部丢弃（不回头试更深层）。 (《投机解码（Speculative Decoding）端到端深挖》§7)
 # > *A level rejected: everything after it is dropped (no going back to try deeper ones).*
@@ -18,7 +18,7 @@
 # **Time.** About 15 minutes.
 
 # %% [markdown]
-# ## The chapter's chain, through SGLang's kernel signature (000 §6.1)
+# ## The chapter's chain, through SGLang's kernel signature (000 §6.1, §7.1)
 #
 # Draft A → B → C; the target's greedy choices after the root, A and B are A, B and X. The walk
 # accepts A and B, stops at C, and writes the target's X as the bonus. `verify_tree_greedy`

@@ -5,7 +5,7 @@
 # topk best paths by their topk best next tokens), score a path by the product of its drafts'
 # q, keep the num_draft_tokens - 1 best, and see what a tree buys over a chain.
 #
-# **Chapter sections.** SGLang end to end (`000`) §6, §6.2, §6.3.
+# **Chapter sections.** SGLang end to end (`000`) §6.2, §6.3.
 #
 # > Tree 在每一层保留 topk 个 sibling：draft 不是赌一条路，而是长出一棵候选树，再在 verify 时按层挑选。 (《投机解码（Speculative Decoding）端到端深挖》§6.2)
 # > *A tree keeps topk siblings at each level: the draft does not bet on one path, it grows a tree of candidates, then picks level by level at verify.*
@@ -60,7 +60,7 @@ show(tree_figure(TraceFile(WALKTHROUGH), 0, "06_step0_tree"))
 # here sit at depth 2 or less: five levels are drafted, few are kept.
 
 # %% [markdown]
-# ## A chain against a tree on the same prompts
+# ## A chain against a tree on the same prompts (000 §6.3)
 #
 # The same EAGLE head, as a chain (topk 1, 5 drafts) and as SGLang's tree (topk 4, 8 nodes), on
 # two held-out prompts: the tree tries alternatives at each level, so a step accepts more.

@@ -62,7 +62,7 @@ fig.tight_layout()
 show(fig, "07_tree_mask")
 
 # %% [markdown]
-# ## The mask says it all: rebuilding the tree from it
+# ## The mask says it all: rebuilding the tree from it (000 §9)
 #
 # sgl-kernel's `reconstruct_indices_from_tree_mask` (used by SGLang's n-gram path) recovers the
 # positions and retrive lists from a QLEN_ONLY mask alone: the mask is the tree.

@@ -5,8 +5,8 @@
 # target's distribution p whatever the draft's q; check it statistically on spectrace's own rule
 # code; and watch the same test catch a one-line bug in the bonus draw.
 #
-# **Chapter sections.** vLLM's chapter (`002`) §12 (its epigraph), §12.2.1-§12.2.3; SGLang end to
-# end (`000`) §7.3.
+# **Chapter sections.** vLLM's chapter (`002`) §12.2, §12.2.1, §12.2.2; SGLang end to end (`000`)
+# §7.3; SGLang's ModelRunner section (`004`) §5.
 #
 # > 投机解码产出的 token 分布与直接用大模型采样完全一致。 (《第12章 投机解码：以小博大》§12.2)
 # > *Speculative decoding's tokens follow exactly the distribution of sampling the target directly.*
@@ -14,7 +14,7 @@
 # **Time.** About 15 minutes.
 
 # %% [markdown]
-# ## The rule (002 §12.2.1)
+# ## The rule (002 §12.2.1; 004 §5)
 #
 # Draw x ~ q; accept it with probability min(1, p(x) / q(x)); if rejected, draw from the
 # residual p'(x) = max(0, p(x) - q(x)) / Σ_y max(0, p(y) - q(y)). SGLang's kernels and
@@ -84,7 +84,7 @@ fig.tight_layout()
 show(fig, "09_rejection")
 
 # %% [markdown]
-# ## The engines' rules, over two tokens
+# ## The engines' rules, over two tokens (000 §7.3)
 #
 # One position is the easy case. The test that guards spectrace's rules
 # (`tests/test_acceptance.py`, through `spectrace.testing`) runs each rule's own walk over whole

@@ -7,7 +7,7 @@
 # chi-square test, and run both stochastic paths (trees: target_only; chains: rejection sampling)
 # live.
 #
-# **Chapter sections.** SGLang end to end (`000`) §7.2, §7.3, §7.4, §16 (FAQ 2 and 3).
+# **Chapter sections.** SGLang end to end (`000`) §7.2, §7.3, §7.4, §7.5, §16 (FAQ 2 and 3).
 #
 # > 默认双阈值=1.0：本层按 target 概率做累积抽样；抽中某个 draft sibling 就下钻，一个都抽不中就停。
 # > draft_probs 常被置零占位——主要看 target 概率，不是完整 draft-vs-target 比值。 (《投机解码（Speculative Decoding）端到端深挖》§7.2)
@@ -91,7 +91,7 @@ fig.tight_layout()
 show(fig, "10_roulette")
 
 # %% [markdown]
-# ## The thresholds make it lossy (000 §7.2, FAQ 3)
+# ## The thresholds make it lossy (000 §7.2, §16 FAQ 3)
 #
 # `--speculative-accept-threshold-single` accepts a child outright when its p reaches it;
 # `--speculative-accept-threshold-acc` divides prob_acc by it, so the coin is beaten sooner. Both
@@ -110,7 +110,7 @@ for kw in ({"threshold_single": 1.0, "threshold_acc": 1.0}, {"threshold_single":
           f"{tv[kw['threshold_acc']]:.3f}")
 
 # %% [markdown]
-# ## Live: a sampled tree and a sampled chain
+# ## Live: a sampled tree and a sampled chain (000 §7.3)
 #
 # At temperature 1 SGLang verifies a tree with target_only and a chain (topk 1) with
 # `chain_speculative_sampling`, classic rejection sampling that reads the draft's q. One decision

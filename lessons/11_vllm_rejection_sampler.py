@@ -6,7 +6,7 @@
 # rejected position emits (a recovered token from the residual, then placeholders); and check
 # the trick vLLM samples with, argmax(p / E) for exponential noise E, against a categorical draw.
 #
-# **Chapter sections.** vLLM's chapter (`002`) §12.2.3, §12.3.2, §12.3.5 (segment 4), §12.9.
+# **Chapter sections.** vLLM's chapter (`002`) §12.2.1, §12.3.2, §12.3.5 (segment 4).
 #
 # > 拒绝时，从修正分布 $p'(x) = \frac{\max(0, p(x) - q(x))}{\sum_y \max(0, p(y) - q(y))}$ 中重新采样 (《第12章 投机解码：以小博大》§12.2.1)
 # > *On a rejection, resample from the corrected distribution p'(x) = max(0, p(x) - q(x)) / Σ_y max(0, p(y) - q(y)).*

@@ -6,8 +6,8 @@
 # `tree_rejection`, SpecInfer's and Sequoia's recipe), and for a chain verified with SGLang's
 # chain rejection; and see why a sampled tree must fix its shape before it draws.
 #
-# **Chapter sections.** SGLang end to end (`000`) §6.3, §7.4; vLLM's chapter (`002`) §12.2.4;
-# SGLang's ModelRunner section (`004`) §6.
+# **Chapter sections.** SGLang end to end (`000`) §6.2, §6.3, §7.2, §7.4; vLLM's chapter (`002`)
+# §12.2.4; SGLang's ModelRunner section (`004`) §6.
 #
 # > 不能开 rejection sampling、不能开 Adaptive（需 topk=1） (《投机解码（Speculative Decoding）端到端深挖》§6.2)
 # > *(A tree) cannot turn on rejection sampling, cannot turn on Adaptive (they need topk=1).*
@@ -70,7 +70,8 @@ show(fig, "12_tau_vs_temperature")
 # At temperature 0 the two trees are the same greedy tree (the same τ). Above it, sampling
 # spreads p: each draft matches what the target samples less often, and τ falls for every rule,
 # the target_only tree fastest: by T = 1 the sampled tree with tree_rejection keeps more of its τ, as it
-# drafts by q's draws and judges each against p with q in the ratio. docs/acceptance.md's
+# drafts by q's draws and judges each against p with q in the ratio. The ModelRunner text lists
+# 「高温度采样（随机性高，draft 难以准确预测）」 among the conditions against a gain (004 §6). docs/acceptance.md's
 # "Acceptance rules" table is the same measurement at 64 tokens and 4 seeds.
 #
 # > **Erratum (000 §7.2, on a CPU).** SGLang itself would run all of these greedily on this CPU:

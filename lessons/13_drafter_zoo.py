@@ -7,8 +7,8 @@
 # text; meet the details that set them apart (EAGLE-3's reduced vocabulary, NEXTN resolved to the
 # EAGLE worker, Medusa's static tree, DFLASH's one-pass block).
 #
-# **Chapter sections.** SGLang end to end (`000`) §2, §11; vLLM's chapter (`002`) §12.4, §12.4.1-
-# §12.4.3, §12.8; SGLang's ModelRunner section (`004`) §3.
+# **Chapter sections.** SGLang end to end (`000`) §2, §11; vLLM's chapter (`002`) §12.4, §12.4.1,
+# §12.4.2, §12.4.3; SGLang's ModelRunner section (`004`) §2, §3.
 #
 # > 无独立 MTP enum：MTP 走 EAGLE/NEXTN + 内置 MTP 头。 (《投机解码（Speculative Decoding）端到端深挖》§2)
 # > *There is no MTP enum of its own: MTP goes through EAGLE/NEXTN plus the model's built-in MTP head.*
@@ -16,7 +16,7 @@
 # **Time.** About 15 minutes.
 
 # %% [markdown]
-# ## One prompt, every drafter, greedy
+# ## One prompt, every drafter, greedy (000 §2, §11; 002 §12.4, §12.4.1, §12.4.3)
 #
 # Each runs at SGLang's automatic shape for a Llama target (the (5, 4, 8) tree for the EAGLE
 # family, a (3, 1, 4) chain for the standalone LM; Medusa's 24 paths; DFLASH's block of 8), on the
@@ -61,7 +61,7 @@ show(fig, "13_drafters")
 # - **n-gram** needs no model and keeps no KV; on prose that does not repeat itself it rarely finds
 #   a match and most steps are plain decodes (lesson 14).
 #
-# > **Erratum (004 「speculative decoding 怎样进入 ModelRunner」, 「一张图先看整体结构」).** The
+# > **Erratum (004 §3, §2: 「speculative decoding 怎样进入 ModelRunner」, 「一张图先看整体结构」).** The
 # > ModelRunner text lists SGLang's modes as 「EAGLE / EAGLE2」, 「DRAFT_MODEL」 and 「MEDUSA」.
 # > SGLang's `SpeculativeAlgorithm` has none of the last three: its members are EAGLE, EAGLE3,
 # > STANDALONE, NGRAM, DFLASH and FROZEN_KV_MTP (and NONE), NEXTN resolving to EAGLE. EAGLE-2 is

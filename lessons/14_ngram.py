@@ -6,8 +6,8 @@
 # (v0.8.5's first match, today's longest), count why KMP is linear, and run the n-gram drafters
 # on text that does and does not repeat itself, beside SGLang's trie, which proposes a tree.
 #
-# **Chapter sections.** vLLM's chapter (`002`) §12.4.4, §12.4.5, §12.7.4; SGLang end to end
-# (`000`) §2 (NGRAM), §11.
+# **Chapter sections.** vLLM's chapter (`002`) §12.4.4, §12.7.4; SGLang end to end (`000`) §2
+# (NGRAM), §11.
 #
 # > 最简单但在对的场景下惊人有效。原理：在已生成的上下文里找重复模式。 (《第12章 投机解码：以小博大》§12.4.4)
 # > *The simplest, yet surprisingly effective in the right setting. The principle: look for repeated
@@ -106,7 +106,7 @@ print("v0.8.5 first match:", first.tolist(), "  longest match:", longest.tokens,
 # On held-out prose the context rarely repeats 5 tokens, so most steps propose nothing and decode
 # plainly. On code that repeats itself (a class whose accessors follow one pattern) the matches
 # copy whole accessors. SGLang's NGRAM keeps a trie of recent n-grams and proposes a *tree* of
-# its likeliest continuations (`--ngram-style sglang`).
+# its likeliest continuations (`--ngram-style sglang`; 000 §2, §11).
 
 # %%
 held_out, _ = run("14_held_out", algo="ngram")

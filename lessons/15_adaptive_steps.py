@@ -6,8 +6,7 @@
 # hysteresis so it does not flap. Work a sequence out by hand, then watch a live run climb from 3
 # to 7 steps on code that repeats itself and stay at 3 on prose.
 #
-# **Chapter sections.** SGLang end to end (`000`) §12, §10.3 (a CUDA-graph set per tier), §14;
-# vLLM's chapter (`002`) §12.6.4 (V0's `disable_by_batch_size`, the older answer).
+# **Chapter sections.** SGLang end to end (`000`) §10.3 (a CUDA-graph set per tier), §12, §14.
 #
 # > 运行时按 EMA 接受长度切换 num_steps tier (《投机解码（Speculative Decoding）端到端深挖》§12)
 # > *At run time, switch the num_steps tier by an EMA of the accept length.*
@@ -72,7 +71,7 @@ show(fig, "15_adaptive")
 # %% [markdown]
 # ## Live (000 §12, §14)
 #
-# `--speculative-adaptive` runs with the EAGLE worker and topk 1 (SGLang keeps a set of CUDA graphs
+# `--speculative-adaptive` runs with the EAGLE worker and topk 1 (000 §10.3: SGLang keeps a set of CUDA graphs
 # per tier). On held-out prose its EMA stays between 0.25 and 2.5, so it never leaves 3 steps and
 # equals the plain 3-step chain. On repeating code it needs 96 tokens: the first decision comes
 # after 10 + 5 steps, and a 48-token run ends before it.

@@ -7,8 +7,8 @@
 # is read (overlap), finished requests frozen in their rows. Count what the fixed shapes cost:
 # padded rows and verify rows that are thrown away.
 #
-# **Chapter sections.** SGLang end to end (`000`) §3, §4, §10 (10.1-10.3), §14; vLLM's chapter
-# (`002`) §12.1.2, §12.3.5, §12.6; SGLang's ModelRunner section (`004`) §3.
+# **Chapter sections.** SGLang end to end (`000`) §3, §3.1, §10, §10.1, §10.2, §10.3, §14; vLLM's
+# chapter (`002`) §12.1.2, §12.6, §12.6.3, §12.6.4, §12.7.1, §12.7.2, §12.7.3.
 #
 # > 投机一步有 三个 GPU 阶段、两套模型、三种 token 布局，所以不能共用一张 graph——每阶段各自 capture 一套 runner。 (《投机解码（Speculative Decoding）端到端深挖》§10.3)
 # > *A speculative step has three GPU phases, two models and three token layouts, so it cannot share
@@ -42,7 +42,7 @@ shapes = {algo: tuple(getattr(resolve(RunConfig(algo=algo))[0], k) for k in ("nu
 print(shapes)
 
 # %% [markdown]
-# ## Fixed shapes per phase (000 §10.3)
+# ## Fixed shapes per phase (000 §10, §10.3)
 #
 # A CUDA graph replays the same kernels on the same buffers, so every phase has one shape per
 # batch bucket. For a batch of 3 requests (bucket 4) of an EAGLE (5, 4, 8) tree:
@@ -80,7 +80,7 @@ for _, phases in engine.launches:  # one step's DRAFT, VERIFY + ACCEPT + COMMIT 
 print("bucket for 3 requests:", engine.bs, " forwards of one step (model, rows):", rows)
 
 # %% [markdown]
-# ## Wasted verify rows (002 §12.6)
+# ## Wasted verify rows (002 §12.6, §12.6.3)
 #
 # Every verify computes all n rows of every tree; only accept_len of them are kept. On a run of
 # the same three requests (explicit engine, eagle (5, 4, 8), 16 tokens each):
@@ -95,12 +95,75 @@ print(f"{len(live_steps)} step records: {verified} verify rows, {kept} kept, {ve
 trace = read_trace(ROOT / "tests/data/walkthrough.jsonl")  # its timings draw the overlap below
 
 # %% [markdown]
-# At batch 1 those rows are nearly free: the GPU is waiting on memory, not arithmetic (lesson 01).
+# At batch 1 those rows are nearly free (002 §12.1.2): the GPU is waiting on memory, not arithmetic (lesson 01).
 # As the batch grows the verify becomes compute-bound and the wasted rows start to cost what they
 # compute, the reason speculation pays less at large batch (vLLM §12.6; docs/benchmarks.md's batch-scaling lab
 # measures it on the H200).
 #
-# ## Overlap (000 §10.1-10.2)
+# ## What a running request costs, and when to stop drafting
+#
+# > 这是保守默认值，不是算法硬约束。原因是开 spec 后每个 running request 比普通 AR 更贵： (《投机解码（Speculative Decoding）端到端深挖》§3.1)
+# > *(SGLang's max_running_requests of 48 with speculation on) is a conservative default, not a
+# > hard constraint of the algorithm: with speculation on, every running request costs more than
+# > under plain decoding.*
+#
+# The first cost the text names is KV: each request reserves room for a whole tree besides its
+# committed tokens. The fast engine sizes its per-request KV row the same way; compare the rows it
+# reserves for plain decoding and for the (5, 4, 8) tree, same prompts, same token budget:
+
+# %%
+none_spec, _ = resolve(RunConfig(algo="none", batch=3, max_new_tokens=8))
+plain_engine = build_engine(target, None, none_spec, prompts, [], backend="fast")
+columns = {"none": plain_engine.kv.req_to_token.shape[1], "eagle": engine.kv.req_to_token.shape[1]}
+print(f"KV columns a request reserves: plain decoding {columns['none']}, eagle (5, 4, 8) {columns['eagle']}")
+
+# %% [markdown]
+# The second cost is the verify's rows (above), which is why speculation should stop at some
+# batch size. vLLM v0.8.5 had a knob for it, in V0 only:
+#
+# > 配置层有 disable_by_batch_size，但它只被 V0 的 SpecDecodeWorker 读取：运行队列长度 ≥ 阈值时，把本步各请求的投机长度置 0，且这些请求此后不再投机（vllm/spec_decode/spec_decode_worker.py:553-571）；V1 全目录不读这个字段。 (《第12章 投机解码：以小博大》§12.6.4)
+# > *The config has disable_by_batch_size, but only V0's SpecDecodeWorker reads it: once the
+# > running queue reaches the threshold, every request's speculative length is set to 0 for this
+# > step and they never speculate again; nothing in V1 reads the field.*
+#
+# SGLang keys its adaptive steps on the batch size instead (0 steps: no drafting), and spectrace's
+# `--batch-policy` chooses the shape by the run's number of requests, `off` where drafting cannot
+# pay (docs/kernel-budget.md measures where that is). With drafting off at 3 requests and on at 1:
+
+# %%
+policy = '{"1": [5, 4, 8], "3": "off"}'
+by_batch = {}
+for batch in (1, 3):
+    result, run_trace = run(f"16_policy_{batch}", algo="eagle", batch_policy=policy, prompts=HELD_OUT_PROMPTS[:batch],
+                            batch=batch, max_new_tokens=8)
+    by_batch[batch] = (run_trace.header["batch_policy"]["shape"], result.metrics["num_proposed_drafts"])
+    print(f"batch {batch}: shape {by_batch[batch][0]}, drafts proposed {by_batch[batch][1]}")
+
+# %% [markdown]
+# ## One flag in vLLM v0.8.5 (002 §12.7.1, §12.7.2, §12.7.3)
+#
+# > v0.8.5 的 EngineArgs 里，投机解码只暴露一个命令行参数： (《第12章 投机解码：以小博大》§12.7.1)
+# > *v0.8.5's EngineArgs expose a single command-line argument for speculative decoding:*
+#
+# `--speculative-config`, a JSON of SpeculativeConfig's fields. spectrace takes the same flag and
+# maps it as vLLM's SpeculativeConfig does: every vLLM drafter proposes a chain of
+# num_speculative_tokens. Two of the text's examples:
+
+# %%
+from spectrace.speculative_config import parse  # noqa: E402
+
+eagle_template = parse('{"method": "eagle", "model": "tiny-eagle", "num_speculative_tokens": 5}')
+deepseek_mtp = parse('{"method": "deepseek_mtp", "num_speculative_tokens": 3}')
+print("eagle, k 5:", eagle_template)
+print("deepseek_mtp, k 3:", deepseek_mtp)
+
+# %% [markdown]
+# The text's point about the second (§12.7.3): in v0.8.5 its V1 engine accepted only ngram, eagle
+# and eagle3, so `deepseek_mtp` fell back to V0 (or failed with VLLM_USE_V1=1). Later vLLM
+# versions rewrite every `*_mtp` method to `mtp` and run it in V1; spectrace follows them, so here
+# it is an MTP chain of 3.
+#
+# ## Overlap (000 §10.1, §10.2)
 #
 # SGLang publishes a step's results right after VERIFY and schedules the next step while the GPU
 # still runs this one's DRAFT_EXTEND. spectrace's fast engine does the same, one step ahead: with
@@ -142,6 +205,13 @@ assert bucket(3) == 4 and engine.bs == 4 and BUCKETS[-1] == 64
 # the step's forwards: 4 draft levels of bs x topk rows, one verify of bs x n, one extend of bs x (S + 1)
 S, K, n = shapes["eagle"]
 assert rows == [("draft", 4 * K)] * (S - 1) + [("target", 4 * n), ("draft", 4 * (S + 1))]
+# a request reserves more KV under speculation: room for the tree's nodes and the accepted tail
+assert columns["eagle"] > columns["none"]
+# --batch-policy: the tree at batch 1, plain decoding (no drafts) at batch 3
+assert by_batch[1] == ([5, 4, 8], by_batch[1][1]) and by_batch[1][1] > 0 and by_batch[3] == (None, 0)
+# vLLM's JSON: an eagle chain of 5; deepseek_mtp rewritten to mtp, a chain of 3
+assert (eagle_template["algo"], eagle_template["num_steps"], eagle_template["topk"]) == ("eagle", 5, 1)
+assert (deepseek_mtp["algo"], deepseek_mtp["num_draft_tokens"]) == ("mtp", 4)
 # every live verify computed the whole tree of 8 nodes; what it kept fits the extend's S + 1 rows
 assert all(len(s["verify"]["tokens"]) == n for s in live_steps)
 assert all(1 <= s["accept_len"] <= S + 1 for s in live_steps) and kept < verified

@@ -6,8 +6,8 @@
 # greedy speculative text must equal plain decoding's. Plant a classic KV bug and find the first
 # step where it bites. Answer the chapter's FAQ from a trace.
 #
-# **Chapter sections.** SGLang's ModelRunner section (`004`) §8, §9; SGLang end to end (`000`) §16
-# (the FAQ); vLLM's chapter (`002`) §12.10.
+# **Chapter sections.** SGLang's ModelRunner section (`004`) §8; SGLang end to end (`000`) §16 (the
+# FAQ).
 #
 # > 1. 先确认 draft model 的 acceptance rate 是否达到预期（通常需要 > 0.7 才有净收益）；
 # > 2. 如果 acceptance rate 低，检查 draft model 和 target model 是否来自同一 family；
@@ -20,7 +20,7 @@
 # **Time.** About 20 minutes.
 
 # %% [markdown]
-# ## 1. Acceptance: α, τ and where the drafts die
+# ## 1. Acceptance: α, τ and where the drafts die (004 §8)
 #
 # τ (accept_length) counts tokens per verify, bonus included; α (accept_rate) is per proposed
 # draft. vLLM's per-position rates say at which depth the drafts stop matching.

@@ -10,9 +10,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-spec = importlib.util.spec_from_file_location("check_quotes", ROOT / "tools" / "check_quotes.py")
-check_quotes = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(check_quotes)
+
+
+def tool(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+check_quotes, coverage = tool("check_quotes"), tool("coverage")
 SEEDS = Path(os.environ.get("SPECTRACE_SEEDS", ROOT.parent / "shared" / "seeds"))
 
 
@@ -39,3 +46,22 @@ def test_no_lesson_points_outside_the_repository():
     for path in sorted((ROOT / "lessons").iterdir()):
         if path.suffix in (".py", ".md"):
             assert not re.search(r"\.\./shared|/seeds/|/work/", path.read_text(encoding="utf-8")), path.name
+
+
+def test_a_lesson_teaches_what_its_header_claims_and_the_readme_says_so():
+    """Every section a lesson's header names is cited in its body, every section its body cites
+    is in its header, and lessons/README.md's coverage table is the one these make."""
+    for lesson in sorted((ROOT / "lessons").glob("[0-9][0-9]_*.py")):
+        claimed, cited = coverage.claimed(lesson), coverage.cited_in_body(lesson)
+        assert claimed == cited, (lesson.name, sorted(claimed - cited), sorted(cited - claimed))
+    assert coverage.markdown() in (ROOT / "lessons" / "README.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.skipif(not SEEDS.is_dir(), reason="the source texts are not on this machine")
+def test_every_section_a_lesson_claims_is_a_section_of_its_text():
+    texts = {path.name[:3]: path.read_text(encoding="utf-8") for path in SEEDS.glob("*.txt")}
+    for (text, section), lessons in coverage.table().items():
+        if text == "004":  # unnumbered headings: the opening, then nine
+            assert 0 <= int(section) <= 9, (section, lessons)
+        else:
+            assert re.search(rf"^{re.escape(section)}\.? \S", texts[text], re.M), (text, section, lessons)
