@@ -33,7 +33,8 @@ from spectrace.core.drafters.medusa import DEFAULT_CHOICES, MC_SIM_7B_63, Medusa
 from spectrace.core.drafters.mtp import load_mtp
 from spectrace.core.drafters.ngram import NgramConfig
 from spectrace.core.engine import Request, SpecConfig
-from spectrace.core.model import CausalLM, load_model, weights_digest
+from spectrace.core.checkpoint import weights_digest
+from spectrace.core.model import CausalLM, load_model
 from spectrace.core.ngram.trie import TrieConfig
 from spectrace.core.probs import UNSEALED, ProbsRecorder, seal, sidecar_path
 from spectrace.core.trace import SCHEMA, TraceError, TraceWriter

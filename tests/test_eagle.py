@@ -10,7 +10,8 @@ from spectrace.cli import main
 from spectrace.core.batch import ForwardBatch
 from spectrace.errors import SpectraceError
 from spectrace.core.drafters.eagle import load_eagle
-from spectrace.core.drafters.eagle3 import default_capture_layers, load_eagle3
+from spectrace.core.drafters.eagle3 import load_eagle3
+from spectrace.core.drafters.eagle3_layouts import default_capture_layers
 from spectrace.core.drafters.frozen_kv_mtp import load_frozen_kv_mtp
 from spectrace.core.drafters.mtp import load_mtp
 from spectrace.core.drafters.scratch import TreeScratch

@@ -1,5 +1,6 @@
 """Our explicit forward over the paged KV cache equals transformers' forward."""
 import json
+import re
 
 import pytest
 import torch
@@ -101,14 +102,21 @@ def test_loader_rejects_missing_and_unexpected_keys(qwen2_dir, tmp_path):
         load_model(tmp_path / "extra")
 
 
-def test_loader_refuses_unsupported_architecture(qwen2_dir, tmp_path):
-    d = tmp_path / "gpt2ish"
+@pytest.mark.parametrize("edit, says", [
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}}, "rope_parameters.rope_type 'yarn'"),
+    ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope_scaling.rope_type 'dynamic'"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_scaling of type 'llama3' has no low_freq_factor"),
+    ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+    ({"model_type": "qwen3_moe"}, "model_type 'qwen3_moe'"),
+    ({"model_type": "deepseek_v3"}, "model_type 'deepseek_v3'"),
+    ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+])
+def test_loader_refuses_what_it_does_not_compute_naming_the_field(qwen2_dir, tmp_path, edit, says):
+    d = tmp_path / "unsupported"
     _copy_checkpoint(qwen2_dir, d, lambda s: None)
-    cfg = json.loads((d / "config.json").read_text())
-    cfg["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0,
-                              "original_max_position_embeddings": 64}
-    (d / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(SpectraceError, match="RoPE type"):
+    cfg = {k: v for k, v in json.loads((d / "config.json").read_text()).items() if k not in ("rope_parameters",)}
+    (d / "config.json").write_text(json.dumps({**cfg, **edit}))
+    with pytest.raises(SpectraceError, match=f"config.json: {re.escape(says)}"):
         load_model(d)
 
 
@@ -120,46 +128,54 @@ def _as_transformers_reads_it(raw: dict) -> dict:
 
     hf = AutoConfig.for_model(**raw)
     heads = hf.num_attention_heads
-    rope = getattr(hf, "rope_parameters", None) or {}
-    if hf.model_type == "llama":
+    rope = dict(getattr(hf, "rope_parameters", None) or {})
+    if hf.model_type in ("llama", "qwen3"):
         qkv_bias = o_bias = bool(hf.attention_bias)
     else:
         qkv_bias, o_bias = {"mistral": (False, False), "qwen2": (True, False)}[hf.model_type]
+    window = None  # the window of the layers that slide (Qwen's per layer_types)
+    if hf.model_type == "mistral" or "sliding_attention" in (getattr(hf, "layer_types", None) or []):
+        window = hf.sliding_window
+    scaling = None
+    if rope.get("rope_type", "default") == "llama3":
+        scaling = {k: rope[k] for k in ("rope_type", "factor", "low_freq_factor", "high_freq_factor",
+                                        "original_max_position_embeddings")}
     eos = hf.eos_token_id
     return dict(model_type=hf.model_type, vocab_size=hf.vocab_size, hidden_size=hf.hidden_size,
                 num_hidden_layers=hf.num_hidden_layers, num_attention_heads=heads,
                 num_key_value_heads=hf.num_key_value_heads or heads,
                 head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // heads,
                 intermediate_size=hf.intermediate_size, rms_norm_eps=hf.rms_norm_eps,
-                rope_theta=float(rope.get("rope_theta", 10000.0)), max_position_embeddings=hf.max_position_embeddings,
+                rope_theta=float(rope.get("rope_theta", 10000.0)), rope_scaling=scaling,
+                max_position_embeddings=hf.max_position_embeddings,
                 qkv_bias=qkv_bias, o_bias=o_bias, mlp_bias=bool(getattr(hf, "mlp_bias", False)),
+                qk_norm=hf.model_type == "qwen3", sliding_window=window,
                 tie_word_embeddings=bool(hf.tie_word_embeddings),
                 eos_token_ids=tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,)))
 
 
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
 FIELDS = {"vocab_size": st.integers(10, 300), "hidden_size": st.sampled_from([64, 96]),
           "num_hidden_layers": st.integers(1, 4), "num_attention_heads": st.sampled_from([4, 8]),
-          "num_key_value_heads": st.sampled_from([None, 2, 4]), "head_dim": st.sampled_from([None, 16]),
+          "num_key_value_heads": st.sampled_from([None, 2, 4]), "head_dim": st.sampled_from([16, 32]),
           "intermediate_size": st.integers(32, 128), "rms_norm_eps": st.sampled_from([1e-5, 1e-6]),
           "max_position_embeddings": st.integers(64, 4096), "attention_bias": st.booleans(),
           "tie_word_embeddings": st.booleans(), "eos_token_id": st.sampled_from([None, 0, [0, 2]]),
-          "rope_theta": st.sampled_from([5000.0, 1e6]), "sliding_window": st.sampled_from([None]),
-          "use_sliding_window": st.sampled_from([False])}
+          "rope_theta": st.sampled_from([5000.0, 1e6]),
+          "rope_scaling": st.sampled_from([None, LLAMA3, {**LLAMA3, "original_max_position_embeddings": 32}]),
+          "sliding_window": st.sampled_from([None, 64, 4096]), "use_sliding_window": st.booleans(),
+          "max_window_layers": st.integers(0, 4)}
 
 
 @settings(max_examples=60, deadline=None)
-@given(model_type=st.sampled_from(["llama", "mistral", "qwen2"]), data=st.data())
+@given(model_type=st.sampled_from(["llama", "mistral", "qwen2", "qwen3"]), data=st.data())
 def test_config_json_is_read_as_transformers_reads_it(model_type, data):
     """Any subset of the fields, the rest left to the defaults: the same reading as transformers'
-    LlamaConfig, MistralConfig and Qwen2Config (ModelConfig reads config.json without them)."""
+    LlamaConfig, MistralConfig, Qwen2Config and Qwen3Config (ModelConfig reads config.json without them)."""
     raw = {"model_type": model_type}
     for name, values in FIELDS.items():
         if data.draw(st.booleans(), label=f"has {name}"):
             raw[name] = data.draw(values, label=name)
-    if model_type == "mistral" and "sliding_window" not in raw:  # Mistral's default window is refused
-        with pytest.raises(SpectraceError, match="sliding-window"):
-            ModelConfig.from_json(raw)
-        return
     from huggingface_hub.errors import StrictDataclassError
 
     try:

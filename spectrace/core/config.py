@@ -1,10 +1,15 @@
-"""Model shapes read from a Hugging Face `config.json`, as transformers' Llama, Mistral and Qwen2
-config classes read them.
+"""Model shapes read from a Hugging Face `config.json`, as transformers' Llama, Mistral, Qwen2 and
+Qwen3 config classes read them.
 
 The file is read as JSON, not through `transformers.AutoConfig`: importing transformers' config
 classes costs about two seconds, more than a run of the embedded models. A field the file leaves
 out takes the value the transformers class would give it (`DEFAULTS`); tests/test_model.py
 checks this reading against transformers' own on full and on partial configs.
+
+What the explicit forward does not compute is refused here, in one line naming the field: other
+model types (MoE, MLA, ...), RoPE types but plain and Llama 3.1's `llama3`, a partial rotary
+dimension, activations other than SiLU. A sliding window is kept: attention is exactly full
+attention while a run's positions fit inside it, so the run checks that (run.check_prompts).
 """
 from __future__ import annotations
 
@@ -14,20 +19,26 @@ from pathlib import Path
 
 from spectrace.errors import SpectraceError
 
-# what transformers' LlamaConfig, MistralConfig and Qwen2Config assume for a missing field
+# what transformers' LlamaConfig, MistralConfig, Qwen2Config and Qwen3Config assume for a missing field
 _COMMON = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, rms_norm_eps=1e-6,
-               tie_word_embeddings=False, mlp_bias=False)
+               tie_word_embeddings=False, mlp_bias=False, hidden_act="silu")
+_QWEN = dict(_COMMON, vocab_size=151936, intermediate_size=22016, num_key_value_heads=32,
+             max_position_embeddings=32768, eos_token_id=None, use_sliding_window=False, sliding_window=4096,
+             max_window_layers=28)
 DEFAULTS = {
     "llama": dict(_COMMON, vocab_size=32000, intermediate_size=11008, num_key_value_heads=None,
                   max_position_embeddings=2048, eos_token_id=2, attention_bias=False),
     "mistral": dict(_COMMON, vocab_size=32000, intermediate_size=14336, num_key_value_heads=8,
                     max_position_embeddings=131072, eos_token_id=2, sliding_window=4096),
-    "qwen2": dict(_COMMON, vocab_size=151936, intermediate_size=22016, num_key_value_heads=32,
-                  max_position_embeddings=32768, eos_token_id=None, use_sliding_window=False),
+    "qwen2": _QWEN,
+    "qwen3": dict(_QWEN, head_dim=128, attention_bias=False),  # Qwen3's head_dim is its own, not hidden / heads
 }
-# model_type -> (q/k/v bias, o_proj bias) as the transformers modules define them (None: Llama's
+# model_type -> (q/k/v bias, o_proj bias) as the transformers modules define them (None: the config's
 # attention_bias applies to all four)
-ATTENTION_BIAS = {"llama": None, "mistral": (False, False), "qwen2": (True, False)}
+ATTENTION_BIAS = {"llama": None, "mistral": (False, False), "qwen2": (True, False), "qwen3": None}
+QK_NORM = ("qwen3",)  # an RMSNorm over each head of q and k, before RoPE
+# RoPE types the forward computes, and the fields each needs besides rope_theta
+ROPE_TYPES = {"default": (), "llama3": ("factor", "low_freq_factor", "high_freq_factor")}
 
 
 def read_config_json(path: str | Path) -> dict:
@@ -44,6 +55,43 @@ def read_config_json(path: str | Path) -> dict:
     return raw
 
 
+def read_rope(raw: dict) -> tuple[float, dict | None]:
+    """(rope_theta, llama3 scaling or None) of a config. transformers 5 writes one
+    `rope_parameters` dict holding rope_theta; older files say `rope_scaling` (`type` or
+    `rope_type`) beside a top-level `rope_theta`; with neither, plain RoPE with theta 10000."""
+    field = "rope_parameters" if raw.get("rope_parameters") else "rope_scaling"
+    rope = raw.get(field) or {}
+    theta = float(rope.get("rope_theta", raw.get("rope_theta") or 10000.0))
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        raise SpectraceError(f"config.json: {field}.rope_type {rope_type!r} is not supported "
+                             f"(supported: {', '.join(ROPE_TYPES)})")
+    if rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise SpectraceError("config.json: partial_rotary_factor is not supported (RoPE over the whole head only)")
+    if rope_type == "default":
+        return theta, None
+    missing = [k for k in ROPE_TYPES[rope_type] if rope.get(k) is None]
+    if missing:
+        raise SpectraceError(f"config.json: {field} of type {rope_type!r} has no {missing[0]}")
+    scaling = {k: float(rope[k]) for k in ROPE_TYPES[rope_type]}
+    # transformers: the pre-scaling context defaults to max_position_embeddings
+    old = rope.get("original_max_position_embeddings") or raw.get("max_position_embeddings")
+    return theta, {"rope_type": rope_type, **scaling, "original_max_position_embeddings": int(old)}
+
+
+def read_sliding_window(model_type: str, c: dict) -> int | None:
+    """The window of the layers that slide, None if none does: Mistral's `sliding_window`
+    (null for v0.2 on); Qwen's only with use_sliding_window, on the layers from max_window_layers
+    (or those `layer_types` names)."""
+    if model_type == "mistral":
+        return c.get("sliding_window")
+    if model_type in ("qwen2", "qwen3") and c.get("use_sliding_window"):
+        types = c.get("layer_types") or ["sliding_attention" if i >= c["max_window_layers"] else "full_attention"
+                                         for i in range(c["num_hidden_layers"])]
+        return c.get("sliding_window") if "sliding_attention" in types else None
+    return None
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     model_type: str
@@ -56,10 +104,13 @@ class ModelConfig:
     intermediate_size: int
     rms_norm_eps: float
     rope_theta: float
+    rope_scaling: dict | None  # llama3: factor, low/high_freq_factor, original_max_position_embeddings
     max_position_embeddings: int
     qkv_bias: bool
     o_bias: bool
     mlp_bias: bool
+    qk_norm: bool
+    sliding_window: int | None  # exact full attention while a sequence's positions fit inside it
     tie_word_embeddings: bool
     eos_token_ids: tuple[int, ...]
 
@@ -68,15 +119,11 @@ class ModelConfig:
         """From a config.json of a Llama-family model (one line of error for anything else)."""
         mt = raw.get("model_type")
         if mt not in DEFAULTS:
-            raise SpectraceError(f"model type {mt!r} is not supported (supported: {', '.join(DEFAULTS)})")
+            raise SpectraceError(f"config.json: model_type {mt!r} is not supported (supported: {', '.join(DEFAULTS)})")
         c = {**DEFAULTS[mt], **raw}
-        # transformers 5 keeps RoPE in rope_parameters; older files say rope_scaling and rope_theta
-        rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type != "default":
-            raise SpectraceError(f"RoPE type {rope_type!r} is not supported; only plain RoPE is")
-        if c.get("use_sliding_window") or (mt == "mistral" and c.get("sliding_window")):
-            raise SpectraceError("sliding-window attention is not supported")
+        if c["hidden_act"] != "silu":
+            raise SpectraceError(f"config.json: hidden_act {c['hidden_act']!r} is not supported (SwiGLU with silu only)")
+        theta, scaling = read_rope(raw)
         qkv_bias, o_bias = ATTENTION_BIAS[mt] or (bool(c["attention_bias"]),) * 2
         heads = c["num_attention_heads"]
         eos = c.get("eos_token_id")
@@ -90,11 +137,14 @@ class ModelConfig:
             head_dim=c.get("head_dim") or c["hidden_size"] // heads,
             intermediate_size=c["intermediate_size"],
             rms_norm_eps=c["rms_norm_eps"],
-            rope_theta=float(rope.get("rope_theta", raw.get("rope_theta") or 10000.0)),
+            rope_theta=theta,
+            rope_scaling=scaling,
             max_position_embeddings=c["max_position_embeddings"],
             qkv_bias=qkv_bias,
             o_bias=o_bias,
             mlp_bias=bool(c["mlp_bias"]),
+            qk_norm=mt in QK_NORM,
+            sliding_window=read_sliding_window(mt, c),
             tie_word_embeddings=bool(c["tie_word_embeddings"]),
             eos_token_ids=tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,)),
         )

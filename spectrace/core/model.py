@@ -1,15 +1,15 @@
-"""An explicit Llama-family forward (Llama, Mistral, Qwen2) over the paged KV cache.
+"""An explicit Llama-family forward (Llama, Mistral, Qwen2, Qwen3) over the paged KV cache.
 
 The classes map one to one onto the transformers modules (and their state-dict keys), so any
 Hugging Face checkpoint of these families loads, and tests compare logits with transformers'.
-One `forward` serves every phase of the engine: prefill (EXTEND over a prompt), one-token
-decode, and the multi-token verify pass with an arbitrary mask over prefix + new tokens.
+The families differ in three places: Qwen2's q/k/v bias, Qwen3's RMSNorm over each head of q and
+k (before RoPE), and Llama 3.1's RoPE frequencies (`llama3_inv_freq`). One `forward` serves every
+phase of the engine: prefill (EXTEND over a prompt), one-token decode, and the multi-token verify
+pass with an arbitrary mask over prefix + new tokens.
 """
 from __future__ import annotations
 
-import hashlib
-import json
-from contextlib import contextmanager
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,11 +17,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from safetensors import SafetensorError
-
 from spectrace.core.batch import ForwardBatch
-from spectrace.core.config import ModelConfig, read_config_json
-from spectrace.errors import SpectraceError
+from spectrace.core.checkpoint import Progress, building, check_keys, load_weights, read_checkpoint
+from spectrace.core.config import ModelConfig
 from spectrace.core.kv import KVCache
 
 
@@ -48,13 +46,30 @@ def apply_rope(x, cos, sin):
     return x * cos + rotate_half(x) * sin
 
 
-class RotaryEmbedding(nn.Module):
-    """RoPE: rotate each (i, i + d/2) pair of a head by position * theta^(-2i/d)."""
+def llama3_inv_freq(inv_freq: torch.Tensor, factor: float, low_freq_factor: float, high_freq_factor: float,
+                    original_max_position_embeddings: int, **_) -> torch.Tensor:
+    """Llama 3.1's RoPE scaling (transformers' `_compute_llama3_parameters`): frequencies whose
+    wavelength is longer than the pre-training context / low_freq_factor are divided by `factor`,
+    those shorter than context / high_freq_factor kept, and the band between blended smoothly."""
+    old = original_max_position_embeddings
+    low_wavelen, high_wavelen = old / low_freq_factor, old / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    between = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return torch.where(between, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
 
-    def __init__(self, head_dim: int, theta: float):
+
+class RotaryEmbedding(nn.Module):
+    """RoPE: rotate each (i, i + d/2) pair of a head by position * theta^(-2i/d); with `scaling`
+    (config.rope_scaling, type llama3) those frequencies rescaled by llama3_inv_freq."""
+
+    def __init__(self, head_dim: int, theta: float, scaling: dict | None = None):
         super().__init__()
-        # a plain attribute, not a buffer: model.to(bfloat16) must not round the frequencies
-        self.inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        # a plain float32 attribute, not a buffer: model.to(bfloat16) must not round the frequencies
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").to(torch.float32)
+                                    / head_dim))
+        self.inv_freq = llama3_inv_freq(inv_freq, **scaling) if scaling else inv_freq
 
     def forward(self, positions, dtype):  # positions (N,) -> cos, sin (N, 1, head_dim)
         freqs = positions.float()[:, None] * self.inv_freq.to(positions.device)[None, :]
@@ -95,11 +110,19 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(H, self.num_kv_heads * D, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(H, self.num_kv_heads * D, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.num_heads * D, H, bias=cfg.o_bias)
+        if cfg.qk_norm:  # Qwen3: each head of q and k normalised before RoPE
+            self.q_norm = RMSNorm(D, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(D, cfg.rms_norm_eps)
+
+    def head_norms(self, q, k):
+        """q (N, h, d), k (N, kvh, d), each head RMS-normalised where the model has q_norm/k_norm."""
+        return (self.q_norm(q), self.k_norm(k)) if hasattr(self, "q_norm") else (q, k)
 
     def forward(self, x, cos, sin, batch: ForwardBatch, kv: KVCache):
         N = x.shape[0]
-        q = apply_rope(self.q_proj(x).view(N, self.num_heads, self.head_dim), cos, sin)  # (N, h, d)
-        k = apply_rope(self.k_proj(x).view(N, self.num_kv_heads, self.head_dim), cos, sin)  # (N, kvh, d)
+        q, k = self.head_norms(self.q_proj(x).view(N, self.num_heads, self.head_dim),
+                               self.k_proj(x).view(N, self.num_kv_heads, self.head_dim))
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # (N, h, d), (N, kvh, d)
         v = self.v_proj(x).view(N, self.num_kv_heads, self.head_dim)
         kv.pool.write(self.layer_id, batch.out_cache_loc, k, v)  # new tokens' KV into their slots
         out = ATTENTION[kv.backend](q, k, v, batch, kv, self.layer_id)
@@ -162,7 +185,7 @@ class Backbone(nn.Module):  # transformers' `model.` prefix
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, Attention(cfg, i)) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
+        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
 
 
 @dataclass
@@ -225,97 +248,16 @@ class CausalLM(nn.Module, KVCacheOwner):
         return self.model.layers
 
 
-def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    """Weights of a HF directory: safetensors (single or sharded), else a weights-only torch file."""
-    from safetensors.torch import load_file
-
-    if (path / "model.safetensors").is_file():
-        return load_file(path / "model.safetensors")
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        state = {}
-        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
-            state.update(load_file(path / shard))
-        return state
-    if (path / "pytorch_model.bin").is_file():
-        return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    raise SpectraceError(f"{path} holds no model.safetensors or pytorch_model.bin")
-
-
-def weights_digest(path: Path) -> str:
-    """Short SHA-256 of a checkpoint's weight files: the model identity a trace records."""
-    h = hashlib.sha256()
-    for f in sorted(Path(path).glob("*.safetensors")) + sorted(Path(path).glob("*.bin")):
-        h.update(f.read_bytes())
-    return h.hexdigest()[:16]
-
-
-def read_checkpoint(path: str | Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    """(config.json as a dict, state dict) of a HF directory, with one-line errors."""
-    path = Path(path)
-    raw = read_config_json(path)
-    try:
-        state = _read_state_dict(path)
-    except (OSError, ValueError, SafetensorError) as e:  # unreadable or truncated weights
-        raise SpectraceError(f"cannot load model from {path}: {str(e).splitlines()[0]}") from None
-    return raw, {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
-
-
-def check_keys(model: nn.Module, state: dict, path, what: str, optional=()) -> None:
-    """The checkpoint's keys must be exactly the model's (keys in `optional` may be absent), each
-    with the shape the config gives."""
-    expected = model.state_dict()
-    missing = sorted(expected.keys() - state.keys() - set(optional))
-    unexpected = sorted(state.keys() - expected.keys())
-    if missing or unexpected:
-        raise SpectraceError(f"checkpoint {path} is not a {what}: missing {missing[:3]}, unexpected {unexpected[:3]}")
-    for k, v in state.items():
-        if tuple(v.shape) != tuple(expected[k].shape):
-            raise SpectraceError(f"checkpoint {path} does not match its config.json: {k} is {tuple(v.shape)}, "
-                                 f"the config makes it {tuple(expected[k].shape)}")
-
-
-def finish_loading(model: nn.Module, state: dict, target: CausalLM, path, what: str,
-                   share_embedding: bool = False) -> nn.Module:
-    """The tail of every drafter loader: keys checked strictly, weights loaded, the model moved to
-    the target's device and dtype. share_embedding: `embed_tokens.weight` may be absent, and the
-    target's stands in (EAGLE's own loader assumes the head shares the target's embedding)."""
-    check_keys(model, state, path, what, optional=["embed_tokens.weight"] if share_embedding else ())
-    if share_embedding:
-        state.setdefault("embed_tokens.weight", target.model.embed_tokens.weight.detach().cpu())
-    model.load_state_dict(state)
-    p = target.lm_head.weight
-    return model.to(device=p.device, dtype=p.dtype).eval()
-
-
-@contextmanager
-def skip_weight_init():
-    """Build modules without filling their weights, which the checkpoint replaces anyway: the
-    nn.init fills become no-ops while inside (transformers' `no_init_weights` does the same).
-    Cheaper than building on the meta device, whose Python-level ops import torch._dynamo
-    (about two seconds of a first run)."""
-    names = ("uniform_", "normal_", "kaiming_uniform_", "zeros_", "ones_")
-    saved = {name: getattr(nn.init, name) for name in names}
-    for name in names:
-        setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
-    try:
-        yield
-    finally:
-        for name, fill in saved.items():
-            setattr(nn.init, name, fill)
-
-
-def load_model(path: str | Path, dtype=torch.float32, device="cpu") -> CausalLM:
-    """Config from config.json, weights from the directory's files; the key set must match
-    exactly (tied heads and RoPE buffers of old checkpoints aside)."""
-    raw, state = read_checkpoint(path)
+def load_model(path: str | Path, dtype=torch.float32, device="cpu", progress: Progress | None = None) -> CausalLM:
+    """Config from config.json, weights from the directory's files straight onto `device` in
+    `dtype`; the key set must match exactly (a tied head's stray lm_head.weight and RoPE buffers of
+    old checkpoints aside). progress(bytes loaded, bytes in all) hears each tensor land."""
+    raw, weights = read_checkpoint(path)
     cfg = ModelConfig.from_json(raw)
-    if cfg.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-    with skip_weight_init():
+    if cfg.tie_word_embeddings:  # lm_head is embed_tokens; transformers tolerates a stray copy
+        weights.pop("lm_head.weight", None)
+    with building(dtype, device):
         model = CausalLM(cfg)
-    check_keys(model, state, path, cfg.model_type, optional=["lm_head.weight"] if cfg.tie_word_embeddings else ())
-    model.load_state_dict(state, strict=False, assign=True)
-    if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    return model.to(device=device, dtype=dtype).eval()
+    check_keys(model, weights, path, cfg.model_type, optional=["lm_head.weight"] if cfg.tie_word_embeddings else ())
+    load_weights(model, weights, path, progress)
+    return model.eval()

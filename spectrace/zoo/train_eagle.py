@@ -42,7 +42,8 @@ import torch.nn.functional as F
 from spectrace.core.config import ModelConfig
 from spectrace.core.drafters.dflash import DFlashDraftModel, build_target_layer_ids
 from spectrace.core.drafters.eagle import EagleHead
-from spectrace.core.drafters.eagle3 import Eagle3Head, default_capture_layers
+from spectrace.core.drafters.eagle3 import Eagle3Head
+from spectrace.core.drafters.eagle3_layouts import default_capture_layers
 from spectrace.core.drafters.frozen_kv_mtp import FrozenKVMtpHead
 from spectrace.core.drafters.medusa import MedusaHeads
 from spectrace.core.drafters.mtp import MtpHead

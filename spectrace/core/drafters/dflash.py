@@ -24,8 +24,8 @@ import torch
 import torch.nn as nn
 
 from spectrace.core.config import ModelConfig
-from spectrace.core.model import (CausalLM, DecoderLayer, RMSNorm, RotaryEmbedding, apply_rope, attend, finish_loading,
-                                   read_checkpoint)
+from spectrace.core.checkpoint import finish_loading, read_checkpoint
+from spectrace.core.model import CausalLM, DecoderLayer, RMSNorm, RotaryEmbedding, apply_rope, attend
 from spectrace.core.sampling import topk_pairs
 from spectrace.core.tree import DraftTree, chain_tree
 from spectrace.errors import SpectraceError
@@ -78,7 +78,7 @@ class DFlashDraftModel(nn.Module):
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
         self.fc = nn.Linear(len(self.target_layer_ids) * H, H, bias=False)
         self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
-        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
+        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
 
     @property
     def capture_layers(self) -> tuple[int, ...]:  # the output of layer i is the input of layer i + 1
@@ -117,7 +117,7 @@ def load_dflash(path: str | Path, target: CausalLM) -> DFlashDraftModel:
     if cfg.hidden_size != tc.hidden_size or cfg.vocab_size != tc.vocab_size or not all(0 <= i < L - 1 for i in ids):
         raise SpectraceError(f"DFLASH checkpoint {path} does not fit the target: hidden size {cfg.hidden_size}, "
                              f"vocabulary {cfg.vocab_size}, target layers {ids}")
-    return finish_loading(DFlashDraftModel(cfg, ids, block, mask), state, target, path, "DFLASH draft model")
+    return finish_loading(lambda: DFlashDraftModel(cfg, ids, block, mask), state, target, path, "DFLASH draft model")
 
 
 class DFlashDrafter:

@@ -7,8 +7,10 @@ head's own KV. One decoder layer turns fc([embed(x_{t+1}); f_t]) into h_t, an es
 f_{t+1}; the target's lm_head on h_t gives the draft distribution of x_{t+2}. Deeper levels of
 the tree feed the head its own h instead of a target feature.
 
-Checkpoint: SafeAILab's EAGLE-1 layout (`fc.{weight,bias}`, `layers.0.*` without
-`input_layernorm`, `embed_tokens.weight`), a Llama config of one layer; no lm_head of its own.
+Checkpoint: SafeAILab's EAGLE-1 layout (`fc.weight`, `fc.bias` unless the config says `"bias":
+false` as EAGLE-LLaMA3-Instruct-8B's does, `layers.0.*` without `input_layernorm`,
+`embed_tokens.weight`), a Llama config of one layer with its own RoPE (the Llama-3 head: theta
+500000, no llama3 scaling); no lm_head of its own.
 """
 from __future__ import annotations
 
@@ -20,8 +22,8 @@ import torch.nn as nn
 from spectrace.core.batch import ForwardBatch
 from spectrace.core.config import ModelConfig
 from spectrace.core.kv import KVCache
-from spectrace.core.model import (Attention, CausalLM, DecoderLayer, KVCacheOwner, RotaryEmbedding, finish_loading,
-                                   read_checkpoint)
+from spectrace.core.checkpoint import finish_loading, read_checkpoint
+from spectrace.core.model import Attention, CausalLM, DecoderLayer, KVCacheOwner, RotaryEmbedding
 from spectrace.errors import SpectraceError
 
 
@@ -69,7 +71,7 @@ class EagleHead(DraftHead):
         self.fc = nn.Linear(2 * H, H, bias=fc_bias)
         self.layers = nn.ModuleList([DecoderLayer(cfg, Attention(cfg, 0))])
         self.layers[0].input_layernorm = nn.Identity()  # EAGLE's layer 0 has none: fc output is the input
-        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
+        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
 
     def layer_input(self, input_ids: torch.Tensor, features: torch.Tensor):
         """(attention input, residual) of the decoder layer from tokens and features one position back."""
@@ -91,5 +93,7 @@ def load_eagle(path: str | Path, target: CausalLM) -> EagleHead:
     if cfg.vocab_size != target.config.vocab_size:
         raise SpectraceError(f"EAGLE checkpoint {path} has vocabulary {cfg.vocab_size}, "
                              f"the target {target.config.vocab_size}")
-    head = EagleHead(cfg, fc_bias="fc.bias" in state)
-    return finish_loading(head, state, target, path, "EAGLE-1 head", share_embedding=True)
+    bias = bool(raw.get("bias", True))  # SafeAILab's default when the config says nothing
+    return finish_loading(lambda: EagleHead(cfg, fc_bias=bias), state, target, path,
+                          f"EAGLE-1 head (fc {'with' if bias else 'without'} bias, as its config says)",
+                          share_embedding=True)

@@ -11,10 +11,9 @@ smaller vocabulary.
                (SGLang's hot_token_id); other target ids get -inf, as in vLLM
 
 Unlike EAGLE-1, the level output fed forward is taken before `norm` (SafeAILab's `cnets.Model`
-returns both). Checkpoint: SafeAILab's EAGLE-3 layout (`fc.weight`, `midlayer.*`, `norm.weight`,
-`lm_head.weight`, `d2t`, `t2d`, optional `embed_tokens.weight`), a one-layer Llama config with
-`draft_vocab_size`; `eagle_config.eagle_aux_hidden_state_layer_ids` (ids i mean "the output of
-layer i", so layer i + 1 is captured) overrides the default taps.
+returns both). Checkpoints: SafeAILab's, SGLang/SpecForge's and vLLM speculators' layouts
+(drafters/eagle3_layouts.py), `embed_tokens.weight` optional (the target's is shared).
+With `norm_before_residual` (speculators' option) the residual stream is hidden_norm(h).
 """
 from __future__ import annotations
 
@@ -23,23 +22,20 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from spectrace.core.checkpoint import finish_loading, read_checkpoint
 from spectrace.core.config import ModelConfig
-from spectrace.errors import SpectraceError
 from spectrace.core.drafters.eagle import DraftHead
-from spectrace.core.model import (Attention, CausalLM, DecoderLayer, RMSNorm, RotaryEmbedding, finish_loading,
-                                   read_checkpoint)
-
-
-def default_capture_layers(num_target_layers: int) -> tuple[int, ...]:
-    L = num_target_layers
-    return (2, L // 2, L - 3)
+from spectrace.core.drafters.eagle3_layouts import read_layout, rename
+from spectrace.core.model import Attention, CausalLM, DecoderLayer, RMSNorm, RotaryEmbedding
+from spectrace.errors import SpectraceError
 
 
 class Eagle3Head(DraftHead):
     def __init__(self, cfg: ModelConfig, draft_vocab_size: int, target_hidden_size: int,
-                 capture_layers: tuple[int, ...]):
+                 capture_layers: tuple[int, ...], norm_before_residual: bool = False):
         super().__init__()
         self.config = cfg
+        self.norm_before_residual = norm_before_residual
         H = cfg.hidden_size
         self.capture_layers = tuple(capture_layers)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, H)
@@ -54,7 +50,7 @@ class Eagle3Head(DraftHead):
         self.lm_head = nn.Linear(H, draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(draft_vocab_size, dtype=torch.int64))
         self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
-        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
+        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
 
     @property
     def layers(self):  # one pool layer for the draft KV, as for EAGLE-1
@@ -68,7 +64,8 @@ class Eagle3Head(DraftHead):
     def layer_input(self, input_ids, features):
         h = self.fc(features) if features.shape[-1] != self.config.hidden_size else features
         emb = self.midlayer.input_layernorm(self.embed_tokens(input_ids))
-        return torch.cat([emb, self.midlayer.hidden_norm(h)], dim=-1), h
+        normed = self.midlayer.hidden_norm(h)
+        return torch.cat([emb, normed], dim=-1), normed if self.norm_before_residual else h
 
     @property
     def vocab_ids(self) -> torch.Tensor:
@@ -85,33 +82,41 @@ class Eagle3Head(DraftHead):
 
 
 def load_eagle3(path: str | Path, target: CausalLM) -> Eagle3Head:
-    """Strict loading of SafeAILab's EAGLE-3 layout (`midlayer.` as stored there)."""
-    raw, state = read_checkpoint(path)
-    cfg = ModelConfig.from_json(raw)
-    Ht, L = target.config.hidden_size, target.config.num_hidden_layers
-    ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    capture = tuple(i + 1 for i in ids) if ids else default_capture_layers(L)
-    draft_vocab = raw.get("draft_vocab_size") or cfg.vocab_size
-    made_for = raw.get("target_hidden_size") or cfg.hidden_size  # SafeAILab's rule for fc's width
-    fc = state.get("fc.weight")
+    """Strict loading of any of the three layouts: every weight the layout names, nothing else,
+    each of the shape the config gives; one line for a head made for another target."""
+    raw, stored = read_checkpoint(path)
+    tc = target.config
+    layout = read_layout(raw, tc.num_hidden_layers, path)
+    cfg, weights = ModelConfig.from_json(layout.layer_config), rename(stored, layout, path)
+    Ht, capture, draft_vocab = tc.hidden_size, layout.capture_layers, layout.draft_vocab_size
+    if cfg.num_hidden_layers != 1:
+        raise SpectraceError(f"EAGLE-3 checkpoint {path}: num_hidden_layers is {cfg.num_hidden_layers}; spectrace "
+                             "runs one-layer heads, as SGLang does")
+    fc = weights.get("fc.weight")
     want = (cfg.hidden_size, len(capture) * Ht)
-    if made_for != Ht or fc is None or tuple(fc.shape) != want:
+    if layout.target_hidden_size != Ht:
+        raise SpectraceError(f"EAGLE-3 checkpoint {path} does not fit the target: it was made for a target "
+                             f"of hidden size {layout.target_hidden_size}; this target's is {Ht}")
+    if fc is None or tuple(fc.shape) != want:
         shape = None if fc is None else tuple(fc.shape)
-        if made_for != Ht:
-            raise SpectraceError(f"EAGLE-3 checkpoint {path} does not fit the target: it was made for a target "
-                                 f"of hidden size {made_for}; this target's is {Ht}")
         eagle1 = shape == (cfg.hidden_size, 2 * Ht)  # fc over [embedding; one feature]
         raise SpectraceError(f"EAGLE-3 checkpoint {path} does not fit the target: its fc.weight is {shape}, and over "
                              f"the target's {len(capture)} feature taps of width {Ht} it must be {want}"
                              + (" (an fc over two hidden widths is an EAGLE-1 head: use --algo eagle)" if eagle1 else ""))
-    if cfg.vocab_size != target.config.vocab_size:
-        raise SpectraceError(f"EAGLE-3 checkpoint {path} has vocabulary {cfg.vocab_size}, "
-                             f"the target {target.config.vocab_size}")
-    if any(not 0 <= i < L for i in capture):
-        raise SpectraceError(f"EAGLE-3 checkpoint {path} taps layers {list(capture)}; the target has {L}")
-    own_embedding = cfg.hidden_size != Ht  # a head narrower than the target must bring its own
-    head = finish_loading(Eagle3Head(cfg, draft_vocab, Ht, capture), state, target, path, "EAGLE-3 head",
-                          share_embedding=not own_embedding)
+    if cfg.vocab_size != tc.vocab_size:
+        raise SpectraceError(f"EAGLE-3 checkpoint {path} has vocabulary {cfg.vocab_size}, the target {tc.vocab_size}")
+    if any(not 0 <= i < tc.num_hidden_layers for i in capture):
+        raise SpectraceError(f"EAGLE-3 checkpoint {path} taps the inputs of layers {list(capture)}; the target has "
+                             f"{tc.num_hidden_layers}")
+    whole_vocab = draft_vocab == cfg.vocab_size and "d2t" not in weights  # no vocabulary map: the identity
+    if whole_vocab:
+        weights.pop("t2d", None)
+    head = finish_loading(lambda: Eagle3Head(cfg, draft_vocab, Ht, capture, layout.norm_before_residual),
+                          weights, target, path, f"EAGLE-3 head ({layout.name} layout)",
+                          share_embedding=cfg.hidden_size == Ht, optional=("d2t", "t2d") if whole_vocab else ())
+    if whole_vocab:
+        head.d2t.zero_()
+        head.t2d.fill_(True)
     hot = head.hot_token_id
     if hot.min() < 0 or hot.max() >= cfg.vocab_size or not head.t2d[hot].all():
         raise SpectraceError(f"EAGLE-3 checkpoint {path}: d2t maps draft ids outside the vocabulary or t2d")

@@ -34,8 +34,8 @@ import torch.nn as nn
 from spectrace.core.config import ModelConfig
 from spectrace.core.drafters.eagle_worker import build_draft_tree, draft_forward
 from spectrace.core.kv import KVCache
-from spectrace.core.model import (CausalLM, DecoderLayer, RMSNorm, RotaryEmbedding, apply_rope, attend, finish_loading,
-                                   read_checkpoint)
+from spectrace.core.checkpoint import finish_loading, read_checkpoint
+from spectrace.core.model import CausalLM, DecoderLayer, RMSNorm, RotaryEmbedding, apply_rope, attend
 from spectrace.core.tree import DraftTree
 from spectrace.errors import SpectraceError
 
@@ -85,7 +85,7 @@ class FrozenKVMtpHead(nn.Module):
         self.model.norm = RMSNorm(H, cfg.rms_norm_eps)
         self.post_projection = nn.Linear(H, Ht, bias=False)
         self.lm_head = nn.Linear(H, cfg.vocab_size, bias=False)
-        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
+        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
 
     @property
     def layers(self):
@@ -116,8 +116,8 @@ def load_frozen_kv_mtp(path: str | Path, target: CausalLM) -> FrozenKVMtpHead:
         raise SpectraceError(f"FROZEN_KV_MTP checkpoint {path} cannot read the target's KV: head_dim "
                              f"{cfg.head_dim}, {cfg.num_key_value_heads} KV heads, vocabulary {cfg.vocab_size}; the "
                              f"target has {tc.head_dim}, {tc.num_key_value_heads}, {tc.vocab_size}")
-    head = FrozenKVMtpHead(cfg, Ht, kv_layer=tc.num_hidden_layers - 1)
-    return finish_loading(head, state, target, path, "FROZEN_KV_MTP assistant")
+    return finish_loading(lambda: FrozenKVMtpHead(cfg, Ht, kv_layer=tc.num_hidden_layers - 1), state, target, path,
+                          "FROZEN_KV_MTP assistant")
 
 
 class FrozenKVMtpDrafter:

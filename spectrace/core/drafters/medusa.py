@@ -23,8 +23,10 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
+from safetensors import SafetensorError
 
-from spectrace.core.model import CausalLM, finish_loading
+from spectrace.core.checkpoint import finish_loading, read_weight_file
+from spectrace.core.model import CausalLM
 from spectrace.core.sampling import topk_pairs
 from spectrace.core.tree import DraftTree, reconstruct_indices_from_tree_mask
 from spectrace.errors import SpectraceError
@@ -78,12 +80,14 @@ def load_medusa(path: str | Path, target: CausalLM) -> MedusaHeads:
     weights = path / "medusa_lm_head.safetensors"
     if not weights.is_file():
         raise SpectraceError(f"no medusa_lm_head.safetensors in {path} (pickled .pt checkpoints are not read)")
-    from safetensors.torch import load_file
-
-    state = load_file(weights)
+    try:
+        state = read_weight_file(weights)
+    except (OSError, ValueError, SafetensorError) as e:
+        raise SpectraceError(f"cannot load Medusa heads from {path}: {str(e).splitlines()[0]}") from None
     if not any(k.startswith("medusa_head.") for k in state):  # Medusa also saves the ModuleList alone
         state = {f"medusa_head.{k}": v for k, v in state.items()}
-    return finish_loading(MedusaHeads(H, V, K, L), state, target, path, f"Medusa checkpoint of {K} heads x {L} layers")
+    return finish_loading(lambda: MedusaHeads(H, V, K, L), state, target, path,
+                          f"Medusa checkpoint of {K} heads x {L} layers")
 
 
 def check_choices(choices, num_heads: int) -> list[list[int]]:

@@ -17,8 +17,8 @@ import torch.nn as nn
 from spectrace.core.config import ModelConfig
 from spectrace.errors import SpectraceError
 from spectrace.core.drafters.eagle import DraftHead
-from spectrace.core.model import (Attention, CausalLM, DecoderLayer, RMSNorm, RotaryEmbedding, finish_loading,
-                                   read_checkpoint)
+from spectrace.core.checkpoint import finish_loading, read_checkpoint
+from spectrace.core.model import Attention, CausalLM, DecoderLayer, RMSNorm, RotaryEmbedding
 
 
 class MtpHead(DraftHead):
@@ -33,7 +33,7 @@ class MtpHead(DraftHead):
         self.layers = nn.ModuleList([DecoderLayer(cfg, Attention(cfg, 0))])
         self.shared_head = nn.Module()
         self.shared_head.norm = RMSNorm(H, cfg.rms_norm_eps)
-        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rope_theta)
+        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
 
     def layer_input(self, input_ids, features):
         x = self.eh_proj(torch.cat([self.enorm(self.embed_tokens(input_ids)), self.hnorm(features)], dim=-1))
@@ -51,4 +51,4 @@ def load_mtp(path: str | Path, target: CausalLM) -> MtpHead:
     if eh is None or tuple(eh.shape) != (H, 2 * H) or cfg.vocab_size != target.config.vocab_size:
         raise SpectraceError(f"MTP checkpoint {path} does not fit the target (hidden size {H}, "
                              f"vocabulary {target.config.vocab_size})")
-    return finish_loading(MtpHead(cfg), state, target, path, "MTP module", share_embedding=True)
+    return finish_loading(lambda: MtpHead(cfg), state, target, path, "MTP module", share_embedding=True)
