@@ -249,7 +249,7 @@ def fast_forward_ms(model, kv_len: int, bs: int, rows: int, repeat: int) -> floa
     from spectrace.kernels.fused import fuse
 
     backend.install()
-    fuse(model)
+    fuse(model, kv_len + rows)
     kv = StaticKV(model, bs, kv_len + rows)
     device = kv.seq_lens.device
     place_rotary(model, device)

@@ -85,8 +85,12 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--commit-style", choices=["sglang", "vllm"], default="sglang",
                    help="how rejected KV is released: sglang remap+free, vllm num_computed_tokens rollback")
-    p.add_argument("--target-model", default=None, metavar="DIR", help="HF checkpoint directory")
-    p.add_argument("--draft-model", default=None, metavar="DIR", help="HF checkpoint directory")
+    for flag in ("--target-model", "--draft-model"):
+        p.add_argument(flag, default=None, metavar="DIR|ORG/NAME", help="a HF checkpoint directory, or a hub name "
+                       "read from the local HF cache (never downloaded); docs/models.md lists what loads")
+    p.add_argument("--raw-prompt", dest="raw_prompt", action="store_true", help="no chat template: the text as is")
+    p.add_argument("--mem-fraction-static", dest="mem_fraction_static", type=float, default=0.9,
+                   help="SGLang's: the share of the device's memory the weights and KV caches may fill")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default=None, help="float32 (CPU default), bfloat16 (GPU default), float16")
     p.add_argument("--backend", choices=["explicit", "triton", "fast"], default="explicit",
@@ -121,8 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--batch", type=int, default=None,
                      help="number of requests; built-in held-out prompts fill up what --prompt leaves")
     run.add_argument("--trace", default=None, metavar="PATH", help="default: runs/<time>-<algo>.jsonl")
-    run.add_argument("--no-tui", action="store_true",
-                     help="print the text and metrics summary instead of opening the walkthrough")
+    run.add_argument("--no-tui", action="store_true", help="print the text and metrics, no walkthrough")
     run.add_argument("--record-probs", dest="record_probs", action="store_true",
                      help="keep every step's target and draft distributions and random numbers in a sidecar "
                           "beside the trace (TRACE.probs.safetensors), for spectrace rejudge")
@@ -136,19 +139,17 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("-o", "--out", required=True, metavar="FILE", help="FILE.svg, FILE.png or FILE.dot")
     export = sub.add_parser("export", help="a trace's phases as a Perfetto / chrome://tracing timeline, or CSV")
     export.add_argument("trace", metavar="TRACE")
-    export.add_argument("--format", choices=["perfetto", "csv"], default="perfetto",
-                        help="perfetto: Chrome trace-event JSON (open in ui.perfetto.dev); csv: a row per step "
-                             "and request")
+    export.add_argument("--format", choices=["perfetto", "csv"], default="perfetto", help="perfetto: Chrome "
+                        "trace-event JSON (open in ui.perfetto.dev); csv: a row per step and request")
     export.add_argument("-o", "--out", required=True, metavar="FILE")
     rejudge = sub.add_parser("rejudge", help="every recorded step judged again under another acceptance rule, "
                                              "thresholds, temperature or random numbers (needs --record-probs)")
     rejudge.add_argument("trace", metavar="TRACE")
     rejudge.add_argument("--acceptance", required=True, type=str.lower,
                          help="greedy, target_only, rejection, vllm, tree_rejection, typical")
-    rejudge.add_argument("--speculative-accept-threshold-single", dest="threshold_single", type=float, default=None,
-                         help="target_only (default: the recorded value under target_only, else 1.0)")
-    rejudge.add_argument("--speculative-accept-threshold-acc", dest="threshold_acc", type=float, default=None,
-                         help="target_only (default: the recorded value under target_only, else 1.0)")
+    for which in ("single", "acc"):
+        rejudge.add_argument(f"--speculative-accept-threshold-{which}", dest=f"threshold_{which}", type=float,
+                             help="target_only (default: the recorded value under target_only, else 1.0)")
     rejudge.add_argument("--temperature", type=float, default=None, help="default: the recorded temperature")
     rejudge.add_argument("--seed", type=int, default=None,
                          help="default: the recorded random numbers where the rule draws the same kind, else "
@@ -250,7 +251,8 @@ def _run_config(args, **over):
                                     match_type=args.ngram_match_type, branch_length=args.ngram_trie_depth),
               commit_style=args.commit_style,
               device=args.device, dtype=args.dtype, backend=args.backend, trace_level=args.trace_level,
-              deterministic=args.deterministic)
+              deterministic=args.deterministic, raw_prompt=args.raw_prompt,
+              mem_fraction_static=args.mem_fraction_static)
     if args.target_model:
         kw["target_model"] = args.target_model
     if args.draft_model:
@@ -383,12 +385,12 @@ def cmd_bench(args) -> int:
 
     prompts = REPEATING_PROMPTS if args.prompt_set == "repeating" else HELD_OUT_PROMPTS
     batches = f"batch sizes {' '.join(map(str, args.batch_sizes))}" if args.batch_sizes else "batch 1"
-    print(f"{'held-out' if args.prompt_set == 'heldout' else 'repeating-code'} prompts: {len(prompts)}, "
-          f"max_new_tokens {args.max_new_tokens}, device {args.device}, backend {args.backend}, "
-          f"timed without a trace" + (f" (recording cost: --trace-level {args.trace_level})"
-                                      if args.trace_level != "off" else "") + f", {batches}, " + (f"temperature {args.temperature}, acceptance "
-                                                             f"{args.acceptance or 'target_only'}, seed {args.seed}"
-                                                             if args.temperature else "greedy"))
+    recording = f" (recording cost: --trace-level {args.trace_level})" if args.trace_level != "off" else ""
+    sampling = (f"temperature {args.temperature}, acceptance {args.acceptance or 'target_only'}, seed {args.seed}"
+                if args.temperature else "greedy")
+    print(f"{'held-out' if args.prompt_set == 'heldout' else 'repeating-code'} prompts: {len(prompts)}, max_new_tokens "
+          f"{args.max_new_tokens}, device {args.device}, backend {args.backend}, timed without a trace{recording}, "
+          f"{batches}, {sampling}")
 
     record_level, args.trace_level = args.trace_level, "off"  # every speed row runs untraced
     policy, args.batch_policy = args.batch_policy, None  # a column of its own beside the fixed shapes

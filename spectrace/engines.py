@@ -10,10 +10,6 @@ model, and the engine that runs them.
 """
 from __future__ import annotations
 
-import os
-
-import torch
-
 from spectrace.algos import ALGOS
 from spectrace.core.acceptance import RULES
 from spectrace.core.drafters.dflash import DFlashDrafter
@@ -42,32 +38,26 @@ def scratch_columns(spec: SpecConfig) -> int:
     return max(spec.num_draft_tokens, steps + 1, spec.topk * (steps - 1) + 1) + 1
 
 
-def context(target: CausalLM, draft) -> int:
-    return min(m.config.max_position_embeddings for m in (target, draft) if hasattr(m, "config"))  # Medusa has none
+def context(target: CausalLM) -> int:
+    """Positions a request may reach: the target's context, as SGLang gives its drafter the target's
+    context length (a draft head's own max_position_embeddings, 2048 for the Llama-3 EAGLE heads,
+    does not bound it: RoPE has no table to run past)."""
+    return target.config.max_position_embeddings
 
 
-def available_memory() -> int:
-    """Bytes the system can still give (Linux's MemAvailable: free plus reclaimable caches)."""
-    try:
-        with open("/proc/meminfo") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration, ValueError):
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+def kv_bytes(target: CausalLM, draft, spec: SpecConfig, prompt_ids: list[list[int]]) -> int:
+    """Bytes of the run's KV caches at their largest, every request held at full length at once:
+    each paged model's K and V per slot and layer, over the fast engine's static rows (padded to
+    its batch bucket; the explicit pool needs no more), and both caches' int64 req_to_token."""
+    from spectrace.fast.graphs import BUCKETS, bucket
 
-
-def check_memory(target: CausalLM, draft, spec: SpecConfig, requests: int) -> None:
-    """Refuse, before any KV is allocated, a batch whose caches cannot fit: every request is held
-    at full length at once (req_to_token rows, and each model's K and V per slot and layer)."""
-    columns = context(target, draft) + scratch_columns(spec)
-    slots = requests * columns  # the fast engine's static rows; the explicit pool needs no more
+    rows = bucket(len(prompt_ids)) if len(prompt_ids) <= BUCKETS[-1] else len(prompt_ids)
+    longest = max(len(p) for p in prompt_ids) + spec.max_new_tokens + 2 * lookahead(spec)
+    slots = rows * (longest + scratch_columns(spec))
     p = next(target.parameters())
     per_slot = sum(2 * len(m.layers) * m.config.num_key_value_heads * m.config.head_dim * p.element_size()
                    for m in (target, draft) if isinstance(m, KVCacheOwner))
-    need = slots * (per_slot + 2 * 8)  # + the int64 req_to_token entries of both caches
-    free = torch.cuda.mem_get_info(p.device)[0] if p.device.type == "cuda" else available_memory()
-    if need > free:
-        raise SpectraceError(f"--batch {requests}: the KV caches would need {need / 2**30:.1f} GiB "
-                             f"on {p.device.type}, where {free / 2**30:.1f} GiB is free")
+    return slots * (per_slot + 2 * 8)
 
 
 def build_engine(target: CausalLM, draft, spec: SpecConfig, prompt_ids: list[list[int]], eos_token_ids,
@@ -93,7 +83,7 @@ def build_engine(target: CausalLM, draft, spec: SpecConfig, prompt_ids: list[lis
 
         twins.install()
         cache_class = TritonKVCache
-    columns = context(target, draft) + scratch_columns(spec)
+    columns = max(len(p) for p in prompt_ids) + spec.max_new_tokens + lookahead(spec) + scratch_columns(spec)
     num_slots = sum(len(p) + spec.max_new_tokens + scratch_columns(spec) for p in prompt_ids)
     kv = target.new_kv_cache("target", spec.commit_style, num_slots, len(prompt_ids), columns, cache_class)
     drafter = None
@@ -146,8 +136,8 @@ def fast_engine(target, draft, spec: SpecConfig, prompt_ids, eos_token_ids, trac
     if kv.seq_lens.device.type == "cuda" or probe is not None:
         from spectrace.kernels.fused import fuse
 
-        for m in models:
-            fuse(m)
+        for m in models:  # RoPE tables over every position a step reaches
+            fuse(m, committed + n + scratch_columns(spec))
     for m in models:
         place_rotary(m, kv.seq_lens.device)
     drafter = fast_drafter(target, draft, spec, kv, committed, ngram, medusa_tree,

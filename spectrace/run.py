@@ -14,7 +14,7 @@ import json
 import os
 import re
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Callable
 
@@ -24,22 +24,17 @@ from spectrace import batch_policy
 from spectrace.algos import ALGOS, auto_shape
 from spectrace.core.adaptive import AdaptiveConfig
 from spectrace.core.config import read_config_json
-from spectrace.core.drafters.dflash import load_dflash
-from spectrace.core.drafters.eagle3 import load_eagle3
-from spectrace.core.drafters.eagle import load_eagle
-from spectrace.core.drafters.frozen_kv_mtp import load_frozen_kv_mtp
-from spectrace.core.drafters.medusa import DEFAULT_CHOICES, MC_SIM_7B_63, MedusaHeads, MedusaTree, load_choices, \
-    load_medusa
-from spectrace.core.drafters.mtp import load_mtp
+from spectrace.core.drafters.medusa import DEFAULT_CHOICES, MC_SIM_7B_63, MedusaTree, load_choices
 from spectrace.core.drafters.ngram import NgramConfig
 from spectrace.core.engine import Request, SpecConfig
-from spectrace.core.checkpoint import weights_digest
 from spectrace.core.model import CausalLM, load_model
 from spectrace.core.ngram.trie import TrieConfig
 from spectrace.core.probs import UNSEALED, ProbsRecorder, seal, sidecar_path
 from spectrace.core.trace import SCHEMA, TraceError, TraceWriter
-from spectrace.engines import build_engine, check_memory, context, lookahead
+from spectrace.engines import build_engine, context, kv_bytes, lookahead
 from spectrace.errors import Interrupted, SpectraceError
+from spectrace.loading import check_fits, find_model, load_drafter_model, model_identity, progress_bar, weight_bytes
+from spectrace.tokenizer import Tokenizer, load_tokenizer
 from spectrace.zoo import MODELS_DIR, TARGET_DIR
 from spectrace.zoo.prompts import HELD_OUT_PROMPTS
 
@@ -93,6 +88,8 @@ class RunConfig:
     trace_level: str = "full"  # TRACE_LEVELS
     deterministic: bool = False  # batch-invariant verify: output bit-identical to plain decoding's
     record_probs: bool = False  # a sidecar of every walk's distributions and random numbers (spectrace rejudge)
+    raw_prompt: bool = False  # the prompt's text as it is, not through the target's chat template
+    mem_fraction_static: float = 0.9  # SGLang's: the share of the device weights and KV caches may fill
 
     def check(self) -> None:
         """What only the run knows: where it runs and how many requests."""
@@ -130,6 +127,8 @@ class RunConfig:
                 raise SpectraceError(f"--prompt {i} is not valid UTF-8 text") from None
         if self.batch is not None and self.batch < 1:
             raise SpectraceError("--batch must be at least 1")
+        if not 0 < self.mem_fraction_static <= 1:
+            raise SpectraceError(f"--mem-fraction-static must lie in (0, 1], got {self.mem_fraction_static}")
         if self.batch_policy is not None:
             batch_policy.check(self)
         if self.batch is not None and self.batch < len(self.prompts):
@@ -241,86 +240,6 @@ def resolve(cfg: RunConfig) -> tuple[SpecConfig, dict]:
 
 # ---- models ----------------------------------------------------------------------------------
 
-@dataclass
-class Tokenizer:
-    """The target's tokenizer as a run uses it. A plain `tokenizer.json` is read with the
-    `tokenizers` library, which transformers' fast tokenizers wrap; tokenizers with Python-side
-    behaviour of their own (a `tokenizer_class` other than the generic one) go through
-    transformers' AutoTokenizer, from local files only."""
-
-    encode: Callable[[str], list[int]]
-    decode: Callable[[list[int]], str]
-    vocab: dict[str, int]
-    eos_token_id: int | None
-
-
-GENERIC_TOKENIZERS = (None, "PreTrainedTokenizerFast", "TokenizersBackend")
-
-
-def load_tokenizer(path: str) -> Tokenizer:
-    conf_file = Path(path) / "tokenizer_config.json"
-    try:
-        conf = json.loads(conf_file.read_text(encoding="utf-8")) if conf_file.is_file() else {}
-        if (Path(path) / "tokenizer.json").is_file() and conf.get("tokenizer_class") in GENERIC_TOKENIZERS:
-            from tokenizers import Tokenizer as Fast
-
-            fast = Fast.from_file(str(Path(path) / "tokenizer.json"))
-            eos = conf.get("eos_token")
-            eos = eos.get("content") if isinstance(eos, dict) else eos
-            return Tokenizer(lambda text: fast.encode(text, add_special_tokens=False).ids,
-                             lambda ids: fast.decode(ids, skip_special_tokens=False), fast.get_vocab(),
-                             fast.token_to_id(eos) if eos else None)
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        return Tokenizer(lambda text: tok.encode(text, add_special_tokens=False), tok.decode, tok.get_vocab(),
-                         tok.eos_token_id)
-    except Exception as e:  # noqa: BLE001 -- the tokenizers library raises plain Exception on a bad file
-        raise SpectraceError(f"no usable tokenizer in {path}: {str(e).splitlines()[0] if str(e) else e!r}") from None
-
-
-def check_model_dir(path: str, flag: str) -> None:
-    if not Path(path).is_dir():
-        what = "a file, not a model directory" if Path(path).exists() else "no such directory"
-        raise SpectraceError(f"{flag} {path}: {what}")
-    if not (Path(path) / "config.json").is_file():
-        raise SpectraceError(f"{flag} {path}: not a Hugging Face model directory (no config.json)")
-
-
-def load_draft_lm(path: str, target: CausalLM, tok: Tokenizer, dtype, device) -> CausalLM:
-    """A standalone draft LM, which must share the target's vocabulary token for token."""
-    draft = load_model(path, dtype, device)
-    tv, dv = target.config.vocab_size, draft.config.vocab_size
-    if tv != dv:
-        raise SpectraceError(f"draft vocabulary ({dv} tokens) differs from the target's ({tv})")
-    if (Path(path) / "tokenizer.json").is_file() and load_tokenizer(path).vocab != tok.vocab:
-        raise SpectraceError("draft tokenizer differs from the target's: same size, other tokens")
-    return draft
-
-
-# a loader per checkpoint format (algos.Algo.checkpoint): (path, target) -> the drafter's model
-HEAD_LOADERS = {"eagle": load_eagle, "eagle3": load_eagle3, "mtp": load_mtp, "frozen_kv_mtp": load_frozen_kv_mtp,
-                "medusa": load_medusa, "dflash": load_dflash}
-
-
-def load_drafter_model(algo: str, path: str, target: CausalLM, tok: Tokenizer, dtype, device):
-    """The draft LM (standalone) or the draft head that reads target features (the others)."""
-    fmt = ALGOS[algo].checkpoint
-    if fmt == "lm":
-        return load_draft_lm(path, target, tok, dtype, device)
-    return HEAD_LOADERS[fmt](path, target).to(dtype)
-
-
-def model_identity(path: str, model) -> dict:
-    ident = {"path": str(path), "weights_sha256": weights_digest(Path(path)), "class": type(model).__name__,
-             "params": sum(p.numel() for p in model.parameters()), "dtype": str(next(model.parameters()).dtype)}
-    if isinstance(model, MedusaHeads):  # no transformer layers: heads over the target's hidden state
-        return {**ident, "model_type": "medusa", "heads": model.num_heads, "layers_per_head": model.num_layers}
-    c = model.config
-    return {**ident, "model_type": c.model_type, "layers": len(model.layers), "hidden_size": c.hidden_size,
-            "vocab_size": c.vocab_size}
-
-
 def choose_threads(target: CausalLM, device: str) -> int:
     """Intra-op threads for a CPU run. On models this small a matrix product takes microseconds,
     and torch's threads spend longer waking each other than computing, and thrash beside another
@@ -339,9 +258,8 @@ def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = N
     run is doing (loading, generating) before it is done; probe: bench --profile's PhaseProbe."""
     cfg.check()
     asked, cfg = cfg, batch_policy.apply(cfg, len(resolve_prompts(cfg.prompts, cfg.batch)))
-    check_model_dir(cfg.target_model, "--target-model")
-    if cfg.draft_path is not None:
-        check_model_dir(cfg.draft_path, "--draft-model")
+    cfg = replace(cfg, target_model=find_model(cfg.target_model, "--target-model"),
+                  draft_model=find_model(cfg.draft_path, "--draft-model") if cfg.draft_path else None)
     spec, options = resolve(cfg)
     prompts = resolve_prompts(cfg.prompts, cfg.batch)
     if cfg.backend == "fast":  # before any model is loaded
@@ -352,29 +270,33 @@ def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = N
     writer = None
     if cfg.trace_level != "off":
         try:  # open the trace first: a path that cannot be written fails before any model work
-            writer = TraceWriter(trace_path, lambda i: tok.decode([i]))
+            writer = TraceWriter(trace_path, tok.piece)
         except TraceError as e:
             raise SpectraceError(str(e)) from None
     probs = ProbsRecorder(sidecar_path(trace_path)) if cfg.record_probs else None
-    header_written = False
+    header_written, say = False, progress or (lambda m: None)
     try:
-        (progress or (lambda m: None))("loading the models")
         dtype = cfg.torch_dtype
-        target = load_model(cfg.target_model, dtype, cfg.device)
+        check_fits(weight_bytes(cfg.target_model, dtype) + (weight_bytes(cfg.draft_path, dtype) if cfg.draft_path else 0),
+                   cfg.device, cfg.mem_fraction_static, f"the weights in {str(dtype)[6:]}")
+        say("loading the target")
+        target = load_model(cfg.target_model, dtype, cfg.device, progress_bar(progress, "the target"))
+        say("loading the draft model")
         draft = load_drafter_model(cfg.algo, cfg.draft_path, target, tok, dtype, cfg.device) if cfg.draft_path else None
-        check_memory(target, draft, spec, len(prompts))  # before the prompts are encoded and any KV is sized
-        ids = [tok.encode(p) for p in prompts]
-        check_prompts(ids, spec, context(target, draft))
+        ids = encode_prompts(tok, prompts, cfg.raw_prompt)
+        check_fits(kv_bytes(target, draft, spec, ids), cfg.device, cfg.mem_fraction_static,
+                   f"--batch {len(prompts)}: the KV caches")
+        check_prompts(ids, spec, context(target), target, draft)
         check_topk(spec, target, draft)
-        eos = target.config.eos_token_ids or ((tok.eos_token_id,) if tok.eos_token_id is not None else ())
+        eos = eos_token_ids(cfg.target_model, target, tok)
         engine = build_engine(target, draft, spec, ids, eos, writer, on_step=on_step, backend=cfg.backend,
                               probs=probs, probe=probe, **options)
         threads = choose_threads(target, cfg.device)
         if writer:
-            writer.write(header(cfg, spec, prompts, target, draft, engine, threads, probs, asked),
+            writer.write(header(cfg, spec, prompts, target, draft, engine, threads, probs, asked, tok),
                          [t for p in ids for t in p])
             header_written = True
-        (progress or (lambda m: None))(f"generating {cfg.max_new_tokens} tokens for {len(ids)} request(s)")
+        say(f"generating {cfg.max_new_tokens} tokens for {len(ids)} request(s)")
         reqs, metrics = engine.generate(ids)
         texts = [tok.decode(r.output_ids) for r in reqs]
         if writer is None:
@@ -407,30 +329,63 @@ def check_topk(spec: SpecConfig, target: CausalLM, draft) -> None:
         raise SpectraceError(f"--topk {spec.topk} is more than the draft's vocabulary of {vocab} tokens")
 
 
-def check_prompts(ids: list[list[int]], spec: SpecConfig, context: int) -> None:
+def encode_prompts(tok: Tokenizer, prompts: list[str], raw: bool) -> list[list[int]]:
+    """Each prompt as the target expects it: through its chat template when it has one (SGLang's
+    chat endpoint), else as text (SGLang's /generate); `raw` sends the text as it is. Each text
+    once: --batch repeats the held-out prompts."""
+    encode = tok.encode if raw or not tok.has_chat_template else tok.chat
+    once = {p: encode(p) for p in dict.fromkeys(prompts)}
+    return [list(once[p]) for p in prompts]
+
+
+def eos_token_ids(path: str, target: CausalLM, tok: Tokenizer) -> tuple[int, ...]:
+    """Where a request stops: any of config.json's eos_token_id (Llama 3.1-Instruct lists three)
+    and generation_config.json's, as transformers' generate stops; else the tokenizer's EOS."""
+    ids = set(target.config.eos_token_ids)
+    gen = Path(path) / "generation_config.json"
+    if gen.is_file():
+        eos = json.loads(gen.read_text(encoding="utf-8")).get("eos_token_id")
+        ids |= set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    if not ids and tok.eos_token_id is not None:
+        ids.add(tok.eos_token_id)
+    return tuple(sorted(ids))
+
+
+def check_prompts(ids: list[list[int]], spec: SpecConfig, context: int, target: CausalLM, draft) -> None:
+    """Every prompt fits the target's context with the new tokens and a step's drafts, and its
+    sliding window if it has one (Mistral): attention inside the window is exactly full attention,
+    which is what the forward computes, so a run that would slide past it is refused."""
+    windows = [(m.config.sliding_window, name) for m, name in ((target, "the target"), (draft, "the draft model"))
+               if isinstance(m, CausalLM) and m.config.sliding_window]
     for i, p in enumerate(ids):
         if not p:
             raise SpectraceError(f"prompt {i} is empty")
         need = len(p) + spec.max_new_tokens + lookahead(spec)
+        what = f"prompt {i} is {len(p)} tokens: with --max-new-tokens {spec.max_new_tokens} it needs {need} positions"
         if need > context:
-            raise SpectraceError(f"prompt {i} is {len(p)} tokens: with --max-new-tokens {spec.max_new_tokens} it "
-                                 f"needs {need} positions, more than the model's context of {context}")
+            raise SpectraceError(f"{what}, more than the model's context of {context}")
+        for window, name in windows:
+            if need > window:
+                raise SpectraceError(f"{what}, more than the {window}-token sliding window of {name} (inside it "
+                                     "attention is full attention; spectrace does not slide past it)")
 
 
 def header(cfg: RunConfig, spec: SpecConfig, prompts: list[str], target, draft, engine, threads: int,
-           probs: ProbsRecorder | None = None, asked: RunConfig | None = None) -> dict:
-    """The trace's first record: the resolved options, the models' identities, with
-    --record-probs the sidecar (its hash sealed in once it is saved), and with --batch-policy the
-    algorithm asked for and what the policy chose for the batch."""
-    models = {"target": model_identity(cfg.target_model, target)}
+           probs: ProbsRecorder | None, asked: RunConfig, tok: Tokenizer) -> dict:
+    """The trace's first record: the resolved options (model directories as found, the names asked
+    for beside them), the models' identities, how the prompts were encoded, with --record-probs
+    the sidecar (its hash sealed in once it is saved), and with --batch-policy the algorithm asked
+    for and what the policy chose for the batch."""
+    models = {"target": model_identity(cfg.target_model, target, asked.target_model)}
     if draft is not None:
-        models["draft"] = model_identity(cfg.draft_path, draft)
+        models["draft"] = model_identity(cfg.draft_path, draft, asked.draft_model)
     extra = {"probs": {"file": probs.path.name, "sha256": UNSEALED}} if probs is not None else {}
-    if asked is not None and asked.batch_policy is not None:
+    if asked.batch_policy is not None:
         extra["batch_policy"] = batch_policy.header(asked, spec, len(prompts))
     return {"kind": "header", "schema": SCHEMA,
             "config": {**asdict(cfg), "prompts": prompts, "draft_model": cfg.draft_path or "",
                        "num_steps": spec.num_steps, "topk": spec.topk, "num_draft_tokens": spec.num_draft_tokens,
                        "acceptance": spec.acceptance, "resolved_algorithm": ALGOS[cfg.algo].resolved},
             "models": models, "eos_token_ids": sorted(engine.eos), "device": cfg.device, "threads": threads,
+            "prompt_format": "raw" if cfg.raw_prompt or not tok.has_chat_template else "chat",
             "torch": torch.__version__, **extra}

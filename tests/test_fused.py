@@ -43,18 +43,30 @@ def test_rms_norm_equals_the_explicit_norm(rows, hidden, dtype, seed):
 
 @settings(max_examples=10, deadline=None)
 @given(tokens=st.integers(1, 5), heads=st.sampled_from([(4, 2), (2, 2), (4, 1)]), head_dim=st.sampled_from([8, 32]),
-       dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**16))
-def test_split_rope_equals_the_explicit_projections_and_rope(tokens, heads, head_dim, dtype, seed):
+       dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**16), qk_norm=st.booleans(), llama3=st.booleans())
+def test_split_rope_equals_the_explicit_projections_and_rope(tokens, heads, head_dim, dtype, seed, qk_norm, llama3):
+    """With qk_norm, Qwen3's per-head RMSNorms of q and k first; llama3: Llama 3.1's RoPE frequencies."""
     torch.manual_seed(seed)
     h, kvh = heads
-    qkv = torch.randn(tokens, (h + 2 * kvh) * head_dim).to(DEVICE, dtype)
-    cos, sin = RotaryEmbedding(head_dim, 10000.0)(torch.randint(0, 500, (tokens,), device=DEVICE), dtype)
+    qkv = (torch.randn(tokens, (h + 2 * kvh) * head_dim) * 3).to(DEVICE, dtype)
+    scaling = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64)
+    rope = RotaryEmbedding(head_dim, 10000.0, scaling if llama3 else None)
+    cos, sin = rope(torch.randint(0, 500, (tokens,), device=DEVICE), dtype)
     k_cache, v_cache = torch.zeros(2, 2 * tokens, kvh, head_dim, dtype=dtype, device=DEVICE)
     slots = torch.randperm(2 * tokens, device=DEVICE)[:tokens]
-    q, k, v = fused.split_rope(qkv, cos, sin, h, kvh, head_dim, k_cache, v_cache, slots)
+    norms = None
+    if qk_norm:
+        norms = (RMSNorm(head_dim, 1e-6).to(DEVICE, dtype), RMSNorm(head_dim, 1e-6).to(DEVICE, dtype))
+        with torch.no_grad():
+            for norm in norms:
+                norm.weight.uniform_(0.5, 1.5)
+    q, k, v = fused.split_rope(qkv, cos, sin, h, kvh, head_dim, k_cache, v_cache, slots, norms)
     want_q, want_k, want_v = qkv.split([h * head_dim, kvh * head_dim, kvh * head_dim], dim=1)
-    assert_equal_or_ulp(q, apply_rope(want_q.reshape(tokens, h, head_dim), cos, sin))
-    assert_equal_or_ulp(k, apply_rope(want_k.reshape(tokens, kvh, head_dim), cos, sin))
+    want_q, want_k = want_q.reshape(tokens, h, head_dim), want_k.reshape(tokens, kvh, head_dim)
+    if qk_norm:
+        want_q, want_k = norms[0](want_q), norms[1](want_k)
+    assert_equal_or_ulp(q, apply_rope(want_q, cos, sin))
+    assert_equal_or_ulp(k, apply_rope(want_k, cos, sin))
     assert torch.equal(v, want_v.reshape(tokens, kvh, head_dim))
     assert torch.equal(k_cache[slots], k) and torch.equal(v_cache[slots], v)  # TokenToKVPool.write's rows
     unwritten = torch.ones(2 * tokens, dtype=torch.bool, device=DEVICE)

@@ -51,7 +51,8 @@ def imported(tree: ast.AST) -> set[str]:
     return names
 
 
-APP = ("spectrace.cli", "spectrace.run", "spectrace.engines", "spectrace.bench", "spectrace.rejudge")
+APP = ("spectrace.cli", "spectrace.run", "spectrace.engines", "spectrace.bench", "spectrace.rejudge", "spectrace.loading",
+       "spectrace.tokenizer", "spectrace.hub")
 
 
 @pytest.mark.parametrize("layer, above", [

@@ -9,11 +9,11 @@ layer's modules a fused forward, as vLLM's CustomOp gives a module a `forward_cu
     RMSNorm    rms_norm: one kernel per row
     residual   add_rms_norm: a residual add and the next norm in one kernel (vLLM's and SGLang's
                fused_add_rmsnorm), so a decoder layer adds nothing outside its norms
-    RoPE       cos and sin looked up in a table over every position (SGLang's cos_sin_cache):
-               one kernel per forward instead of seven
-    Attention  one GEMM over [q; k; v] weights, then split_rope: the split and RoPE of q and k,
-               and the new K/V written into the KV pool, in one kernel (v copied out contiguous,
-               as the attention twins read it)
+    RoPE       cos and sin looked up in a table over the run's positions (SGLang's
+               cos_sin_cache): one kernel per forward instead of seven
+    Attention  one GEMM over [q; k; v] weights, then split_rope: the split, Qwen3's per-head
+               q/k norms, RoPE of q and k, and the new K/V written into the KV pool, in one
+               kernel (v copied out contiguous, as the attention twins read it)
     MLP        one GEMM over [gate; up] weights, silu_mul in one kernel, then down
 
 Each kernel rounds where the explicit ops round (to the model dtype after each torch op), so in
@@ -97,8 +97,9 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, norm: RMSNorm) -> 
 
 
 @triton.jit
-def _split_rope_kernel(qkv, cos, sin, cos_stride, q, k, v, slots, k_cache, v_cache, NQ: tl.constexpr,
-                       NKV: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, WRITE_KV: tl.constexpr):
+def _split_rope_kernel(qkv, cos, sin, cos_stride, q, k, v, slots, k_cache, v_cache, q_norm, k_norm, eps,
+                       NQ: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
+                       WRITE_KV: tl.constexpr, QK_NORM: tl.constexpr):
     t, head = tl.program_id(0), tl.program_id(1)  # one token's one head of q, k or v
     j = tl.arange(0, BLOCK)
     ok = j < D
@@ -112,7 +113,15 @@ def _split_rope_kernel(qkv, cos, sin, cos_stride, q, k, v, slots, k_cache, v_cac
             tl.store(v_cache + (slot * NKV + head - NQ - NKV) * D + j, x, mask=ok)
     else:  # x * cos + rotate_half(x) * sin, rounded after each op as the explicit tensors are
         half: tl.constexpr = D // 2
-        partner = tl.load(qkv + t * width + head * D + (j + half) % D, mask=ok, other=0.0)
+        pj = (j + half) % D
+        partner = tl.load(qkv + t * width + head * D + pj, mask=ok, other=0.0)
+        if QK_NORM:  # Qwen3: the head RMS-normalised first (RMSNorm over d), its partner with the same rms
+            xf = x.to(tl.float32)
+            rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / D + eps)
+            w = q_norm if head < NQ else k_norm
+            x = (tl.load(w + j, mask=ok, other=0.0).to(tl.float32) * rounded(xf * rstd, x.dtype)).to(x.dtype)
+            partner = (tl.load(w + pj, mask=ok, other=0.0).to(tl.float32)
+                       * rounded(partner.to(tl.float32) * rstd, x.dtype)).to(x.dtype)
         rotated = tl.where(j < half, -partner, partner)
         c = tl.load(cos + t * cos_stride + j, mask=ok, other=0.0).to(tl.float32)
         s = tl.load(sin + t * cos_stride + j, mask=ok, other=0.0).to(tl.float32)
@@ -130,22 +139,25 @@ def _split_rope_kernel(qkv, cos, sin, cos_stride, q, k, v, slots, k_cache, v_cac
 
 def split_rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int,
                head_dim: int, k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None,
-               slots: torch.Tensor | None = None):
+               slots: torch.Tensor | None = None, head_norms: tuple[RMSNorm, RMSNorm] | None = None):
     """qkv (N, (h + 2 kvh) d) -> q (N, h, d), k (N, kvh, d) with RoPE applied (cos, sin (N, 1, d),
     rows of any stride), v (N, kvh, d): core/model.py's apply_rope on q_proj and k_proj outputs,
     and v_proj's. Given k_cache, v_cache (num_slots, kvh, d) and slots (N,), k and v are also
-    written to those slots: TokenToKVPool.write in the same kernel."""
+    written to those slots: TokenToKVPool.write in the same kernel. head_norms: Qwen3's (q_norm,
+    k_norm), applied to each head before RoPE (Attention.head_norms)."""
     N = qkv.shape[0]
     q = qkv.new_empty(N, num_heads, head_dim)
     k, v = qkv.new_empty(2, N, num_kv_heads, head_dim)
     if cos.stride(-1) != 1 or sin.stride() != cos.stride():
         cos, sin = cos.contiguous(), sin.contiguous()
     write = slots is not None
+    q_norm, k_norm = head_norms or (None, None)
     if N:
         _split_rope_kernel[(N, num_heads + 2 * num_kv_heads)](
             qkv.contiguous(), cos, sin, cos.stride(0), q, k, v, slots if write else qkv, k_cache if write else qkv,
-            v_cache if write else qkv, NQ=num_heads, NKV=num_kv_heads, D=head_dim,
-            BLOCK=triton.next_power_of_2(head_dim), WRITE_KV=write)
+            v_cache if write else qkv, q_norm.weight if head_norms else qkv, k_norm.weight if head_norms else qkv,
+            q_norm.eps if head_norms else 0.0, NQ=num_heads, NKV=num_kv_heads, D=head_dim,
+            BLOCK=triton.next_power_of_2(head_dim), WRITE_KV=write, QK_NORM=head_norms is not None)
     return q, k, v
 
 
@@ -184,7 +196,8 @@ def _attention_forward(self: Attention, x, cos, sin, batch, kv, linear=F.linear)
 
     N = x.shape[0]
     q, k, v = split_rope(linear(x, self.qkv_weight, self.qkv_bias), cos, sin, self.num_heads, self.num_kv_heads,
-                         self.head_dim, kv.pool.k[self.layer_id], kv.pool.v[self.layer_id], batch.out_cache_loc)
+                         self.head_dim, kv.pool.k[self.layer_id], kv.pool.v[self.layer_id], batch.out_cache_loc,
+                         (self.q_norm, self.k_norm) if hasattr(self, "q_norm") else None)
     out = ATTENTION[kv.backend](q, k, v, batch, kv, self.layer_id)
     return linear(out.view(N, self.num_heads * self.head_dim), self.o_proj.weight, self.o_proj.bias)
 
@@ -255,22 +268,24 @@ def is_fused(model: nn.Module) -> bool:
     return "forward" in vars(model)
 
 
-def fuse(model: nn.Module) -> nn.Module:
+def fuse(model: nn.Module, positions: int | None = None) -> nn.Module:
     """Give every RMSNorm, Attention and MLP of `model`, and the model itself (a CausalLM or a
-    DraftHead), its fused forward (once; in place). RoPE tables cover the model's context, in its
-    dtype, on its device."""
+    DraftHead), its fused forward (once; in place). RoPE tables cover `positions` (default: the
+    model's context; a run gives the positions it reaches: Llama 3.1's 131072 would cost 64 MB a
+    model), in the model's dtype, on its device; a later call that reaches further grows them."""
     p = next(model.parameters())
+    positions = positions or model.config.max_position_embeddings
     for m in model.modules():
+        if isinstance(m, RotaryEmbedding) and len(getattr(m, "cos_sin", ())) < positions:
+            every = torch.arange(positions, device=p.device)
+            m.cos_sin = torch.cat(RotaryEmbedding.forward(m, every, p.dtype), dim=1)  # (P, 2, d)
+            m.forward = types.MethodType(_rotary_forward, m)
         if "forward" in vars(m):
             continue
         if isinstance(m, CausalLM):
             m.forward = types.MethodType(_causal_lm_forward, m)
         elif isinstance(m, DraftHead):
             m.forward = types.MethodType(_draft_head_forward, m)
-        elif isinstance(m, RotaryEmbedding):
-            positions = torch.arange(model.config.max_position_embeddings, device=p.device)
-            m.cos_sin = torch.cat(RotaryEmbedding.forward(m, positions, p.dtype), dim=1)  # (P, 2, d)
-            m.forward = types.MethodType(_rotary_forward, m)
         elif isinstance(m, RMSNorm):
             m.forward = types.MethodType(_rms_norm_forward, m)
         elif isinstance(m, Attention):

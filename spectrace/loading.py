@@ -1,0 +1,132 @@
+"""A run's models (the application layer): found by directory or hub name, checked to fit the device
+before a byte is read, loaded with a progress bar, the drafter in its checkpoint's format.
+
+Memory follows SGLang's `--mem-fraction-static`: the static memory (weights, then the KV caches)
+may fill that fraction of the device, less what other programs already hold on it:
+    room = free now - (1 - fraction) * total
+checked once for the weights (their sizes read from the files' headers, in the run's dtype)
+before loading, and once for the KV caches after it. On a CPU, free is the kernel's
+MemAvailable and total its MemTotal.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from spectrace.algos import ALGOS
+from spectrace.core.checkpoint import read_weight_file, weight_files, weights_digest
+from spectrace.core.drafters.dflash import load_dflash
+from spectrace.core.drafters.eagle import load_eagle
+from spectrace.core.drafters.eagle3 import load_eagle3
+from spectrace.core.drafters.frozen_kv_mtp import load_frozen_kv_mtp
+from spectrace.core.drafters.medusa import MedusaHeads, load_medusa
+from spectrace.core.drafters.mtp import load_mtp
+from spectrace.core.model import CausalLM, load_model
+from spectrace.errors import SpectraceError
+from spectrace.hub import model_dir
+from spectrace.tokenizer import Tokenizer, load_tokenizer
+
+Say = Callable[[str], None]
+# a loader per checkpoint format (algos.Algo.checkpoint): (path, target) -> the drafter's model
+HEAD_LOADERS = {"eagle": load_eagle, "eagle3": load_eagle3, "mtp": load_mtp, "frozen_kv_mtp": load_frozen_kv_mtp,
+                "medusa": load_medusa, "dflash": load_dflash}
+
+
+def find_model(name: str, flag: str) -> str:
+    """The model directory `name` gives: a directory, or a hub name from the local cache."""
+    path = model_dir(name, flag)
+    if not Path(path).is_dir():
+        what = "a file, not a model directory" if Path(path).exists() else "no such directory"
+        raise SpectraceError(f"{flag} {name}: {what}")
+    if not (Path(path) / "config.json").is_file():
+        raise SpectraceError(f"{flag} {name}: not a Hugging Face model directory (no config.json)")
+    return path
+
+
+def _meminfo(field: str) -> int:
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
+
+
+def room(device: str, fraction: float) -> int:
+    """Bytes the run may still take on `device`: free now, less (1 - fraction) of the total."""
+    if device.startswith("cuda"):
+        free, total = torch.cuda.mem_get_info(torch.device(device))
+    else:
+        try:
+            free, total = _meminfo("MemAvailable"), _meminfo("MemTotal")
+        except (OSError, StopIteration, ValueError):
+            free = total = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return int(free - (1 - fraction) * total)
+
+
+def check_fits(need: int, device: str, fraction: float, what: str) -> None:
+    """One line when `need` bytes do not fit in the room `--mem-fraction-static` leaves."""
+    have = room(device, fraction)
+    if need > have:
+        raise SpectraceError(f"{what} would need {need / 2**30:.1f} GiB on {device}, where "
+                             f"{max(have, 0) / 2**30:.1f} GiB is free within --mem-fraction-static {fraction}")
+
+
+def weight_bytes(path: str, dtype: torch.dtype) -> int:
+    """Bytes a checkpoint's weights take once loaded in `dtype`, from its files' headers alone."""
+    try:
+        files = weight_files(Path(path))
+    except SpectraceError:  # Medusa's medusa_lm_head.safetensors
+        files = sorted(Path(path).glob("*.safetensors"))
+    try:
+        return sum(s.nbytes(dtype) for f in files for s in read_weight_file(f).values())
+    except Exception:  # noqa: BLE001 -- an unreadable file: its loader says what is wrong with it
+        return 0
+
+
+def progress_bar(say: Say | None, what: str) -> Callable[[int, int], None] | None:
+    """load_model's progress callback drawing `what`'s bar on the status line, a step a percent."""
+    if say is None:
+        return None
+    shown = [-1]
+
+    def report(done: int, total: int) -> None:
+        percent = done * 100 // max(total, 1)
+        if percent != shown[0]:
+            shown[0] = percent
+            bar = "#" * (percent // 5) + "." * (20 - percent // 5)
+            say(f"loading {what}: [{bar}] {percent:3d}% of {total / 2**30:.2f} GiB")
+    return report
+
+
+def load_draft_lm(path: str, target: CausalLM, tok: Tokenizer, dtype, device) -> CausalLM:
+    """A standalone draft LM, which must share the target's vocabulary token for token."""
+    draft = load_model(path, dtype, device)
+    tv, dv = target.config.vocab_size, draft.config.vocab_size
+    if tv != dv:
+        raise SpectraceError(f"draft vocabulary ({dv} tokens) differs from the target's ({tv})")
+    if (Path(path) / "tokenizer.json").is_file() and load_tokenizer(path).vocab != tok.vocab:
+        raise SpectraceError("draft tokenizer differs from the target's: same size, other tokens")
+    return draft
+
+
+def load_drafter_model(algo: str, path: str, target: CausalLM, tok: Tokenizer, dtype, device):
+    """The draft LM (standalone) or the draft head that reads target features (the others), on the
+    target's device in its dtype."""
+    fmt = ALGOS[algo].checkpoint
+    if fmt == "lm":
+        return load_draft_lm(path, target, tok, dtype, device)
+    return HEAD_LOADERS[fmt](path, target)
+
+
+def model_identity(path: str, model, name: str | None = None) -> dict:
+    """What a trace records of a model: its directory (and the hub name it was asked by), weights'
+    digest, class and shape."""
+    ident = {"path": str(path), "weights_sha256": weights_digest(Path(path)), "class": type(model).__name__,
+             "params": sum(p.numel() for p in model.parameters()), "dtype": str(next(model.parameters()).dtype)}
+    if name is not None and name != str(path):
+        ident["hub_name"] = name
+    if isinstance(model, MedusaHeads):  # no transformer layers: heads over the target's hidden state
+        return {**ident, "model_type": "medusa", "heads": model.num_heads, "layers_per_head": model.num_layers}
+    c = model.config
+    return {**ident, "model_type": c.model_type, "layers": len(model.layers), "hidden_size": c.hidden_size,
+            "vocab_size": c.vocab_size}
