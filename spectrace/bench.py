@@ -36,11 +36,12 @@ def _silent(message: str | None) -> None:
     """The default Progress: no status line (tests, and callers that print their own)."""
 
 
-def best_run(config: Config, repeat: int, **kw) -> RunResult:
-    """The fastest of `repeat` timed runs, after one that warms up."""
+def best_run(config: Config, repeat: int, loaded: dict | None = None, **kw) -> RunResult:
+    """The fastest of `repeat` timed runs, after one that warms up; loaded: the table's models,
+    loaded once (an 8B model takes seconds to load; a run's time does not count it)."""
     best = None
     for rep in range(repeat + 1):
-        res = run(config(**kw))
+        res = run(config(**kw), loaded=loaded)
         if rep and (best is None or res.metrics["wall_s"] < best.metrics["wall_s"]):
             best = res
     return best
@@ -66,16 +67,16 @@ def algos_table(config: Config, algos: list[str], prompts: list[str], repeat: in
     print(f"{'algo':<20} {'steps,topk,n':>12} {'tokens/s':>9} {'tau':>6} {'alpha':>6} {'verify_ct':>9} "
           f"{'draft ms':>8} {'verify ms':>9} {'other ms':>8} {'r':>6} {'tau/(1+r)':>9} {'step model':>10} "
           f"{'realised':>8}" + (f" {'recording':>9}" if recording else ""))
-    outputs, none_tps, c_ar = {}, None, None
+    outputs, none_tps, c_ar, loaded = {}, None, None, {}
     for algo in algos:
         tokens = wall = verify = correct = proposed = steps = traced_wall = 0
         phase_ms = Counter()
         outputs[algo] = []
         for i, prompt in enumerate(prompts):
             progress(f"bench: {algo}, prompt {i + 1} of {len(prompts)}")
-            res = best_run(config, repeat, algo=algo, prompts=[prompt], batch=None, trace=None)
+            res = best_run(config, repeat, loaded, algo=algo, prompts=[prompt], batch=None, trace=None)
             if recording:
-                traced_wall += best_run(config, repeat, algo=algo, prompts=[prompt], batch=None,
+                traced_wall += best_run(config, repeat, loaded, algo=algo, prompts=[prompt], batch=None,
                                         trace=f"runs/bench/{algo}-{i}.jsonl", trace_level=record_level).metrics["wall_s"]
             outputs[algo].append(res.requests[0].output_ids)
             m = res.metrics
@@ -181,12 +182,12 @@ def batch_table(config: Config, algos: list[str], prompts: list[str], batch_size
                     for a in algos[1:]]
     names = [a + (" policy" if over else "") for a, over in columns]
     print(f"{'batch':>5} {'none tok/s':>10}" + "".join(f" | {n + ' tok/s':>19} {'tau':>6} {'speed-up':>8}" for n in names))
-    table = {}
+    table, loaded = {}, {}
     for bs in batch_sizes:
         row = {}
         for name, (algo, over) in zip(["none"] + names, [("none", {})] + columns):
             progress(f"bench: batch {bs}, {name}")
-            runs = [best_run(config, repeat, algo=algo, prompts=group, batch=bs, trace=None, **over)
+            runs = [best_run(config, repeat, loaded, algo=algo, prompts=group, batch=bs, trace=None, **over)
                     for group in batch_runs(prompts, bs)]
             tokens = sum(r.metrics["completion_tokens"] for r in runs)
             drafted = runs[0].spec.algo != "none"

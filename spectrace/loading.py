@@ -118,6 +118,28 @@ def load_drafter_model(algo: str, path: str, target: CausalLM, tok: Tokenizer, d
     return HEAD_LOADERS[fmt](path, target)
 
 
+def load_models(target_path: str, draft_path: str | None, algo: str, tok: Tokenizer, dtype: torch.dtype, device: str,
+                backend: str, fraction: float, say: Say | None = None, loaded: dict | None = None):
+    """(target, drafter model or None) of a run, each checked to fit before it loads. loaded: models
+    kept from earlier runs of the process, by where they load from and how they run (the fast
+    engine fuses a model's layers in place, so a backend keeps its own)."""
+    loaded = {} if loaded is None else loaded
+    key = (target_path, dtype, device, backend)
+    draft_key = (*key, ALGOS[algo].checkpoint, draft_path)
+    need = (weight_bytes(target_path, dtype) if key not in loaded else 0) + \
+        (weight_bytes(draft_path, dtype) if draft_path and draft_key not in loaded else 0)
+    check_fits(need, device, fraction, f"the weights in {str(dtype)[6:]}")
+    if key not in loaded:
+        if say:
+            say("loading the target")
+        loaded[key] = load_model(target_path, dtype, device, progress_bar(say, "the target"))
+    if draft_path and draft_key not in loaded:
+        if say:
+            say("loading the draft model")
+        loaded[draft_key] = load_drafter_model(algo, draft_path, loaded[key], tok, dtype, device)
+    return loaded[key], loaded[draft_key] if draft_path else None
+
+
 def model_identity(path: str, model, name: str | None = None) -> dict:
     """What a trace records of a model: its directory (and the hub name it was asked by), weights'
     digest, class and shape."""

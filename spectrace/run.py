@@ -27,13 +27,13 @@ from spectrace.core.config import read_config_json
 from spectrace.core.drafters.medusa import DEFAULT_CHOICES, MC_SIM_7B_63, MedusaTree, load_choices
 from spectrace.core.drafters.ngram import NgramConfig
 from spectrace.core.engine import Request, SpecConfig
-from spectrace.core.model import CausalLM, load_model
+from spectrace.core.model import CausalLM
 from spectrace.core.ngram.trie import TrieConfig
 from spectrace.core.probs import UNSEALED, ProbsRecorder, seal, sidecar_path
 from spectrace.core.trace import SCHEMA, TraceError, TraceWriter
 from spectrace.engines import build_engine, context, kv_bytes, lookahead
 from spectrace.errors import Interrupted, SpectraceError
-from spectrace.loading import check_fits, find_model, load_drafter_model, model_identity, progress_bar, weight_bytes
+from spectrace.loading import check_fits, find_model, load_models, model_identity
 from spectrace.tokenizer import Tokenizer, load_tokenizer
 from spectrace.zoo import MODELS_DIR, TARGET_DIR
 from spectrace.zoo.prompts import HELD_OUT_PROMPTS
@@ -157,6 +157,7 @@ class RunResult:
     trace_path: Path | None  # None at --trace-level off
     spec: SpecConfig
     policy: str | None = None  # with --batch-policy: what it chose, e.g. "batch 64: drafting off"
+    load_s: float = 0.0  # seconds the models took to load (0 when they came from `loaded`)
 
 
 # ---- options ---------------------------------------------------------------------------------
@@ -253,9 +254,12 @@ def choose_threads(target: CausalLM, device: str) -> int:
 
 # ---- the run ---------------------------------------------------------------------------------
 
-def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = None, probe=None) -> RunResult:
+def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = None, probe=None,
+        loaded: dict | None = None) -> RunResult:
     """on_step(record) sees every step record as it is made; progress(message) hears what the
-    run is doing (loading, generating) before it is done; probe: bench --profile's PhaseProbe."""
+    run is doing (loading, generating) before it is done; probe: bench --profile's PhaseProbe;
+    loaded: models kept between runs of one process (bench's runs of an 8B model), by where they
+    load from and how they run."""
     cfg.check()
     asked, cfg = cfg, batch_policy.apply(cfg, len(resolve_prompts(cfg.prompts, cfg.batch)))
     cfg = replace(cfg, target_model=find_model(cfg.target_model, "--target-model"),
@@ -276,13 +280,10 @@ def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = N
     probs = ProbsRecorder(sidecar_path(trace_path)) if cfg.record_probs else None
     header_written, say = False, progress or (lambda m: None)
     try:
-        dtype = cfg.torch_dtype
-        check_fits(weight_bytes(cfg.target_model, dtype) + (weight_bytes(cfg.draft_path, dtype) if cfg.draft_path else 0),
-                   cfg.device, cfg.mem_fraction_static, f"the weights in {str(dtype)[6:]}")
-        say("loading the target")
-        target = load_model(cfg.target_model, dtype, cfg.device, progress_bar(progress, "the target"))
-        say("loading the draft model")
-        draft = load_drafter_model(cfg.algo, cfg.draft_path, target, tok, dtype, cfg.device) if cfg.draft_path else None
+        t0 = time.perf_counter()
+        target, draft = load_models(cfg.target_model, cfg.draft_path, cfg.algo, tok, cfg.torch_dtype, cfg.device,
+                                    cfg.backend, cfg.mem_fraction_static, progress, loaded)
+        load_s = time.perf_counter() - t0
         ids = encode_prompts(tok, prompts, cfg.raw_prompt)
         check_fits(kv_bytes(target, draft, spec, ids), cfg.device, cfg.mem_fraction_static,
                    f"--batch {len(prompts)}: the KV caches")
@@ -300,7 +301,7 @@ def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = N
         reqs, metrics = engine.generate(ids)
         texts = [tok.decode(r.output_ids) for r in reqs]
         if writer is None:
-            return RunResult(reqs, texts, metrics, None, spec, batch_policy.choice(asked, len(prompts)))
+            return RunResult(reqs, texts, metrics, None, spec, batch_policy.choice(asked, len(prompts)), load_s)
         writer.write({"kind": "summary", "metrics": metrics, "requests": [
             {"request": r.req_pool_idx, "prompt_ids": r.prompt_ids, "output_ids": r.output_ids,
              "prompt_text": prompts[r.req_pool_idx], "output_text": texts[r.req_pool_idx],
@@ -316,7 +317,7 @@ def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = N
                 writer.discard()
             elif probs is not None and not writer.failed:  # also when interrupted: the steps recorded so far
                 seal(trace_path, probs.save())
-    return RunResult(reqs, texts, metrics, trace_path, spec, batch_policy.choice(asked, len(prompts)))
+    return RunResult(reqs, texts, metrics, trace_path, spec, batch_policy.choice(asked, len(prompts)), load_s)
 
 
 def check_topk(spec: SpecConfig, target: CausalLM, draft) -> None:

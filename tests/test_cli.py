@@ -292,13 +292,13 @@ def test_a_trace_that_stops_fitting_ends_at_its_last_whole_step(tmp_path):
 
 @pytest.mark.parametrize("when", ["loading", "generating"])
 def test_ctrl_c_says_where_the_finished_steps_are_only_when_there_are_some(capsys, monkeypatch, tmp_path, when):
-    import spectrace.run
+    import spectrace.loading
     from spectrace.core.engine import Engine
 
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(*((spectrace.run, "load_model") if when == "loading" else (Engine, "generate")), interrupt)
+    monkeypatch.setattr(*((spectrace.loading, "load_model") if when == "loading" else (Engine, "generate")), interrupt)
     trace = tmp_path / "t.jsonl"
     code, _, err = _run(capsys, "run", "--algo", "eagle", "--no-tui", "--trace", str(trace))
     assert code == 130 and len(err.strip().splitlines()) == 1

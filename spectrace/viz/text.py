@@ -39,5 +39,7 @@ def run_summary(result, algo: str, backend: str = "explicit") -> str:
         out.append(shown(text, newline="\n"))  # generated text is untrusted: no control character reaches the terminal
     out.append("---")
     out += metrics_lines(result.metrics, algo)
+    if getattr(result, "load_s", 0):
+        out.append(f"models loaded in {result.load_s:.2f} s")
     out.append(f"trace: {result.trace_path}" if result.trace_path is not None else "trace: none (--trace-level off)")
     return "\n".join(out)

@@ -76,12 +76,12 @@ def shape_config(shape: str, tiny: bool, layers: int | None, vocab: int | None) 
 
 # ---- the tokenizer -----------------------------------------------------------------------------
 
-LLAMA_CHAT = ("{{- bos_token }}<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
-              "Today Date: 26 Jul 2024\n\n<|eot_id|>{%- for message in messages %}<|start_header_id|>"
-              "{{ message['role'] }}<|end_header_id|>\n\n{{ message['content'] | trim }}<|eot_id|>{%- endfor %}"
-              "{%- if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{%- endif %}")
-QWEN_CHAT = ("{%- for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-             "{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}")
+LLAMA_CHAT = ("{{- bos_token }}{{- '<|start_header_id|>system<|end_header_id|>\\n\\nCutting Knowledge Date: December "
+              "2023\\nToday Date: 26 Jul 2024\\n\\n<|eot_id|>' }}{%- for message in messages %}{{- '<|start_header_id|>' + "
+              "message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}{%- endfor %}"
+              "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}")
+QWEN_CHAT = ("{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+             "'<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
 
 
 def special_tokens(cfg: dict) -> list[str]:
