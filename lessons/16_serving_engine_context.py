@@ -33,7 +33,8 @@ from _lib import ROOT, run, show  # noqa: E402
 from spectrace.core.engine import Request
 from spectrace.core.trace import read_trace
 from spectrace.fast.graphs import BUCKETS, bucket
-from spectrace.run import RunConfig, build_engine, load_drafter_model, load_tokenizer, resolve
+from spectrace.loading import load_drafter_model
+from spectrace.run import RunConfig, build_engine, load_tokenizer, resolve
 from spectrace.core.model import load_model
 from spectrace.zoo.prompts import HELD_OUT_PROMPTS
 

@@ -141,9 +141,12 @@ class RunConfig:
 
     @property
     def draft_path(self) -> str | None:
-        """The drafter's directory: --draft-model, else the algorithm's embedded drafter."""
-        embedded = ALGOS[self.algo].embedded if self.algo in ALGOS else None  # SpecConfig names a bad algo
-        return self.draft_model or (str(MODELS_DIR / embedded) if embedded else None)
+        """The drafter's directory: --draft-model, else the algorithm's embedded drafter; None for an
+        algorithm that drafts without a model (bench's `none` row beside a --draft-model)."""
+        algo = ALGOS.get(self.algo)  # SpecConfig names a bad algo
+        if algo is None or algo.checkpoint is None:
+            return None
+        return self.draft_model or str(MODELS_DIR / algo.embedded)
 
 
 RUN_FIELDS = {f.name for f in fields(RunConfig)}

@@ -47,8 +47,11 @@ def target_dir(families, family):
     return families[family] if family == "qwen2" else families[family] / "target"
 
 
+ON_CPU = pytest.mark.skipif(torch.cuda.is_available(), reason="tests/test_gpu.py runs the fast engine compiled")
+
+
 @pytest.mark.parametrize("family, fused", [(f, False) for f in ("llama3", "llama3-tied", "qwen2", "qwen3", "mistral")]
-                         + [("llama3", True), ("qwen3", True)])
+                         + [pytest.param("llama3", True, marks=ON_CPU), pytest.param("qwen3", True, marks=ON_CPU)])
 def test_logits_equal_transformers(families, family, fused):
     """fp32 prefill (inside Mistral's window of 48): logits and every layer's input equal
     transformers'; `fused`: the fast engine's layers (kernels/fused.py, interpreted here: llama3's
@@ -79,8 +82,8 @@ def hf_greedy(path, prompt_ids, n):
     return out[0, len(prompt_ids):].tolist()
 
 
-@pytest.mark.parametrize("family, backend", [("llama3", "explicit"), ("llama3-tied", "explicit"),
-                                             ("qwen3", "explicit"), ("mistral", "explicit"), ("qwen3", "fast")])
+@pytest.mark.parametrize("family, backend", [("llama3", "explicit"), ("llama3-tied", "explicit"), ("qwen3", "explicit"),
+                                             ("mistral", "explicit"), pytest.param("qwen3", "fast", marks=ON_CPU)])
 def test_greedy_tokens_equal_transformers_generate(families, family, backend):
     """Plain decoding, 12 tokens: the ids of transformers' greedy generate from the same prompt ids
     (the fast engine interpreted on the CPU)."""
