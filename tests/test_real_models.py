@@ -244,6 +244,9 @@ def test_hub_names_resolve_from_the_local_cache_only(families, tmp_path, monkeyp
     header = json.loads(trace.read_text().splitlines()[0])
     assert header["models"]["target"]["path"] == str(snapshot)
     assert header["models"]["target"]["hub_name"] == "meta-llama/Llama-3.1-8B-Instruct"
+    spec = json.dumps({"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", "num_speculative_tokens": 3})
+    assert main(["run", "--speculative-config", spec, "--target-model", "meta-llama/Llama-3.1-8B-Instruct", "--no-tui",
+                 "--max-new-tokens", "4", "--trace-level", "off"]) == 0  # vLLM's spelling of the draft model
     capsys.readouterr()
     assert main(["run", "--target-model", "Qwen/Qwen3-8B", "--algo", "none", "--no-tui"]) == 2
     err = capsys.readouterr().err
