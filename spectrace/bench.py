@@ -26,7 +26,8 @@ import torch
 
 from spectrace.core.metrics import predicted_speedup
 from spectrace.errors import SpectraceError
-from spectrace.run import RunConfig, RunResult, load_tokenizer, resolve, run
+from spectrace.loading import find_model
+from spectrace.run import RunConfig, RunResult, encode_prompts, load_tokenizer, resolve, run
 
 Config = Callable[..., RunConfig]
 Progress = Callable[[str | None], None]  # a status line: a message, or None to clear it before a row prints
@@ -121,9 +122,10 @@ def hf_table(config: Config, prompts: list[str], repeat: int,
     cfg = config(algo="standalone", prompts=prompts[:1], batch=None, trace=None)
     cfg.check()
     dtype = cfg.torch_dtype
-    tok = load_tokenizer(cfg.target_model)
-    target = LlamaForCausalLM.from_pretrained(cfg.target_model, dtype=dtype).to(cfg.device).eval()
-    draft = LlamaForCausalLM.from_pretrained(cfg.draft_path, dtype=dtype).to(cfg.device).eval()
+    target_dir, draft_dir = find_model(cfg.target_model, "--target-model"), find_model(cfg.draft_path, "--draft-model")
+    tok = load_tokenizer(target_dir)
+    target = LlamaForCausalLM.from_pretrained(target_dir, dtype=dtype).to(cfg.device).eval()
+    draft = LlamaForCausalLM.from_pretrained(draft_dir, dtype=dtype).to(cfg.device).eval()
     constant_4 = copy.deepcopy(draft.generation_config)
     constant_4.update(num_assistant_tokens=4, num_assistant_tokens_schedule="constant",
                       assistant_confidence_threshold=0.0)
@@ -139,7 +141,7 @@ def hf_table(config: Config, prompts: list[str], repeat: int,
         outputs[name] = []
         for i, prompt in enumerate(prompts):
             progress(f"bench: {name}, prompt {i + 1} of {len(prompts)}")
-            ids = torch.tensor([tok.encode(prompt)], device=cfg.device)
+            ids = torch.tensor(encode_prompts(tok, [prompt], cfg.raw_prompt), device=cfg.device)  # as the runs do
             best = None
             for rep in range(repeat + 1):
                 if cfg.device.startswith("cuda"):

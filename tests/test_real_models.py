@@ -257,3 +257,13 @@ def test_weights_that_cannot_fit_are_refused_before_loading(families):
     cfg = RunConfig(algo="none", target_model=str(families["llama3"] / "target"), mem_fraction_static=1e-6)
     with pytest.raises(SpectraceError, match=re.escape("the weights in float32 would need")):
         run(cfg)
+
+
+@pytest.mark.parametrize("draft, says", [("qwen3", "draft tokenizer differs from the target's: same size, other tokens"),
+                                         ("embedded", r"draft vocabulary \(4096 tokens\) differs from the target's \(1024\)")])
+def test_a_draft_lm_of_another_tokenizer_is_refused(families, draft, says):
+    from spectrace.zoo import DRAFT_DIR
+
+    path = DRAFT_DIR if draft == "embedded" else families[draft] / "target"
+    with pytest.raises(SpectraceError, match=says):
+        run(RunConfig(algo="standalone", target_model=str(families["llama3"] / "target"), draft_model=str(path)))
