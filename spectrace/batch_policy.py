@@ -73,15 +73,15 @@ def parse_policy(text: str, device: str = "cuda") -> BatchPolicy:
     return BatchPolicy(table)
 
 
-def check_shape(key: str, value) -> Shape:
+def check_shape(key: str, value, where: str = "--batch-policy: batch") -> Shape:
     """A shape as SpecConfig accepts it: steps and topk from 1, a tree of 2 to 1 + tree_capacity
-    nodes, a chain (topk 1) of num_steps + 1."""
+    nodes, a chain (topk 1) of num_steps + 1. `where` begins the error line."""
     if not (isinstance(value, list) and len(value) == 3 and all(type(v) is int and v >= 1 for v in value)):
-        raise SpectraceError(f'--batch-policy: batch {key} needs [num_steps, topk, num_draft_tokens] or "off", '
+        raise SpectraceError(f'{where} {key} needs [num_steps, topk, num_draft_tokens] or "off", '
                              f"got {json.dumps(value)}")
     steps, topk, n = value
     if not 2 <= n <= 1 + tree_capacity(topk, steps) or (topk == 1 and n != steps + 1):
-        raise SpectraceError(f"--batch-policy: batch {key}: {n} draft tokens do not fit a tree of {steps} steps "
+        raise SpectraceError(f"{where} {key}: {n} draft tokens do not fit a tree of {steps} steps "
                              f"and topk {topk} (2 to {1 + tree_capacity(topk, steps)}; a chain takes num_steps + 1)")
     return steps, topk, n
 

@@ -264,7 +264,7 @@ def fast_forward_ms(model, kv_len: int, bs: int, rows: int, repeat: int) -> floa
 
 
 def shape_table(config: Config, shape: str, batch_sizes: list[int], repeat: int, kv_len: int = 1024,
-                tau: float | None = None) -> dict[int, dict[str, float]]:
+                tau: float | None = None, prompts: list[str] | None = None) -> dict[int, dict[str, float]]:
     """A *predicted* speed-up by batch size at a real model shape: the phase costs measured at
     that shape with random weights, the acceptance measured on the embedded pair. An EAGLE step
     (num_steps S, topk K, n verify tokens) costs a draft loop (one row per request, then S-1
@@ -278,10 +278,10 @@ def shape_table(config: Config, shape: str, batch_sizes: list[int], repeat: int,
         raise SpectraceError(f"unknown --target-shape {shape!r} (choose from {', '.join(TARGET_SHAPES)})")
     cfg = config(algo="eagle", prompts=[], batch=None, trace=None)
     cfg.check()
-    if tau is None:  # acceptance of the embedded pair at the same tree shape, batch 1, the held-out prompts
+    if tau is None:  # acceptance of the embedded pair at the same tree shape, batch 1, the prompts
         from spectrace.zoo.prompts import HELD_OUT_PROMPTS
         tokens = verify = 0
-        for prompt in HELD_OUT_PROMPTS:
+        for prompt in prompts or HELD_OUT_PROMPTS:
             m = run(config(algo="eagle", prompts=[prompt], batch=None, trace=None, trace_level="off")).metrics
             tokens, verify = tokens + m["completion_tokens"], verify + m["verify_ct"]
         tau = tokens / verify

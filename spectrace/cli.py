@@ -7,9 +7,7 @@
     spectrace export TRACE -o run.json            the run's phases for Perfetto (or --format csv)
     spectrace rejudge TRACE --acceptance RULE -o NEW.jsonl
                                                   a --record-probs trace's steps judged again
-    spectrace bench                               tokens/s and tau on the held-out prompts
-    spectrace bench --batch-sizes 1 2 4 8         the same at each batch size, with speed-ups over none
-    spectrace bench kernels --device cuda         each Triton twin against the explicit path
+    spectrace bench, spectrace tune               measuring: cli_measure.py
 
 Every user error is one line on stderr and exit code 2.
 """
@@ -19,6 +17,7 @@ import argparse
 import sys
 
 from spectrace.algos import ALGOS
+from spectrace.cli_measure import add_measure_commands, cmd_bench, cmd_tune
 from spectrace.errors import Interrupted, SpectraceError
 from spectrace.progress import Progress
 
@@ -155,28 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="default: the recorded random numbers where the rule draws the same kind, else "
                               "fresh ones from the recorded seed; another seed: fresh ones")
     rejudge.add_argument("-o", "--out", required=True, metavar="NEW.jsonl")
-    bench = sub.add_parser("bench", help="tokens/s and tau of algorithms on the held-out prompts, "
-                                         "or (bench kernels) the Triton twins against the explicit path")
-    bench.add_argument("what", nargs="?", choices=["algos", "kernels"], default="algos")
-    _add_run_options(bench)
-    bench.add_argument("--algos", nargs="+", default=["none", "standalone"], choices=list(ALGOS), metavar="ALGO",
-                       help=f"algorithms to compare: {', '.join(ALGOS)}")
-    bench.add_argument("--repeat", type=int, default=3, help="timed repetitions (best is reported)")
-    bench.add_argument("--compare-hf", dest="compare_hf", action="store_true",
-                       help="also transformers' generate, assisted generation and prompt lookup on the same prompts")
-    bench.add_argument("--target-shape", dest="target_shape", metavar="NAME",
-                       help="llama-3.2-1b, llama-3.1-8b or embedded: with --batch-sizes, eagle's predicted "
-                            "speed-up at that model's shape (random weights, costs only) from the embedded pair's tau")
-    bench.add_argument("--batch-sizes", dest="batch_sizes", type=int, nargs="+", default=None, metavar="B",
-                       help="the batch-scaling lab: each algorithm and none at each batch size (prompts cycled)")
-    bench.add_argument("--prompt-set", dest="prompt_set", choices=["heldout", "repeating"], default="heldout",
-                       help="heldout: the 8 held-out prompts; repeating: code that repeats itself (n-gram's case)")
-    bench.add_argument("--profile", action="store_true",
-                       help="kernels per step, phase by phase, and the most frequent ones (--backend fast): measured "
-                            "with torch.profiler on a GPU, counted as the code runs interpreted on a CPU")
-    bench.add_argument("--json", metavar="FILE", help="with --profile: write its numbers to FILE as JSON")
-    # speed rows time runs without a trace; --trace-level full or steps adds a column: what recording costs
-    bench.set_defaults(trace_level="off")
+    add_measure_commands(sub, _add_run_options)
     return ap
 
 
@@ -223,7 +201,7 @@ def _check_supported(args) -> None:
               file=sys.stderr)
     from spectrace.run import RunConfig
 
-    algos = args.algos if args.command == "bench" else [args.algo or RunConfig.algo]
+    algos = args.algos if args.command in ("bench", "tune") else [args.algo or RunConfig.algo]
     for flags, algo, what, others in ALGORITHM_OPTIONS:  # refused where no algorithm reads them, as SGLang refuses
         named = sorted(flag for flag in args.given if flag in flags)  # mismatched flags
         if named and not any(algo(a) for a in algos):
@@ -360,72 +338,6 @@ def cmd_rejudge(args) -> int:
     return 0
 
 
-def cmd_bench(args) -> int:
-    """spectrace/bench.py: each prompt of the set alone (batch 1), or every batch size of
-    --batch-sizes; best wall time of --repeat runs. `bench kernels`: spectrace/bench_kernels.py."""
-    if args.repeat < 1:
-        raise UsageError(f"--repeat must be at least 1, got {args.repeat}")
-    if args.what == "kernels":
-        from spectrace.kernels import require
-        require(args.device)
-        from spectrace.bench_kernels import bench_kernels
-        if args.device.startswith("cuda"):
-            bench_kernels(args.device)
-        else:  # interpreted: small shapes, to see the table work, not to measure
-            bench_kernels(args.device, batch_sizes=(1, 8), vocabs=(4096,), prefix=256, layers=4)
-        return 0
-    if args.batch_sizes and min(args.batch_sizes) < 1:
-        raise UsageError(f"--batch-sizes must each be at least 1, not {min(args.batch_sizes)}")
-    if args.json and not args.profile:
-        raise UsageError("--json writes --profile's numbers: add --profile")
-    if args.profile and args.backend != "fast":
-        raise UsageError("--profile counts the fast engine's kernels: add --backend fast")
-    from spectrace import bench
-    from spectrace.zoo.prompts import HELD_OUT_PROMPTS, REPEATING_PROMPTS
-
-    prompts = REPEATING_PROMPTS if args.prompt_set == "repeating" else HELD_OUT_PROMPTS
-    batches = f"batch sizes {' '.join(map(str, args.batch_sizes))}" if args.batch_sizes else "batch 1"
-    recording = f" (recording cost: --trace-level {args.trace_level})" if args.trace_level != "off" else ""
-    sampling = (f"temperature {args.temperature}, acceptance {args.acceptance or 'target_only'}, seed {args.seed}"
-                if args.temperature else "greedy")
-    print(f"{'held-out' if args.prompt_set == 'heldout' else 'repeating-code'} prompts: {len(prompts)}, max_new_tokens "
-          f"{args.max_new_tokens}, device {args.device}, backend {args.backend}, timed without a trace{recording}, "
-          f"{batches}, {sampling}")
-
-    record_level, args.trace_level = args.trace_level, "off"  # every speed row runs untraced
-    policy, args.batch_policy = args.batch_policy, None  # a column of its own beside the fixed shapes
-    if policy is not None and not args.batch_sizes:
-        raise UsageError("--batch-policy adds a column to the batch lab: add --batch-sizes")
-
-    def config(**over):
-        return _run_config(args, **over)
-    if args.profile:
-        from spectrace.bench_profile import profile_table
-        profile_table(config, args.algos, prompts, args.device, args.json, Progress(0).say)
-        return 0
-    if args.target_shape:
-        bench.shape_table(config, args.target_shape, args.batch_sizes or [1], args.repeat)
-        return 0
-    if args.batch_sizes:
-        bench.batch_table(config, args.algos, prompts, args.batch_sizes, args.repeat, Progress(0).say, policy)
-        return 0
-    progress = Progress(0).say  # prompts x algorithms on stderr, when it is a terminal
-    hf = bench.hf_table(config, prompts, args.repeat, progress) if args.compare_hf else None
-    tables = {}
-    if hf and args.backend != "explicit":  # the reference engine beside the kernels, in the same run
-        print("spectrace, --backend explicit:")
-        tables["explicit"] = bench.algos_table(lambda **o: _run_config(args, **{"backend": "explicit", **o}),
-                                               args.algos, prompts, args.repeat, progress, record_level)
-        print(f"spectrace, --backend {args.backend}:")
-    tables[args.backend] = bench.algos_table(config, args.algos, prompts, args.repeat, progress, record_level)
-    if hf:
-        for backend, ours in tables.items():
-            for algo, outs in ours.items():
-                same = sum(a == b for a, b in zip(outs, hf["hf generate"]))
-                print(f"spectrace {algo} ({backend}): same tokens as hf generate on {same} of {len(prompts)} prompts")
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     from spectrace.core.trace import TraceError
 
@@ -435,8 +347,10 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "speculative_config", None) is not None:
             _apply_speculative_config(args)
         _check_supported(args)
-        return {"run": cmd_run, "bench": cmd_bench, "replay": cmd_replay, "render": cmd_render,
-                "export": cmd_export, "rejudge": cmd_rejudge}[args.command](args)
+        if args.command in ("bench", "tune"):
+            return (cmd_bench if args.command == "bench" else cmd_tune)(args, _run_config)
+        return {"run": cmd_run, "replay": cmd_replay, "render": cmd_render, "export": cmd_export,
+                "rejudge": cmd_rejudge}[args.command](args)
     except (UsageError, SpectraceError, TraceError) as e:
         print(f"spectrace: error: {e}", file=sys.stderr)
         return 2

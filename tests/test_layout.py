@@ -52,6 +52,7 @@ def imported(tree: ast.AST) -> set[str]:
 
 
 APP = ("spectrace.cli", "spectrace.run", "spectrace.engines", "spectrace.bench", "spectrace.rejudge", "spectrace.loading",
+       "spectrace.cli_measure", "spectrace.tune",
        "spectrace.tokenizer", "spectrace.hub")
 
 

@@ -211,7 +211,6 @@ class Engine:
                 n = len(row.candidates)
                 self.kv.commit(row.req.req_pool_idx, 0, n, list(range(n)))
                 self.append(row.req, [self.next_token(logits[b], row.req.gen)])
-                self.metrics.observe_prefill(row.req.req_pool_idx)
         live = [row for row in rows if not row.req.finish_reason]
         if self.drafter is not None and live:
             with self.phase("extend", live, timing):
@@ -219,6 +218,7 @@ class Engine:
                                                         features[row.first_row:row.first_row + len(row.candidates)])
                                                        for row in live])
         for row in rows:
+            self.metrics.observe_prefill(row.req.req_pool_idx, sum(timing.values()))
             rec = prefill_record(row, row.req.output_ids[0], self.kv_record(row), timing)
             if self.trace:
                 self.trace.write(rec, row.req.prompt_ids + row.req.output_ids)

@@ -36,9 +36,12 @@ class SpecMetrics:
         self.accepted_per_pos = [0] * num_steps
         self.phase_ms: dict[str, float] = defaultdict(float)  # summed over decode steps
         self.timed_steps: set[int] = set()
+        self.prefill_ms = 0.0
 
-    def observe_prefill(self, request: int) -> None:
+    def observe_prefill(self, request: int, ms: float = 0.0) -> None:
+        """A request's prefill, `ms` long (a batch's requests share theirs; 0: not timed)."""
         self.completion[request] += 1  # the first token comes from prefill
+        self.prefill_ms = ms
 
     def observe_step(self, rec: dict) -> None:
         drafted = rec["draft"] is not None
@@ -111,6 +114,7 @@ class SpecMetrics:
             "accept_length": completion / verify_ct if verify_ct else None,
             "accept_len_histogram": {str(k): v for k, v in sorted(self.accept_len_hist.items())},
             "decode_steps": len(self.timed_steps),
+            "prefill_ms": round(self.prefill_ms, 3),  # of wall_s: the rest is the decode steps
             "phase_ms": {k: round(v, 3) for k, v in self.phase_ms.items()},
             "vllm": vllm,
         }

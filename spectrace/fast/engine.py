@@ -155,7 +155,7 @@ class FastEngine:
         first, ms = self.roots.tolist(), round((time.perf_counter() - t0) * 1000, 3)
         for r, t in zip(reqs, first):
             append_tokens(r, [t], self.eos, self.spec.max_new_tokens)
-            self.metrics.observe_prefill(r.req_pool_idx)
+            self.metrics.observe_prefill(r.req_pool_idx, ms)
             if self.trace:
                 self.trace.write(self.recorder.prefill_record(r, t, ms), r.prompt_ids + r.output_ids)
         self.set_live(reqs)

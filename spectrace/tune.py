@@ -1,0 +1,106 @@
+"""`spectrace tune`: the batch policy (--batch-policy FILE) of one target, drafter and device, from
+measured acceptance and measured step costs.
+
+SGLang users pick (steps, topk, n) per batch size with a sweep script that runs every
+configuration end to end. Here the step model does the sweeping, from its two measured numbers:
+
+    tau(shape)         the accept length of each candidate shape on the prompts, all of them in one
+                       batch: greedy acceptance does not depend on what a request is batched with
+    C(shape, bs)       ms a decode step takes with bs requests, end to end (a run's wall time less
+                       its prefill, over its steps); C_AR(bs) plain decoding's
+    predicted(shape, bs) = tau(shape) * C_AR(bs) / C(shape, bs)
+                       tokens a step over a step's time, against plain decoding's one token a C_AR
+
+The best shape per batch size is kept where it predicts more than plain decoding, drafting off
+elsewhere; the policy is written, then each batch size runs plain and with its choice on every
+prompt (the prompts cycled to whole batches, as `bench --batch-sizes` runs them), so the printed
+table has the realised speed-up beside the predicted one.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+from spectrace.batch_policy import Shape, check_shape
+from spectrace.bench import batch_runs, best_run
+from spectrace.errors import SpectraceError
+from spectrace.run import run
+
+# chains of 1 to 7 steps and the trees SGLang users reach for (its Llama default (5, 4, 8) among them)
+DEFAULT_SHAPES: tuple[Shape, ...] = ((1, 1, 2), (2, 1, 3), (3, 1, 4), (5, 1, 6), (7, 1, 8), (4, 2, 6), (5, 4, 8),
+                                     (6, 8, 16))
+
+
+def parse_shapes(texts: list[str]) -> list[Shape]:
+    """--shapes 5,4,8 3,1,4 ...: each checked as a policy entry is."""
+    shapes = []
+    for text in texts:
+        try:
+            value = [int(v) for v in text.split(",")]
+        except ValueError:
+            raise SpectraceError(f"--shapes: {text!r} is not num_steps,topk,num_draft_tokens") from None
+        shapes.append(check_shape(text, value, "--shapes:"))
+    return shapes
+
+
+def shape_options(shape: Shape | None) -> dict:
+    steps, topk, n = shape or (None, None, None)
+    return dict(num_steps=steps, topk=topk, num_draft_tokens=n)
+
+
+def step_ms(config: Callable, algo: str, prompts: list[str], tokens: int, repeat: int, loaded: dict,
+            shape: Shape | None) -> float:
+    """ms a decode step of `prompts` in one batch takes: the wall time of the fastest of `repeat`
+    runs (after one that warms up) less its prefill, over its decode steps."""
+    m = best_run(config, repeat, loaded, algo=algo if shape else "none", prompts=prompts, batch=None, trace=None,
+                 max_new_tokens=tokens, **shape_options(shape)).metrics
+    return (m["wall_s"] * 1e3 - m["prefill_ms"]) / max(m["decode_steps"], 1)
+
+
+def realised(config: Callable, algo: str, prompts: list[str], bs: int, shape: Shape | None, loaded: dict) -> float:
+    """Tokens/s of every prompt in runs of `bs` requests (plain decoding where `shape` is None)."""
+    results = [run(config(algo=algo if shape else "none", prompts=group, batch=bs, trace=None, **shape_options(shape)),
+                   loaded=loaded) for group in batch_runs(prompts, bs)]
+    return sum(r.metrics["completion_tokens"] for r in results) / sum(r.metrics["wall_s"] for r in results)
+
+
+def tune(config: Callable, algo: str, batch_sizes: list[int], shapes, prompts: list[str], cost_tokens: int,
+         repeat: int, out: Path, progress: Callable[[str | None], None], what: str) -> dict:
+    """Prints tau per shape, the predicted speed-up of each shape at each batch size, the choice and
+    its realised speed-up; writes the policy to `out`. Returns {batch size: shape or None}."""
+    try:
+        out.write_text("")  # a path that cannot be written fails before minutes of measuring
+    except OSError as e:
+        raise SpectraceError(f"cannot write {out}: {e.strerror}") from None
+    loaded, taus = {}, {}
+    print(f"tune {algo}: {what}: {len(prompts)}, tau at max_new_tokens {config().max_new_tokens}, step costs from "
+          f"runs of {cost_tokens} new tokens, best of {repeat}")
+    for shape in shapes:
+        progress(f"tune: tau of {shape}")
+        m = run(config(algo=algo, prompts=prompts, batch=None, trace=None, **shape_options(shape)),
+                loaded=loaded).metrics
+        taus[shape] = m["completion_tokens"] / m["verify_ct"]
+    print("tau  " + "  ".join(f"{s[0]},{s[1]},{s[2]}: {taus[s]:.3f}" for s in shapes))
+    print(f"{'batch':>5} {'C_AR ms':>8} " + " ".join(f"{'%d,%d,%d' % s:>9}" for s in shapes) + "   (predicted speed-up)")
+    policy = {}
+    for bs in batch_sizes:
+        group = [prompts[i % len(prompts)] for i in range(bs)]
+        progress(f"tune: step costs at batch {bs}")
+        c_ar = step_ms(config, algo, group, cost_tokens, repeat, loaded, None)
+        predicted = {s: taus[s] * c_ar / step_ms(config, algo, group, cost_tokens, repeat, loaded, s) for s in shapes}
+        best = max(predicted, key=predicted.get)
+        policy[bs] = (best if predicted[best] > 1.0 else None, predicted[best])
+        progress(None)
+        print(f"{bs:>5} {c_ar:>8.3f} " + " ".join(f"{predicted[s]:>8.2f}x" for s in shapes))
+    out.write_text(json.dumps({str(bs): list(s) if s else "off" for bs, (s, _) in policy.items()}, indent=1) + "\n")
+    print(f"policy written to {out}; confirmed end to end on every prompt:")
+    print(f"{'batch':>5} {'choice':>8} {'tau':>6} {'predicted':>9} {'realised':>8}")
+    for bs, (shape, pred) in policy.items():
+        progress(f"tune: confirming batch {bs}")
+        plain = realised(config, algo, prompts, bs, None, loaded)
+        ratio = realised(config, algo, prompts, bs, shape, loaded) / plain if shape else 1.0
+        progress(None)
+        print(f"{bs:>5} {'%d,%d,%d' % shape if shape else 'off':>8} {taus[shape] if shape else 1.0:>6.3f} "
+              f"{pred if shape else 1.0:>8.2f}x {ratio:>7.2f}x")
+    return {bs: shape for bs, (shape, _) in policy.items()}
