@@ -8,8 +8,13 @@ configuration end to end. Here the step model does the sweeping, from its two me
                        batch: greedy acceptance does not depend on what a request is batched with
     C(shape, bs)       ms a decode step takes with bs requests, end to end (a run's wall time less
                        its prefill, over its steps); C_AR(bs) plain decoding's
-    predicted(shape, bs) = tau(shape) * C_AR(bs) / C(shape, bs)
-                       tokens a step over a step's time, against plain decoding's one token a C_AR
+    predicted(shape, bs) = plain steps * C_AR(bs) / (speculative steps * C(shape, bs))
+                       over the batches of bs requests the prompts make: a static batch steps until
+                       its slowest request is done, so a batch takes as many verify steps as its
+                       request that needed the most (each request's count from the tau run), where
+                       plain decoding takes one a token. At batch 1 this is tau * C_AR / C; in a
+                       batch a request that accepts little sets the pace (SGLang's continuous
+                       batching refills a finished request's slot; these runs, like bench's, do not)
 
 The best shape per batch size is kept where it predicts more than plain decoding, drafting off
 elsewhere; the policy is written, then each batch size runs plain and with its choice on every
@@ -73,7 +78,7 @@ def tune(config: Callable, algo: str, batch_sizes: list[int], shapes, prompts: l
         out.write_text("")  # a path that cannot be written fails before minutes of measuring
     except OSError as e:
         raise SpectraceError(f"cannot write {out}: {e.strerror}") from None
-    loaded, taus = {}, {}
+    loaded, taus, steps = {}, {}, {}
     print(f"tune {algo}: {what}: {len(prompts)}, tau at max_new_tokens {config().max_new_tokens}, step costs from "
           f"runs of {cost_tokens} new tokens, best of {repeat}")
     for shape in shapes:
@@ -81,6 +86,7 @@ def tune(config: Callable, algo: str, batch_sizes: list[int], shapes, prompts: l
         m = run(config(algo=algo, prompts=prompts, batch=None, trace=None, **shape_options(shape)),
                 loaded=loaded).metrics
         taus[shape] = m["completion_tokens"] / m["verify_ct"]
+        steps[shape] = [(r["completion_tokens"] - 1, r["spec_verify_ct"]) for r in m["per_request"]]  # plain, spec
     print("tau  " + "  ".join(f"{s[0]},{s[1]},{s[2]}: {taus[s]:.3f}" for s in shapes))
     print(f"{'batch':>5} {'C_AR ms':>8} " + " ".join(f"{'%d,%d,%d' % s:>9}" for s in shapes) + "   (predicted speed-up)")
     policy = {}
@@ -88,7 +94,11 @@ def tune(config: Callable, algo: str, batch_sizes: list[int], shapes, prompts: l
         group = [prompts[i % len(prompts)] for i in range(bs)]
         progress(f"tune: step costs at batch {bs}")
         c_ar = step_ms(config, algo, group, cost_tokens, repeat, loaded, None)
-        predicted = {s: taus[s] * c_ar / step_ms(config, algo, group, cost_tokens, repeat, loaded, s) for s in shapes}
+        batches = batch_runs(list(range(len(prompts))), bs)  # request indices, as `realised` runs them
+        predicted = {}
+        for s in shapes:
+            plain, spec = (sum(max(steps[s][i][k] for i in b) for b in batches) for k in (0, 1))
+            predicted[s] = plain * c_ar / (spec * step_ms(config, algo, group, cost_tokens, repeat, loaded, s))
         best = max(predicted, key=predicted.get)
         policy[bs] = (best if predicted[best] > 1.0 else None, predicted[best])
         progress(None)
