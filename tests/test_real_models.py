@@ -47,23 +47,23 @@ def target_dir(families, family):
     return families[family] if family == "qwen2" else families[family] / "target"
 
 
-ON_CPU = pytest.mark.skipif(torch.cuda.is_available(), reason="tests/test_gpu.py runs the fast engine compiled")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the fused kernels: compiled there, else interpreted
 
 
 @pytest.mark.parametrize("family, fused", [(f, False) for f in ("llama3", "llama3-tied", "qwen2", "qwen3", "mistral")]
-                         + [pytest.param("llama3", True, marks=ON_CPU), pytest.param("qwen3", True, marks=ON_CPU)])
+                         + [("llama3", True), ("qwen3", True)])
 def test_logits_equal_transformers(families, family, fused):
     """fp32 prefill (inside Mistral's window of 48): logits and every layer's input equal
-    transformers'; `fused`: the fast engine's layers (kernels/fused.py, interpreted here: llama3's
-    RoPE table, Qwen3's q/k norms inside split_rope)."""
+    transformers'; `fused`: the fast engine's layers (kernels/fused.py, on DEVICE: llama3's RoPE
+    table, Qwen3's q/k norms inside split_rope)."""
     from spectrace.kernels import backend, fused as fusing
 
-    path = target_dir(families, family)
-    model = load_model(path)
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    path, device = target_dir(families, family), DEVICE if fused else "cpu"
+    model = load_model(path, device=device)
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
     ids = torch.randint(0, 300, (12 if fused else 40,), generator=torch.Generator().manual_seed(3)).tolist()
     with torch.no_grad():
-        ref = hf(torch.tensor([ids]), output_hidden_states=True)
+        ref = hf(torch.tensor([ids], device=device), output_hidden_states=True)
     if fused:
         backend.install()
         fusing.fuse(model, 64)
@@ -83,12 +83,13 @@ def hf_greedy(path, prompt_ids, n):
 
 
 @pytest.mark.parametrize("family, backend", [("llama3", "explicit"), ("llama3-tied", "explicit"), ("qwen3", "explicit"),
-                                             ("mistral", "explicit"), pytest.param("qwen3", "fast", marks=ON_CPU)])
+                                             ("mistral", "explicit"), ("qwen3", "fast")])
 def test_greedy_tokens_equal_transformers_generate(families, family, backend):
     """Plain decoding, 12 tokens: the ids of transformers' greedy generate from the same prompt ids
-    (the fast engine interpreted on the CPU)."""
+    (the fast engine on DEVICE: with CUDA graphs there, interpreted on a CPU)."""
     cfg = RunConfig(algo="none", target_model=str(target_dir(families, family)), prompts=["def fib(n):"], max_new_tokens=12,
-                    trace_level="off", backend=backend, raw_prompt=True)
+                    trace_level="off", backend=backend, raw_prompt=True, dtype="float32",
+                    device=DEVICE if backend == "fast" else "cpu")
     req = run(cfg).requests[0]
     assert req.output_ids == hf_greedy(cfg.target_model, req.prompt_ids, len(req.output_ids))
 
