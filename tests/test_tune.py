@@ -31,9 +31,13 @@ def test_tune_writes_the_policy_its_predictions_choose(capsys, tmp_path):
     rows = {int(m[1]): [float(x) for x in m[2].split("x")[:-1]] for m in re.finditer(r"^\s+(\d+)\s+[\d.]+ ((?:\s*[\d.]+x)+)",
                                                                                         out, re.M)}
     shapes = [[1, 1, 2], [3, 2, 4]]
-    for bs, predicted in rows.items():
-        best = max(range(2), key=lambda i: predicted[i])
-        assert written[str(bs)] == (shapes[best] if predicted[best] > 1.0 else "off")
+    assert rows.keys() == {1, 2}
+    for bs, predicted in rows.items():  # printed to 0.01: a choice ties with the best within that
+        choice, top = written[str(bs)], max(predicted)
+        if choice == "off":
+            assert top <= 1.005
+        else:
+            assert predicted[shapes.index(choice)] >= max(top - 0.005, 0.995)
     assert parse_policy(str(policy)).table.keys() == {1, 2}
     code, out, _ = _run(capsys, "bench", "--algos", "eagle", "--batch-sizes", "2", "--batch-policy", str(policy),
                         "--prompts", str(prompts), "--max-new-tokens", "4", "--repeat", "1")
