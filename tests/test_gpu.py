@@ -453,7 +453,7 @@ def test_gpu_llama32_1b_shape_every_algorithm_fp32_equals_transformers(tmp_path)
 
 def test_gpu_bench_runs_eagle3_at_llama31_8b_width(tmp_path, capsys):
     """`spectrace bench --target-model DIR --draft-model HEAD --algos none eagle3` end to end at
-    Llama-3.1-8B's width (8 of its 32 layers, to keep the test short; the closing numbers of the
+    Llama-3.1-8B's width (8 of its 32 layers, to keep the test short; the numbers of the
     full model are in docs/models.md), bf16, with SafeAILab's EAGLE-3 head."""
     from spectrace.cli import main
     from spectrace.zoo.random_checkpoint import make
