@@ -6,9 +6,7 @@
                   batch grows, because verify stops being nearly free once the GPU is busy; this
                   measures it on whatever device and backend the run uses.
 
-    hf_table      --compare-hf: transformers' own paths on the same prompts and models: plain
-                  `generate`, assisted generation with the embedded draft LM (the library's
-                  default schedule, and a constant 4 tokens), and prompt lookup (5 tokens)
+    --compare-hf  transformers' own paths on the same prompts and models: bench_hf.py
     shape_table   --target-shape: a predicted speed-up by batch size at a real model's shape,
                   from phase costs measured there with random weights and τ from the embedded pair
 
@@ -17,7 +15,6 @@ The first run of each measurement warms up and is not counted.
 """
 from __future__ import annotations
 
-import copy
 import time
 from collections import Counter
 from typing import Callable
@@ -26,8 +23,10 @@ import torch
 
 from spectrace.core.metrics import predicted_speedup
 from spectrace.errors import SpectraceError
-from spectrace.loading import find_model
-from spectrace.run import RunConfig, RunResult, encode_prompts, load_tokenizer, resolve, run
+from spectrace.core.config import read_config_json
+from spectrace.run import RunConfig, RunResult, resolve, run
+from spectrace.zoo import TARGET_DIR
+from spectrace.zoo.random_checkpoint import SHAPES
 
 Config = Callable[..., RunConfig]
 Progress = Callable[[str | None], None]  # a status line: a message, or None to clear it before a row prints
@@ -110,59 +109,6 @@ def algos_table(config: Config, algos: list[str], prompts: list[str], repeat: in
     return outputs
 
 
-def hf_table(config: Config, prompts: list[str], repeat: int,
-             progress: Progress = _silent) -> dict[str, list[list[int]]]:
-    """transformers' generate on the embedded target (and draft LM), greedy, one prompt at a
-    time, best of `repeat` timed calls after a warm-up. Prints a row per path with its tokens/s
-    and how many prompts gave plain generate's tokens; returns each path's output ids."""
-    from transformers import LlamaForCausalLM
-    from transformers.utils import logging
-
-    logging.set_verbosity_error()  # assisted generation warns about its own internal call
-    cfg = config(algo="standalone", prompts=prompts[:1], batch=None, trace=None)
-    cfg.check()
-    dtype = cfg.torch_dtype
-    target_dir, draft_dir = find_model(cfg.target_model, "--target-model"), find_model(cfg.draft_path, "--draft-model")
-    tok = load_tokenizer(target_dir)
-    target = LlamaForCausalLM.from_pretrained(target_dir, dtype=dtype).to(cfg.device).eval()
-    draft = LlamaForCausalLM.from_pretrained(draft_dir, dtype=dtype).to(cfg.device).eval()
-    constant_4 = copy.deepcopy(draft.generation_config)
-    constant_4.update(num_assistant_tokens=4, num_assistant_tokens_schedule="constant",
-                      assistant_confidence_threshold=0.0)
-    paths = {"hf generate": {}, "hf assisted": {"assistant_model": draft},
-             "hf assisted k=4": {"assistant_model": draft, "assistant_config": constant_4},
-             "hf prompt lookup": {"prompt_lookup_num_tokens": 5}}
-    outputs = {}
-    print(f"{'transformers path':<20} {'':>12} {'tokens/s':>9}")
-    for name, kw in paths.items():
-        default_config = draft.generation_config
-        draft.generation_config = kw.pop("assistant_config", default_config)
-        tokens = wall = 0
-        outputs[name] = []
-        for i, prompt in enumerate(prompts):
-            progress(f"bench: {name}, prompt {i + 1} of {len(prompts)}")
-            ids = torch.tensor(encode_prompts(tok, [prompt], cfg.raw_prompt), device=cfg.device)  # as the runs do
-            best = None
-            for rep in range(repeat + 1):
-                if cfg.device.startswith("cuda"):
-                    torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                out = target.generate(ids, do_sample=False, max_new_tokens=cfg.max_new_tokens,
-                                      pad_token_id=target.generation_config.eos_token_id, **kw)
-                if cfg.device.startswith("cuda"):
-                    torch.cuda.synchronize()
-                if rep and (best is None or time.perf_counter() - t0 < best):
-                    best = time.perf_counter() - t0
-            outputs[name].append(out[0, ids.shape[1]:].tolist())
-            tokens += len(outputs[name][-1])
-            wall += best
-        draft.generation_config = default_config
-        same = sum(a == b for a, b in zip(outputs[name], outputs["hf generate"]))
-        progress(None)
-        print(f"{name:<20} {'-':>12} {tokens / wall:>9.1f}  same tokens as hf generate: {same} of {len(prompts)}")
-    return outputs
-
-
 def batch_runs(prompts: list[str], bs: int) -> list[list[str]]:
     """The runs of a batch size: every prompt at least once (the prompts cycled up to a whole
     batch), bs requests a run, so that τ at every batch is the τ of the same requests."""
@@ -205,23 +151,31 @@ def batch_table(config: Config, algos: list[str], prompts: list[str], batch_size
 
 # ---- predicted speed-up at real model shapes -------------------------------------------------
 
-# Llama layer shapes (config.json fields) whose costs --target-shape measures with random weights;
-# "embedded" is the embedded target's, for a quick look on any machine
-TARGET_SHAPES = {
-    "llama-3.2-1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-                         head_dim=64, intermediate_size=8192, vocab_size=128256, tie_word_embeddings=True),
-    "llama-3.1-8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                         head_dim=128, intermediate_size=14336, vocab_size=128256),
-    "embedded": dict(hidden_size=256, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
-                     head_dim=32, intermediate_size=704, vocab_size=4096),
-}
+# the published models' config.json fields (zoo/random_checkpoint.py), whose costs --target-shape
+# measures with random weights; "embedded", the embedded target's, for a quick look on any machine
+TARGET_SHAPES = {**SHAPES, "embedded": None}
+EAGLE3_DRAFT_VOCAB = 32000  # the published EAGLE-3 heads' draft vocabulary (Llama 3.1 8B's, SpecForge's default)
 # EAGLE-3's paper (SGLang, Llama-3.1-8B, one H100): speed-up by batch size
 EAGLE3_PAPER_SGLANG = {2: 1.81, 64: 1.38}
 
 
-def forward_ms(model, kv_len: int, bs: int, rows: int, repeat: int) -> float:
+def _step_forward(model, features: torch.Tensor | None):
+    """model's forward as a step runs it: a target's logits, or with `features` (N, F) a draft
+    head's logits over its own vocabulary."""
+    if features is None:
+        return lambda batch, kv: model(batch, kv)
+    return lambda batch, kv: model.vocab_logits(model(batch, kv, features))
+
+
+def _features(model, bs: int, rows: int, width: int) -> torch.Tensor | None:
+    p = next(model.parameters())
+    return torch.randn(bs * rows, width, dtype=p.dtype, device=p.device) if width else None
+
+
+def forward_ms(model, kv_len: int, bs: int, rows: int, repeat: int, features: int = 0) -> float:
     """Median ms of one forward of `model` (random weights) over bs requests of `rows` new tokens
-    each (causal) after kv_len cached ones, on the model's device."""
+    each (causal) after kv_len cached ones, on the model's device; features: a draft head's
+    input width (0: a target)."""
     from spectrace.core.batch import ForwardBatch
 
     p = next(model.parameters())
@@ -229,19 +183,20 @@ def forward_ms(model, kv_len: int, bs: int, rows: int, repeat: int) -> float:
     for req in range(bs):  # a prefix's slots, mapped but never computed: its K/V values do not change the cost
         kv.prepare(req, 0, kv_len)
     batch = ForwardBatch.build(kv, [(req, kv_len, [1] * rows) for req in range(bs)])
+    forward = _step_forward(model, _features(model, bs, rows, features))
     times = []
     for _ in range(repeat + 1):  # the first call warms up
         if p.is_cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        model(batch, kv)
+        forward(batch, kv)
         if p.is_cuda:
             torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1e3)
     return sorted(times[1:])[len(times[1:]) // 2]
 
 
-def fast_forward_ms(model, kv_len: int, bs: int, rows: int, repeat: int) -> float:
+def fast_forward_ms(model, kv_len: int, bs: int, rows: int, repeat: int, features: int = 0) -> float:
     """forward_ms as the fast engine runs a forward (fused layers, Triton attention, replayed from a
     CUDA graph, timed with CUDA events): a decode (rows 1), a verify (rows n; a tree mask costs
     about the same) or a draft level. For `spectrace bench --target-shape` with --backend fast."""
@@ -259,55 +214,63 @@ def fast_forward_ms(model, kv_len: int, bs: int, rows: int, repeat: int) -> floa
     kv.seq_lens.fill_(kv_len)
     ids = torch.ones(bs * rows, dtype=torch.int64, device=device)
     positions = (kv_len + torch.arange(rows, device=device)).repeat(bs)
-    graph = capture([("forward", lambda: model(extend_batch(kv, ids, positions, rows), kv))])["forward"]
+    forward = _step_forward(model, _features(model, bs, rows, features))
+    graph = capture([("forward", lambda: forward(extend_batch(kv, ids, positions, rows), kv))])["forward"]
     return replay_ms(graph, repeat)
 
 
 def shape_table(config: Config, shape: str, batch_sizes: list[int], repeat: int, kv_len: int = 1024,
                 tau: float | None = None, prompts: list[str] | None = None) -> dict[int, dict[str, float]]:
     """A *predicted* speed-up by batch size at a real model shape: the phase costs measured at
-    that shape with random weights, the acceptance measured on the embedded pair. An EAGLE step
-    (num_steps S, topk K, n verify tokens) costs a draft loop (one row per request, then S-1
-    forwards of K rows, of a one-layer head at the target's width with its lm_head), a verify
-    of n rows, and a draft extend of about τ rows; plain decoding one row. Predicted speed-up
-    = τ * C_AR / (C_draft + C_verify + C_extend); the textbook τ / (1 + r) beside it."""
+    that shape with random weights, the acceptance measured on the embedded pair. An EAGLE-3 step
+    (num_steps S, topk K, n verify tokens) costs a draft loop (one row per request from the
+    target's three captured layers, then S-1 forwards of K rows from the head's own state, of a
+    one-layer head at the target's width with its own lm_head over a draft vocabulary of 32k
+    tokens), a verify of n rows, and a draft extend of about τ rows; plain decoding one row.
+    Predicted speed-up = τ * C_AR / (C_draft + C_verify + C_extend); the textbook τ / (1 + r)
+    beside it."""
     from spectrace.core.config import ModelConfig
+    from spectrace.core.drafters.eagle3 import Eagle3Head
+    from spectrace.core.drafters.eagle3_layouts import default_capture_layers
     from spectrace.core.model import CausalLM
 
     if shape not in TARGET_SHAPES:
         raise SpectraceError(f"unknown --target-shape {shape!r} (choose from {', '.join(TARGET_SHAPES)})")
-    cfg = config(algo="eagle", prompts=[], batch=None, trace=None)
+    cfg = config(algo="eagle3", prompts=[], batch=None, trace=None)
     cfg.check()
     if tau is None:  # acceptance of the embedded pair at the same tree shape, batch 1, the prompts
         from spectrace.zoo.prompts import HELD_OUT_PROMPTS
         tokens = verify = 0
         for prompt in prompts or HELD_OUT_PROMPTS:
-            m = run(config(algo="eagle", prompts=[prompt], batch=None, trace=None, trace_level="off")).metrics
+            m = run(config(algo="eagle3", prompts=[prompt], batch=None, trace=None, trace_level="off")).metrics
             tokens, verify = tokens + m["completion_tokens"], verify + m["verify_ct"]
         tau = tokens / verify
-    spec, _ = resolve(cfg)  # SGLang's automatic shape for an EAGLE head over a Llama target
+    spec, _ = resolve(cfg)  # SGLang's automatic shape for an EAGLE-3 head over a Llama target
     S, K, n = spec.num_steps, spec.topk, spec.num_draft_tokens
     dtype = cfg.torch_dtype
-    raw = dict(model_type="llama", rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=131072,
-               **TARGET_SHAPES[shape])
+    raw = read_config_json(TARGET_DIR) if shape == "embedded" else TARGET_SHAPES[shape]
+    target_cfg = ModelConfig.from_json(raw)
+    H, L, V = target_cfg.hidden_size, target_cfg.num_hidden_layers, target_cfg.vocab_size
+    taps = default_capture_layers(L)
     torch.manual_seed(0)
     with torch.device(cfg.device):  # initialised where they run: an 8B model never visits host memory
-        target = CausalLM(ModelConfig.from_json(raw)).to(dtype).eval()
-        head = CausalLM(ModelConfig.from_json({**raw, "num_hidden_layers": 1})).to(dtype).eval()
+        target = CausalLM(target_cfg).to(dtype).eval()
+        head = Eagle3Head(ModelConfig.from_json({**raw, "num_hidden_layers": 1}), min(EAGLE3_DRAFT_VOCAB, V), H,
+                          taps).to(dtype).eval()
     cost = forward_ms
     if cfg.backend == "fast":  # the fast engine's forwards: fused, Triton attention, one CUDA graph each
         cost = fast_forward_ms
     print(f"predicted, not measured end to end: costs at the {shape} shape (random weights, {kv_len}-token "
-          f"context, {cfg.device} {str(dtype)[6:]}, {cfg.backend} forwards), tau {tau:.3f} of the embedded "
-          f"eagle ({S},{K},{n})")
+          f"context, {cfg.device} {str(dtype)[6:]}, {cfg.backend} forwards, an EAGLE-3 head of {min(EAGLE3_DRAFT_VOCAB, V)} "
+          f"draft tokens), tau {tau:.3f} of the embedded eagle3 ({S},{K},{n})")
     print(f"{'batch':>5} {'C_AR ms':>8} {'draft ms':>8} {'verify ms':>9} {'extend ms':>9} {'r':>6} "
           f"{'tau/(1+r)':>9} {'predicted':>9} {'EAGLE-3 paper':>13}")
     table = {}
     for bs in batch_sizes:
         c_ar = cost(target, kv_len, bs, 1, repeat)
-        c_draft = cost(head, kv_len, bs, 1, repeat) + (S - 1) * cost(head, kv_len, bs, K, repeat)
+        c_draft = cost(head, kv_len, bs, 1, repeat, len(taps) * H) + (S - 1) * cost(head, kv_len, bs, K, repeat, H)
         c_verify = cost(target, kv_len, bs, n, repeat)
-        c_extend = cost(head, kv_len, bs, max(1, round(tau)), repeat)
+        c_extend = cost(head, kv_len, bs, max(1, round(tau)), repeat, len(taps) * H)
         r = c_draft / c_verify
         predicted = tau * c_ar / (c_draft + c_verify + c_extend)
         table[bs] = dict(tau=tau, c_ar=c_ar, c_draft=c_draft, c_verify=c_verify, c_extend=c_extend,

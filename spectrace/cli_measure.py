@@ -40,10 +40,12 @@ def add_measure_commands(sub, add_run_options) -> None:
         # speed rows time runs without a trace; --trace-level full or steps adds a column: what recording costs
         p.set_defaults(trace_level="off")
     bench.add_argument("--compare-hf", dest="compare_hf", action="store_true",
-                       help="also transformers' generate, assisted generation and prompt lookup on the same prompts")
+                       help="also transformers' generate, its static-cache compiled decode, assisted generation and "
+                            "prompt lookup on the same prompts and models")
     bench.add_argument("--target-shape", dest="target_shape", metavar="NAME",
-                       help="llama-3.2-1b, llama-3.1-8b or embedded: with --batch-sizes, eagle's predicted "
-                            "speed-up at that model's shape (random weights, costs only) from the embedded pair's tau")
+                       help="llama-3.1-8b, llama-3.2-1b, qwen3-8b, qwen3-0.6b or embedded: with --batch-sizes, "
+                            "eagle3's predicted speed-up at that model's shape (random weights, costs only) from the "
+                            "embedded pair's tau")
     bench.add_argument("--profile", action="store_true",
                        help="kernels per step, phase by phase, and the most frequent ones (--backend fast): measured "
                             "with torch.profiler on a GPU, counted as the code runs interpreted on a CPU")
@@ -53,6 +55,8 @@ def add_measure_commands(sub, add_run_options) -> None:
                            "and the trees (4,2,6), (5,4,8), (6,8,16))")
     tune.add_argument("--cost-tokens", dest="cost_tokens", type=int, default=16,
                       help="new tokens a request makes in the runs that measure step costs")
+    tune.add_argument("--sweep", action="store_true",
+                      help="also run every shape end to end at every batch size, and set the choice beside the best")
     tune.add_argument("-o", "--out", required=True, metavar="POLICY.json")
 
 
@@ -112,7 +116,7 @@ def cmd_bench(args, run_config) -> int:
         raise SpectraceError("--json writes --profile's numbers: add --profile")
     if args.profile and args.backend != "fast":
         raise SpectraceError("--profile counts the fast engine's kernels: add --backend fast")
-    from spectrace import bench
+    from spectrace import bench, bench_hf
 
     name, prompts = prompt_set(args)
     batches = f"batch sizes {' '.join(map(str, args.batch_sizes))}" if args.batch_sizes else "batch 1"
@@ -140,7 +144,7 @@ def cmd_bench(args, run_config) -> int:
         bench.batch_table(config, args.algos, prompts, args.batch_sizes, args.repeat, Progress(0).say, policy)
         return 0
     progress = Progress(0).say  # prompts x algorithms on stderr, when it is a terminal
-    hf = bench.hf_table(config, prompts, args.repeat, progress) if args.compare_hf else None
+    hf = bench_hf.hf_table(config, prompts, args.repeat, progress) if args.compare_hf else None
     tables = {}
     if hf and args.backend != "explicit":  # the reference engine beside the kernels, in the same run
         print("spectrace, --backend explicit:")
@@ -173,5 +177,5 @@ def cmd_tune(args, run_config) -> int:
     shapes = tune.parse_shapes(args.shapes) if args.shapes else tune.DEFAULT_SHAPES
     args.batch_policy = None
     tune.tune(lambda **o: run_config(args, **o), algos[0], args.batch_sizes or [1], shapes, prompts, args.cost_tokens,
-              args.repeat, Path(args.out), Progress(0).say, f"{name} prompts")
+              args.repeat, Path(args.out), Progress(0).say, f"{name} prompts", args.sweep)
     return 0

@@ -1,6 +1,7 @@
 """`spectrace bench`: the batch-scaling lab's numbers are the runs' own, and batching changes no
 verdict (fp32 greedy), so τ at every batch is the τ of the same requests run alone."""
-from spectrace.bench import algos_table, batch_table, hf_table, shape_table
+from spectrace.bench import algos_table, batch_table, shape_table
+from spectrace.bench_hf import hf_table
 from spectrace.cli import main
 from spectrace.run import RunConfig, run
 from spectrace.zoo.prompts import HELD_OUT_PROMPTS
@@ -38,7 +39,7 @@ def test_bench_refuses_bad_numbers_in_one_line(capsys):
 
 def test_compare_hf_paths_give_spectrace_none_its_tokens(tmp_path, monkeypatch, capsys):
     """transformers' greedy generate is the reference: spectrace's plain and speculative decoding
-    give its tokens (fp32), and so do its own assisted and prompt-lookup paths."""
+    give its tokens (fp32), and so do its own static-cache loop, assisted and prompt-lookup paths."""
     monkeypatch.chdir(tmp_path)
 
     def config(**kw):
@@ -47,9 +48,9 @@ def test_compare_hf_paths_give_spectrace_none_its_tokens(tmp_path, monkeypatch, 
     status = []  # the status line's messages: prompts x paths, cleared before each row
     hf = hf_table(config, prompts, repeat=1, progress=status.append)
     ours = algos_table(config, ["none", "eagle"], prompts, repeat=1, progress=status.append)
-    paths = ["hf generate", "hf assisted", "hf assisted k=4", "hf prompt lookup", "none", "eagle"]
+    paths = ["hf generate", "hf static cache", "hf assisted", "hf assisted k=4", "hf prompt lookup", "none", "eagle"]
     assert status == [m for p in paths for m in (f"bench: {p}, prompt 1 of 2", f"bench: {p}, prompt 2 of 2", None)]
-    assert set(hf) == {"hf generate", "hf assisted", "hf assisted k=4", "hf prompt lookup"}
+    assert set(hf) == {"hf generate", "hf static cache", "hf assisted", "hf assisted k=4", "hf prompt lookup"}
     assert all(len(out) == 10 for out in hf["hf generate"])
     for outs in [*hf.values(), *ours.values()]:
         assert outs == hf["hf generate"]
@@ -69,7 +70,7 @@ def test_compare_hf_paths_give_spectrace_none_its_tokens(tmp_path, monkeypatch, 
 
 def test_shape_lab_predicts_from_its_own_costs(tmp_path, monkeypatch, capsys):
     """--target-shape: each batch's prediction is τ·C_AR / (C_draft + C_verify + C_extend) from
-    the costs it prints, τ measured on the embedded eagle; the table says it is a prediction."""
+    the costs it prints, τ measured on the embedded eagle3; the table says it is a prediction."""
     monkeypatch.chdir(tmp_path)
 
     def config(**kw):
@@ -78,7 +79,7 @@ def test_shape_lab_predicts_from_its_own_costs(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert out.startswith("predicted, not measured end to end") and "(5,4,8)" in out
     for bs, c in table.items():
-        assert f"tau {c['tau']:.3f} of the embedded eagle" in out
+        assert f"tau {c['tau']:.3f} of the embedded eagle3" in out
         assert min(c["c_ar"], c["c_draft"], c["c_verify"], c["c_extend"]) > 0
         assert c["predicted"] == c["tau"] * c["c_ar"] / (c["c_draft"] + c["c_verify"] + c["c_extend"])
     assert main(["bench", "--target-shape", "llama-9", "--batch-sizes", "1"]) == 2

@@ -127,6 +127,23 @@ def test_a_fused_model_computes_the_explicit_forward(target, drafters, name):
 
 
 @settings(max_examples=10, deadline=None)
+@given(lead=st.sampled_from([(1,), (1, 1), (3,)]), k=st.sampled_from([16, 70, 600]), n=st.sampled_from([8, 100, 300]),
+       bias=st.booleans(), dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**16))
+def test_the_one_row_linear_is_f_linear(lead, k, n, bias, dtype, seed):
+    """kernels/gemv.py: at one row the weight-streaming GEMV, at more F.linear; F.linear either way
+    (to the rounding of the order of the float32 sums)."""
+    from spectrace.kernels.gemv import linear
+
+    torch.manual_seed(seed)
+    x = (torch.randn(*lead, k) * 3).to(DEVICE, dtype)
+    w = (torch.randn(n, k) / k ** 0.5).to(DEVICE, dtype)
+    b = torch.randn(n).to(DEVICE, dtype) if bias else None
+    tol = dict(rtol=2e-5, atol=2e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    want = F.linear(x.float(), w.float(), None if b is None else b.float())
+    torch.testing.assert_close(linear(x, w, b).float(), want, **tol)
+
+
+@settings(max_examples=10, deadline=None)
 @given(rows=st.integers(1, 40), k=st.sampled_from([16, 70, 256]), n=st.sampled_from([8, 64, 100]),
        bias=st.booleans(), dtype=st.sampled_from([torch.float32, torch.float16 if DEVICE == "cpu" else torch.bfloat16]),
        seed=st.integers(0, 2**16))

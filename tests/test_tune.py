@@ -24,7 +24,7 @@ def test_tune_writes_the_policy_its_predictions_choose(capsys, tmp_path):
     policy = tmp_path / "policy.json"
     code, out, _ = _run(capsys, "tune", "--algos", "eagle", "--batch-sizes", "1", "2", "--shapes", "1,1,2", "3,2,4",
                         "--prompts", str(prompts), "--max-new-tokens", "6", "--cost-tokens", "4", "--repeat", "1",
-                        "-o", str(policy))
+                        "--sweep", "-o", str(policy))
     assert code == 0, out
     written = json.loads(policy.read_text())
     assert set(written) == {"1", "2"}
@@ -38,6 +38,12 @@ def test_tune_writes_the_policy_its_predictions_choose(capsys, tmp_path):
             assert top <= 1.005
         else:
             assert predicted[shapes.index(choice)] >= max(top - 0.005, 0.995)
+    # --sweep: the choice's realised speed-up over the best of every shape (and plain) run end to end
+    confirmed = re.findall(r"^\s+(\d+)\s+(\S+)\s+[\d.]+\s+[\d.]+x\s+([\d.]+)x\s+(\S+)\s+([\d.]+)x\s+([\d.]+)$", out, re.M)
+    assert [int(c[0]) for c in confirmed] == [1, 2]
+    for _, choice, ratio, best, best_ratio, against in confirmed:
+        assert best in ("off", "1,1,2", "3,2,4") and float(best_ratio) >= max(float(ratio), 1.0) - 0.005
+        assert abs(float(against) - float(ratio) / float(best_ratio)) < 0.01
     assert parse_policy(str(policy)).table.keys() == {1, 2}
     code, out, _ = _run(capsys, "bench", "--algos", "eagle", "--batch-sizes", "2", "--batch-policy", str(policy),
                         "--prompts", str(prompts), "--max-new-tokens", "4", "--repeat", "1")

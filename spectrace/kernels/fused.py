@@ -15,6 +15,8 @@ layer's modules a fused forward, as vLLM's CustomOp gives a module a `forward_cu
                q/k norms, RoPE of q and k, and the new K/V written into the KV pool, in one
                kernel (v copied out contiguous, as the attention twins read it)
     MLP        one GEMM over [gate; up] weights, silu_mul in one kernel, then down
+    Linear     one row (a batch-1 decode): a weight-streaming GEMV (kernels/gemv.py); more rows:
+               cuBLAS (F.linear)
 
 Each kernel rounds where the explicit ops round (to the model dtype after each torch op), so in
 float32 they agree to the ulp of exp/sqrt, and in bfloat16 almost always bit for bit
@@ -27,12 +29,12 @@ import types
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from spectrace.core.drafters.eagle import DraftHead
 from spectrace.core.model import MLP, Attention, CausalLM, ForwardOutput, RMSNorm, RotaryEmbedding
+from spectrace.kernels.gemv import linear as streaming_linear
 from spectrace.kernels.matmul import invariant_linear
 
 
@@ -191,7 +193,7 @@ def _rms_norm_forward(self: RMSNorm, x):
     return rms_norm(x, self.weight, self.eps)
 
 
-def _attention_forward(self: Attention, x, cos, sin, batch, kv, linear=F.linear):
+def _attention_forward(self: Attention, x, cos, sin, batch, kv, linear=streaming_linear):
     from spectrace.core.model import ATTENTION
 
     N = x.shape[0]
@@ -202,7 +204,7 @@ def _attention_forward(self: Attention, x, cos, sin, batch, kv, linear=F.linear)
     return linear(out.view(N, self.num_heads * self.head_dim), self.o_proj.weight, self.o_proj.bias)
 
 
-def _mlp_forward(self: MLP, x, linear=F.linear):
+def _mlp_forward(self: MLP, x, linear=streaming_linear):
     return linear(silu_mul(linear(x, self.gate_up_weight, self.gate_up_bias)), self.down_proj.weight,
                   self.down_proj.bias)
 
@@ -224,7 +226,7 @@ def _causal_lm_forward(self: CausalLM, batch, kv, capture_layers=(), last_only=F
     (kernels/matmul.py); an explicit engine's batch takes the explicit forward's row-by-row passes."""
     if batch.batch_invariant and "branch" not in batch.attn_metadata and len(batch.input_ids) > 1:
         return CausalLM.forward(self, batch, kv, capture_layers, last_only)
-    linear = invariant_linear if batch.batch_invariant else F.linear
+    linear = invariant_linear if batch.batch_invariant else streaming_linear
     x = self.model.embed_tokens(batch.input_ids)  # (N, H)
     cos, sin = self.model.rotary_emb(batch.positions, x.dtype)
     aux, delta = [], None

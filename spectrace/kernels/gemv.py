@@ -1,0 +1,54 @@
+"""The fast engine's linear layer: a weight-streaming GEMV when a forward has one row (a batch-1
+decode), F.linear (cuBLAS) for more.
+
+At one row, y = W x reads each weight once for two flops: the time is the weights' bytes (an 8B
+model's decode step is 16 GB, 4.8 ms at an H100's 3.35 TB/s). cuBLAS runs a GEMM's tiles there
+(64x8 tiles, split-K with a second reduce kernel for o_proj and down_proj): 2.1-2.9 TB/s at
+Llama-3.1-8B's shapes on an H100. Here one program streams BLOCK_N rows of W, BLOCK_K columns at
+a time, into a float32 (BLOCK_N, BLOCK_K) sum reduced once at the end: 2.5-3.2 TB/s on the same
+shapes, in one kernel (docs/benchmarks.md has the table).
+
+Folding the op before the GEMV into it (the residual add and RMSNorm, or silu_mul) was measured
+too and lost: every program must recompute it from the whole input row, which for a program of a
+few weight rows is as much reading (from L2) as its weights, and the norm needs a pass of its own
+before the weights start streaming.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+BLOCK_N, BLOCK_K = 4, 512  # best or within 2% of it at every Llama-3.1-8B shape on an H100
+
+
+@triton.jit
+def _gemv_kernel(x, w, bias, out, N, K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        ok = ks < K
+        weights = tl.load(w + rows[:, None] * K + ks[None, :], mask=row_ok[:, None] & ok[None, :], other=0.0)
+        acc += weights.to(tl.float32) * tl.load(x + ks, mask=ok, other=0.0).to(tl.float32)[None, :]
+    y = tl.sum(acc, axis=1)
+    if HAS_BIAS:
+        y += tl.load(bias + rows, mask=row_ok, other=0.0).to(tl.float32)
+    tl.store(out + rows, y.to(out.dtype.element_ty), mask=row_ok)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias): x (..., K), weight (N, K) -> (..., N); one row through the GEMV."""
+    if x.numel() != x.shape[-1]:
+        return F.linear(x, weight, bias)
+    N, K = weight.shape
+    out = x.new_empty(*x.shape[:-1], N)
+    block_n, block_k, config = BLOCK_N, min(BLOCK_K, triton.next_power_of_2(K)), dict(num_warps=8, num_stages=3)
+    if not x.is_cuda:  # interpreted: few, wide programs (the interpreter's cost is per program and per loop trip)
+        block_n, block_k, config = 64, min(1024, triton.next_power_of_2(K)), {}
+    _gemv_kernel[(triton.cdiv(N, block_n),)](x.contiguous(), weight, bias if bias is not None else weight, out, N, K=K,
+                                              HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, **config)
+    return out
