@@ -45,7 +45,7 @@ from spectrace.core.tree import TreeMaskMode  # noqa: E402
 from spectrace.bench_kernels import attention_inputs, chain_inputs, draft_tree_inputs, walk_outputs  # noqa: E402
 from spectrace.compat import triton as sglang  # noqa: E402  (the twins under SGLang's and vLLM's names)
 from spectrace.core.model import RMSNorm  # noqa: E402
-from spectrace.kernels import attention, commit, draft_level, fused, kv, matmul  # noqa: E402
+from spectrace.kernels import attention, commit, draft_level, fused, gemv, kv, matmul  # noqa: E402
 from spectrace.kernels.tree import organize_draft_results  # noqa: E402
 from spectrace.kernels.acceptance.tree_rejection import tree_rejection_walk  # noqa: E402
 
@@ -122,6 +122,7 @@ for dtype in (torch.float32, torch.bfloat16):  # the fast engine's fused layer p
                                    path_lens=torch.ones(bs, 3, dtype=torch.int64), num_kv_splits=4)  # --deterministic
     for bias in (None, torch.zeros(704, dtype=dtype)):
         matmul.invariant_linear(torch.randn(3, 256, dtype=dtype), torch.randn(704, 256, dtype=dtype), bias)
+        gemv.linear(torch.randn(1, 256, dtype=dtype), torch.randn(704, 256, dtype=dtype), bias)  # one row
 
 buffers = draft_level.DraftBuffers.empty(bs, 4, 5, "cpu")  # the fused draft loop, K = 4, 5 steps
 for dtype in (torch.float32, torch.bfloat16):

@@ -127,7 +127,8 @@ def test_a_fused_model_computes_the_explicit_forward(target, drafters, name):
 
 
 @settings(max_examples=10, deadline=None)
-@given(lead=st.sampled_from([(1,), (1, 1), (3,)]), k=st.sampled_from([16, 70, 600]), n=st.sampled_from([8, 100, 300]),
+@given(lead=st.sampled_from([(1,), (1, 1), (3,), (2, 5)]), k=st.sampled_from([16, 70, 600]),
+       n=st.sampled_from([8, 100, 300]),
        bias=st.booleans(), dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**16))
 def test_the_one_row_linear_is_f_linear(lead, k, n, bias, dtype, seed):
     """kernels/gemv.py: at one row the weight-streaming GEMV, at more F.linear; F.linear either way

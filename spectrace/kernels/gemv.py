@@ -3,15 +3,17 @@ decode), F.linear (cuBLAS) for more.
 
 At one row, y = W x reads each weight once for two flops: the time is the weights' bytes (an 8B
 model's decode step is 16 GB, 4.8 ms at an H100's 3.35 TB/s). cuBLAS runs a GEMM's tiles there
-(64x8 tiles, split-K with a second reduce kernel for o_proj and down_proj): 2.1-2.9 TB/s at
+(64x8 tiles, split-K with a second reduce kernel for o_proj and down_proj): 2.1-3.0 TB/s at
 Llama-3.1-8B's shapes on an H100. Here one program streams BLOCK_N rows of W, BLOCK_K columns at
 a time, into a float32 (BLOCK_N, BLOCK_K) sum reduced once at the end: 2.5-3.2 TB/s on the same
 shapes, in one kernel (docs/benchmarks.md has the table).
 
-Folding the op before the GEMV into it (the residual add and RMSNorm, or silu_mul) was measured
-too and lost: every program must recompute it from the whole input row, which for a program of a
-few weight rows is as much reading (from L2) as its weights, and the norm needs a pass of its own
-before the weights start streaming.
+Two things measured and left out:
+  - more rows (a verify of 8 tokens, a draft level of topk): products on the CUDA cores make the
+    kernel compute-bound from 2 rows on, where cuBLAS's tensor-core tiles keep the time of one row
+  - the op before the GEMV folded into it (the residual add and RMSNorm, or silu_mul): every
+    program must recompute it from the whole input row, as much reading (from L2) as its few
+    weight rows, and the norm needs a pass of its own before the weights start streaming
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-BLOCK_N, BLOCK_K = 4, 512  # best or within 2% of it at every Llama-3.1-8B shape on an H100
+BLOCK_N, BLOCK_K = 4, 512  # best or within 5% of it at every Llama-3.1-8B shape on an H100 (4 warps, 3 stages)
 
 
 @triton.jit
@@ -46,7 +48,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         return F.linear(x, weight, bias)
     N, K = weight.shape
     out = x.new_empty(*x.shape[:-1], N)
-    block_n, block_k, config = BLOCK_N, min(BLOCK_K, triton.next_power_of_2(K)), dict(num_warps=8, num_stages=3)
+    block_n, block_k, config = BLOCK_N, min(BLOCK_K, triton.next_power_of_2(K)), dict(num_warps=4, num_stages=3)
     if not x.is_cuda:  # interpreted: few, wide programs (the interpreter's cost is per program and per loop trip)
         block_n, block_k, config = 64, min(1024, triton.next_power_of_2(K)), {}
     _gemv_kernel[(triton.cdiv(N, block_n),)](x.contiguous(), weight, bias if bias is not None else weight, out, N, K=K,
