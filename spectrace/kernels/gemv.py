@@ -1,5 +1,5 @@
-"""The fast engine's linear layer: a weight-streaming GEMV when a forward has one row (a batch-1
-decode), F.linear (cuBLAS) for more.
+"""The fast engine's linear layer: a weight-streaming GEMV when a forward has one row of 16-bit
+floats (a batch-1 decode in bf16), F.linear (cuBLAS) otherwise.
 
 At one row, y = W x reads each weight once for two flops: the time is the weights' bytes (an 8B
 model's decode step is 16 GB, 4.8 ms at an H100's 3.35 TB/s). cuBLAS runs a GEMM's tiles there
@@ -43,8 +43,11 @@ def _gemv_kernel(x, w, bias, out, N, K: tl.constexpr, HAS_BIAS: tl.constexpr, BL
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias): x (..., K), weight (N, K) -> (..., N); one row through the GEMV."""
-    if x.numel() != x.shape[-1]:
+    """F.linear(x, weight, bias): x (..., K), weight (N, K) -> (..., N); one row of 16-bit floats
+    through the GEMV. float32 keeps F.linear: it is the dtype the fast engine is checked in against
+    the explicit one, bit for bit, sampled runs included (a sum in another order moves a logit by
+    an ulp, and a draw that lands there takes another token)."""
+    if x.numel() != x.shape[-1] or x.dtype == torch.float32:
         return F.linear(x, weight, bias)
     N, K = weight.shape
     out = x.new_empty(*x.shape[:-1], N)
