@@ -261,8 +261,8 @@ def shape_table(config: Config, shape: str, batch_sizes: list[int], repeat: int,
     if cfg.backend == "fast":  # the fast engine's forwards: fused, Triton attention, one CUDA graph each
         cost = fast_forward_ms
     print(f"predicted, not measured end to end: costs at the {shape} shape (random weights, {kv_len}-token "
-          f"context, {cfg.device} {str(dtype)[6:]}, {cfg.backend} forwards, an EAGLE-3 head of {min(EAGLE3_DRAFT_VOCAB, V)} "
-          f"draft tokens), tau {tau:.3f} of the embedded eagle3 ({S},{K},{n})")
+          f"context, {cfg.device} {str(dtype)[6:]}, {cfg.backend} forwards, an EAGLE-3 head of "
+          f"{min(EAGLE3_DRAFT_VOCAB, V)} draft tokens), tau {tau:.3f} of the embedded eagle3 ({S},{K},{n})")
     print(f"{'batch':>5} {'C_AR ms':>8} {'draft ms':>8} {'verify ms':>9} {'extend ms':>9} {'r':>6} "
           f"{'tau/(1+r)':>9} {'predicted':>9} {'EAGLE-3 paper':>13}")
     table = {}

@@ -299,10 +299,33 @@ def bench_kv(table: Table, device: str, batch_sizes, layers: int, kv_heads: int,
                   2 * 2 * layers * n * kv_heads * head_dim * pool.k.element_size())
 
 
+def bench_linear(table: Table, device: str, hidden: int, intermediate: int, vocab: int, gen) -> None:
+    """kernels/gemv.py against F.linear (cuBLAS) at one row, a decoder layer's matrices and lm_head,
+    in bf16 (float16 interpreted: the interpreter has no bf16 products); what each reads, per second."""
+    from spectrace.kernels.gemv import linear
+
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float16
+    head_dim, kv = 128 if hidden >= 1024 else 32, 8 if hidden >= 1024 else 2
+    q = hidden // head_dim
+    shapes = {"qkv": ((q + 2 * kv) * head_dim, hidden), "o_proj": (hidden, hidden),
+              "gate_up": (2 * intermediate, hidden), "down": (hidden, intermediate), "lm_head": (vocab, hidden)}
+    for name, (n, k) in shapes.items():
+        w = (torch.randn(n, k, generator=gen) / k ** 0.5).to(device, dtype)
+        x = torch.randn(1, k, generator=gen).to(device, dtype)
+        graph_ms = replay_ms(lambda: linear(x, w), device)
+        cublas_ms = replay_ms(lambda: F.linear(x, w), device)
+        rate = w.numel() * w.element_size() / 1e9
+        table.row("gemv linear (one row)", f"{name} {n}x{k} {str(dtype)[6:]}",
+                  (graph_ms, time_ms(lambda: linear(x, w), device)), time_ms(lambda: F.linear(x, w), device),
+                  note=f"{rate / graph_ms:.2f} TB/s; F.linear {cublas_ms:.3f} ms graph, {rate / cublas_ms:.2f} TB/s")
+
+
 def bench_kernels(device: str = "cuda", batch_sizes=(1, 8, 64), vocabs=(4096, 128_256), prefix: int = 2048,
-                  heads: int = 32, kv_heads: int = 8, head_dim: int = 128, layers: int = 32) -> None:
+                  heads: int = 32, kv_heads: int = 8, head_dim: int = 128, layers: int = 32, hidden: int = 4096,
+                  intermediate: int = 14336) -> None:
     """The defaults are Llama-3-8B's shapes: its attention (32 query heads, 8 KV heads,
-    head_dim 128, 32 layers), 8 verify tokens, vocabularies of 4096 and Llama 3's 128256."""
+    head_dim 128, 32 layers), its matrices (hidden 4096, MLP 14336), 8 verify tokens,
+    vocabularies of 4096 and Llama 3's 128256."""
     gen = torch.Generator().manual_seed(0)
     bandwidth = copy_bandwidth(device)
     name = torch.cuda.get_device_name(device) if device.startswith("cuda") else "CPU (Triton interpreter)"
@@ -315,3 +338,4 @@ def bench_kernels(device: str = "cuda", batch_sizes=(1, 8, 64), vocabs=(4096, 12
     bench_vllm(table, device, batch_sizes, vocabs, gen)
     bench_attention(table, device, batch_sizes, prefix, heads, kv_heads, head_dim, gen)
     bench_kv(table, device, batch_sizes, layers, kv_heads, head_dim, gen)
+    bench_linear(table, device, hidden, intermediate, vocabs[-1], gen)

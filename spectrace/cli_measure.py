@@ -29,7 +29,7 @@ def add_measure_commands(sub, add_run_options) -> None:
         add_run_options(p)
         p.add_argument("--algos", nargs="+", default=["none", "standalone"] if p is bench else ["eagle3"],
                        choices=list(ALGOS), metavar="ALGO", help=f"algorithms: {', '.join(ALGOS)}")
-        p.add_argument("--repeat", type=int, default=3 if p is bench else 1, help="timed runs (the best is kept)")
+        p.add_argument("--repeat", type=int, default=3, help="timed runs (the best is kept)")
         p.add_argument("--batch-sizes", dest="batch_sizes", type=int, nargs="+", default=None, metavar="B",
                        help="bench: the batch-scaling lab, each algorithm and none at each batch size (prompts "
                             "cycled); tune: the batch sizes the policy has an entry for")
@@ -110,7 +110,8 @@ def cmd_bench(args, run_config) -> int:
         if args.device.startswith("cuda"):
             bench_kernels(args.device)
         else:  # interpreted: small shapes, to see the table work, not to measure
-            bench_kernels(args.device, batch_sizes=(1, 8), vocabs=(4096,), prefix=256, layers=4)
+            bench_kernels(args.device, batch_sizes=(1, 8), vocabs=(4096,), prefix=256, layers=4, hidden=256,
+                          intermediate=704)
         return 0
     if args.json and not args.profile:
         raise SpectraceError("--json writes --profile's numbers: add --profile")

@@ -64,10 +64,12 @@ def step_ms(config: Callable, algo: str, prompts: list[str], tokens: int, repeat
     return (m["wall_s"] * 1e3 - m["prefill_ms"]) / max(m["decode_steps"], 1)
 
 
-def realised(config: Callable, algo: str, prompts: list[str], bs: int, shape: Shape | None, loaded: dict) -> float:
-    """Tokens/s of every prompt in runs of `bs` requests (plain decoding where `shape` is None)."""
-    results = [run(config(algo=algo if shape else "none", prompts=group, batch=bs, trace=None, **shape_options(shape)),
-                   loaded=loaded) for group in batch_runs(prompts, bs)]
+def realised(config: Callable, algo: str, prompts: list[str], bs: int, shape: Shape | None, loaded: dict,
+             repeat: int) -> float:
+    """Tokens/s of every prompt in runs of `bs` requests (plain decoding where `shape` is None),
+    each run the fastest of `repeat`, as `bench --batch-sizes` times them."""
+    results = [best_run(config, repeat, loaded, algo=algo if shape else "none", prompts=group, batch=bs, trace=None,
+                        **shape_options(shape)) for group in batch_runs(prompts, bs)]
     return sum(r.metrics["completion_tokens"] for r in results) / sum(r.metrics["wall_s"] for r in results)
 
 
@@ -113,9 +115,9 @@ def tune(config: Callable, algo: str, batch_sizes: list[int], shapes, prompts: l
           + (f" {'best fixed':>10} {'realised':>8} {'choice/best':>11}" if sweep else ""))
     for bs, (shape, pred) in policy.items():
         progress(f"tune: confirming batch {bs}")
-        plain = realised(config, algo, prompts, bs, None, loaded)
+        plain = realised(config, algo, prompts, bs, None, loaded, repeat)
         run_shapes = shapes if sweep else [shape] if shape else []
-        fixed = {s: realised(config, algo, prompts, bs, s, loaded) / plain for s in run_shapes}
+        fixed = {s: realised(config, algo, prompts, bs, s, loaded, repeat) / plain for s in run_shapes}
         ratio = fixed[shape] if shape else 1.0
         progress(None)
         row = (f"{bs:>5} {'%d,%d,%d' % shape if shape else 'off':>8} {taus[shape] if shape else 1.0:>6.3f} "
