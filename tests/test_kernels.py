@@ -266,9 +266,10 @@ def test_bench_kernels_prints_a_row_per_twin(capsys):
     """The benchmark's table at toy shapes, interpreted: every twin runs beside its explicit twin."""
     from spectrace.bench_kernels import bench_kernels
 
-    bench_kernels("cpu", batch_sizes=(2,), vocabs=(64,), prefix=16, heads=2, kv_heads=1, head_dim=16, layers=2)
+    bench_kernels("cpu", batch_sizes=(2,), vocabs=(64,), prefix=16, heads=2, kv_heads=1, head_dim=16, layers=2,
+                  hidden=64, intermediate=96)
     out = capsys.readouterr().out
     for name in ("build_tree_kernel_efficient", "verify_tree_greedy", "tree_spec_sampling_target_only",
                  "chain_speculative_sampling", "vllm RejectionSampler greedy", "vllm sample_recovered_tokens",
-                 "extend_attention_fwd", "assign_req_to_token_pool", "move_kv_cache"):
+                 "extend_attention_fwd", "assign_req_to_token_pool", "move_kv_cache", "gemv linear (one row)"):
         assert name in out
