@@ -215,7 +215,7 @@ def fast_forward_ms(model, kv_len: int, bs: int, rows: int, repeat: int, feature
     ids = torch.ones(bs * rows, dtype=torch.int64, device=device)
     positions = (kv_len + torch.arange(rows, device=device)).repeat(bs)
     forward = _step_forward(model, _features(model, bs, rows, features))
-    graph = capture([("forward", lambda: forward(extend_batch(kv, ids, positions, rows), kv))])["forward"]
+    graph = capture(lambda: forward(extend_batch(kv, ids, positions, rows), kv))
     return replay_ms(graph, repeat)
 
 

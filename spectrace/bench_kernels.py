@@ -56,7 +56,7 @@ def replay_ms(fn, device: str, reps: int = 40) -> float:
 
     fn()  # compile outside the capture
     flush = torch.empty(256 << 20, dtype=torch.int8, device=device)
-    return graph_ms(capture([("fn", fn)], warmup=1)["fn"], reps, before=flush.zero_)
+    return graph_ms(capture(fn, warmup=1), reps, before=flush.zero_)
 
 
 def twin_ms(fn, device: str) -> tuple[float, float]:

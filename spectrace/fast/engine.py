@@ -1,18 +1,20 @@
 """The fast engine (`--backend fast`): core/engine.py's speculative step with the whole batch on
 the device, the Triton twins for attention, tree build and the walks, and CUDA graphs as SGLang
-captures them. The phases and names are the explicit engine's:
+captures them. `step` is core's speculative_step, phase by phase, each phase's output an argument
+of the next:
 
     DRAFT    the drafter's trees for every request (fast/drafters/), a DeviceTree
     VERIFY   one target forward over every node under the tree's mask (QLEN_ONLY); the target's argmax
-    ACCEPT   the rule walks every tree at once (fast/acceptance/): accept_tokens, the bonus
+    ACCEPT   the rule walks every tree at once (fast/acceptance/): the verdict, and the host row
     COMMIT   the accepted path's KV slots first in each request's row (fast/kv.py), the next roots
     EXTEND   the drafter catches up on the accepted tokens (DRAFT_EXTEND)
     RECORD   on the host, after the step's one sync: EOS and lengths, metrics, the trace
 
 A step's state is tensors over the batch bucket, (bs, ...), on the device. DRAFT, VERIFY + ACCEPT +
-COMMIT and EXTEND are each one CUDA graph (fast/graphs.py: LAUNCHES), as SGLang captures the draft
-loop, the verify and the draft extend; prefill is one too. Finished requests stay in their row,
-frozen: `live` masks their commits. On a CPU (TRITON_INTERPRET=1) the same code runs eagerly.
+COMMIT and EXTEND are each one CUDA graph (fast/graphs.py: launch_groups), captured from `step` as
+SGLang captures the draft loop, the verify and the draft extend; prefill is one too. Finished
+requests stay in their row, frozen: `live` masks their commits. On a CPU (TRITON_INTERPRET=1) the
+step runs eagerly.
 """
 from __future__ import annotations
 
@@ -22,85 +24,70 @@ from contextlib import nullcontext
 import torch
 
 from spectrace.core.acceptance import RULES
-from spectrace.core.acceptance.tree_rejection import SiblingStats
 from spectrace.core.adaptive import AdaptiveSpeculativeParams
 from spectrace.core.engine import Request, SpecConfig, append_tokens
 from spectrace.core.metrics import SpecMetrics
 from spectrace.core.probs import ProbsRecorder
 from spectrace.core.sampling import request_generator
-from spectrace.core.step_record import record_token_ids
 from spectrace.core.trace import TraceWriter
 from spectrace.errors import SpectraceError
-from spectrace.fast.acceptance import FAST_RULES, greedy, plain_sample
-from spectrace.fast.batch import decode_rows_batch, extend_batch, features
-from spectrace.fast.graphs import PhaseClock, Tier, capture, launch_groups
+from spectrace.fast.acceptance import FAST_RULES, Verdict, greedy, host_row, plain_sample, sample_undrafted
+from spectrace.fast.batch import decode_rows_batch, extend_batch, features, padded_prompts
+from spectrace.fast.acceptance.tree_rejection import SiblingRanks
+from spectrace.fast.graphs import (Launched, PhaseClock, PhaseGroups, StepOutputs, Tier, capture,
+                                   capture_step, launch_groups)
 from spectrace.fast.kv import StaticKV
 from spectrace.fast.sampling import DeviceRandoms, next_tokens
 from spectrace.fast.step_record import StepRecorder
-from spectrace.fast.tree import root_tree
-from spectrace.kernels.commit import accept_tokens
+from spectrace.fast.tree import DeviceTree, root_tree
 from spectrace.kernels.fused import is_fused
 
 
 class FastEngine:
-    def __init__(self, target, kv: StaticKV, spec: SpecConfig, drafter, prompt_ids: list[list[int]], eos_token_ids,
-                 trace: TraceWriter | None = None, on_step=None, probs: ProbsRecorder | None = None,
-                 graphs: bool | None = None, probe=None):
+    def __init__(self, target, kv: StaticKV, spec: SpecConfig, drafter, prompt_ids: list[list[int]],
+                 eos_token_ids, trace: TraceWriter | None = None, on_step=None,
+                 probs: ProbsRecorder | None = None, graphs: bool | None = None, probe=None):
         """kv: the target's static KV over the batch bucket, sized for every request (engines.py:
         build_engine); drafter: a fast/drafters/ drafter or None (--algo none); graphs: capture
         CUDA graphs (default: on a GPU); probe: bench --profile's PhaseProbe, whose
         `phase(name)` wraps each phase's launch (each phase then is a launch of its own)."""
         self.target, self.kv, self.spec, self.drafter = target, kv, spec, drafter
-        self.trace, self.on_step, self.eos = trace, on_step, set(eos_token_ids)
+        self.eos = set(eos_token_ids)
         self.device, self.bs = kv.seq_lens.device, kv.seq_lens.shape[0]
         # the rule's walk over every tree; plain decoding (no drafter): the root's argmax, or a sample of p
-        self.rule = FAST_RULES[spec.acceptance] if drafter else greedy if spec.sampling.greedy else plain_sample
-        self.recorder = StepRecorder(spec, drafter, probs) if trace is not None or on_step is not None else None
+        self.rule = (FAST_RULES[spec.acceptance] if drafter else
+                     greedy if spec.sampling.greedy else plain_sample)
+        recording = trace is not None or on_step is not None
+        self.recorder = StepRecorder(spec, drafter, probs, trace, on_step) if recording else None
         self.adaptive = AdaptiveSpeculativeParams(spec.num_steps) if spec.adaptive else None
         randoms = DeviceRandoms(RULES[spec.acceptance], self.bs, spec.topk, target.config.vocab_size,
-                                drafter is not None and drafter.sampled, self.device)
+                                drafter is not None and drafter.samples_drafts, self.device)
         steps = self.adaptive.candidate_steps if self.adaptive else [spec.num_steps if drafter else 0]
         self.tiers = {num_steps: Tier(num_steps, n, randoms.for_shape(num_steps, n)) for num_steps in steps
                       for n in [num_steps + 1 if self.adaptive else spec.num_draft_tokens]}
-        self.tier = self.tiers[spec.num_steps if self.adaptive else steps[0]]  # an adaptive run starts at num_steps
+        self.tier = self.tiers[spec.num_steps if self.adaptive else steps[0]]  # adaptive: starts at num_steps
         L = max(len(p) for p in prompt_ids)  # prefill pads every prompt to the longest
         self.prompt_ids = torch.zeros(self.bs, L, dtype=torch.int64, device=self.device)
         self.prompt_lens = torch.ones(self.bs, dtype=torch.int64, device=self.device)
         self.roots = torch.zeros(self.bs, dtype=torch.int64, device=self.device)  # each request's last token
         self.live = torch.zeros(self.bs, dtype=torch.bool, device=self.device)
         self.metrics = SpecMetrics(spec.max_steps if drafter else 0, spec.num_draft_tokens)
-        self.step_count, self.clock, self.sibling_stats, self.prefill_graph = 0, PhaseClock(self.device), {}, None
-        self.launches, self.probe = launch_groups(drafter, probe is not None), probe
+        self.step_count, self.clock = 0, PhaseClock(self.device, probe)
+        self.sibling_ranks, self.prefill_graph = None, None
+        self.launches = launch_groups(drafter, probe is not None)
+        self.capture_layers = drafter.capture_layers if drafter is not None else ()
+        self.host_drafts = drafter is not None and drafter.drafts_on_host  # DRAFT on the host first (n-gram)
+        self.extends_on_device = drafter is not None and not self.host_drafts  # EXTEND is device work
         if graphs if graphs is not None else self.device.type == "cuda":
             self.capture()
 
-    @property
-    def capture_layers(self) -> tuple[int, ...]:
-        return self.drafter.capture_layers if self.drafter is not None else ()
-
-    @property
-    def host_drafts(self) -> bool:
-        """DRAFT runs on the host, before the step's graphs (n-gram)."""
-        return self.drafter is not None and self.drafter.on_host
-
-    def phases(self, names: tuple[str, ...]):
-        """The named phases as one function (a launch's group)."""
-        fns = [getattr(self, name) for name in names]
-        return lambda: [fn() for fn in fns]
-
     def capture(self) -> None:
-        """The prefill graph, then each tier's graphs (an adaptive run captures the phases once
-        per tier; each tier keeps what its captures left). The warm-ups and captures change the
-        KV, so it is reset afterwards."""
-        first = self.tier
+        """The prefill graph, then each tier's step, a graph per launch group (an adaptive run
+        captures the step once per tier; each tier keeps its graphs' outputs). The warm-ups and
+        captures change the KV, so it is reset afterwards."""
+        self.prefill_graph = capture(self.prefill_forward)
         for tier in self.tiers.values():
-            self.tier = tier
-            groups = [(name, self.phases(names)) for name, names in self.launches]
-            if self.prefill_graph is None:
-                groups.insert(0, ("prefill", self.prefill_forward))
-            tier.graphs = capture(groups)
-            self.prefill_graph = self.prefill_graph or tier.graphs.pop("prefill")
-        self.tier = first
+            tier.graphs, tier.outputs = capture_step(lambda phases: self.step(tier, phases), self.launches)
         self.reset()
 
     def reset(self) -> None:
@@ -115,11 +102,12 @@ class FastEngine:
         last one is read (SGLang's overlap scheduler: a request that finished runs one step more,
         frozen) but where n-gram's drafts, an adaptive tier or tree_rejection's trees follow it."""
         reqs = [Request(i, list(p), gen=request_generator(self.spec.seed, i)) for i, p in enumerate(prompts)]
-        self.sibling_stats = {r.req_pool_idx: SiblingStats(self.spec.topk) for r in reqs}
+        ranks = self.spec.acceptance == "tree_rejection" and self.spec.topk > 1 and self.drafter is not None
+        self.sibling_ranks = SiblingRanks(reqs, self.spec.topk) if ranks else None  # they rank the next trees
         t0 = time.perf_counter()
         self.prefill(reqs)
         pending = self.launch(reqs) if any(not r.finish_reason for r in reqs) else None
-        overlap = not self.adaptive and not self.ranks_worth and not self.host_drafts
+        overlap = not self.adaptive and not self.sibling_ranks and not self.host_drafts
         while pending is not None:
             ahead = self.launch(reqs) if overlap else None
             self.finish_step(reqs, pending)
@@ -130,34 +118,26 @@ class FastEngine:
         metrics["per_request"] = [self.metrics.per_request(r.req_pool_idx) for r in reqs]
         return reqs, metrics
 
-    @property
-    def ranks_worth(self) -> bool:
-        """tree_rejection's trees are ranked by what each sibling rank was worth (SiblingStats)."""
-        return self.spec.acceptance == "tree_rejection" and self.spec.topk > 1 and self.drafter is not None
-
     @torch.no_grad()
     def prefill(self, reqs: list[Request]) -> None:
         """The prompts into the static buffers (padding rows of the bucket: one token), the
         prefill graph (or eager), each request's first token back."""
-        L = self.prompt_ids.shape[1]
-        if len(reqs) > self.bs or max(len(r.prompt_ids) for r in reqs) > L:
+        if len(reqs) > self.bs or max(len(r.prompt_ids) for r in reqs) > self.prompt_ids.shape[1]:
             raise SpectraceError("FastEngine.generate takes the prompts the engine was built for")
-        ids = [r.prompt_ids + [0] * (L - len(r.prompt_ids)) for r in reqs]
-        ids += [[reqs[0].prompt_ids[0]] + [0] * (L - 1)] * (self.bs - len(reqs))
         self.reset()
-        self.prompt_ids.copy_(torch.tensor(ids))
-        self.prompt_lens.copy_(torch.tensor([len(r.prompt_ids) for r in reqs] + [1] * (self.bs - len(reqs))))
-        randoms = self.tier.randoms
+        ids, lens = padded_prompts(reqs, *self.prompt_ids.shape)
+        self.prompt_ids.copy_(ids)
+        self.prompt_lens.copy_(lens)
         if not self.spec.sampling.greedy:  # the first token's draw, as plain decoding's
-            randoms.upload(randoms.coin64, [float(torch.rand((), generator=r.gen, dtype=torch.float64)) for r in reqs])
+            self.tier.randoms.stage_first(reqs)
         t0 = time.perf_counter()
         (self.prefill_graph.replay if self.prefill_graph else self.prefill_forward)()
         first, ms = self.roots.tolist(), round((time.perf_counter() - t0) * 1000, 3)
         for r, t in zip(reqs, first):
             append_tokens(r, [t], self.eos, self.spec.max_new_tokens)
             self.metrics.observe_prefill(r.req_pool_idx, ms)
-            if self.trace:
-                self.trace.write(self.recorder.prefill_record(r, t, ms), r.prompt_ids + r.output_ids)
+            if self.recorder:
+                self.recorder.write_prefill(r, t, ms)
         self.set_live(reqs)
         if self.host_drafts:
             self.drafter.host_prefill(reqs)
@@ -176,41 +156,43 @@ class FastEngine:
         if self.drafter is not None:
             self.drafter.prefill(self.prompt_ids, self.prompt_lens, self.roots, features(out))
 
-    def launch(self, reqs: list[Request]) -> dict:
-        """Enqueue one step: the step's random numbers in, each launch group (a graph replay, or
-        eager), then the step's tokens' copy to the host. Returns what finish_step reads."""
-        tier, on_host = self.tier, self.host_drafts
+    def launch(self, reqs: list[Request]) -> Launched:
+        """Enqueue one step: its host inputs staged (n-gram's trees, the random numbers), its launch
+        groups (graph replays, or the step eagerly), then its host row's copy to the host."""
+        tier, marks = self.tier, {}
         before = self.kv.seq_lens.clone() if self.recorder else None  # on the device: nothing waits
-        marks = {"draft": self.run_phase("draft", lambda: self.drafter.host_draft(reqs))} if on_host else {}
-        sizes = self.drafter.sizes if on_host else [tier.num_draft_tokens if self.drafter else 1] * len(reqs)
-        randoms = tier.randoms.draw(reqs, sizes) if not self.spec.sampling.greedy else None
-        if self.ranks_worth:
-            tier.randoms.upload(tier.randoms.worth, torch.stack([self.sibling_stats[r.req_pool_idx].worth()
-                                                                 for r in reqs]))
-        for name, names in self.launches:
-            marks[name] = self.run_phase(name, tier.graphs[name].replay if tier.graphs else self.phases(names))
-        copied = self.recorder.copy_step(tier, self.kv, before) if self.recorder else None  # before the next step
+        if self.host_drafts:
+            with self.clock.timed(marks, "draft"):
+                self.drafter.host_draft(reqs)
+        n = tier.num_draft_tokens if self.drafter else 1
+        sizes = list(self.drafter.sizes) if self.host_drafts else [n] * len(reqs)  # nodes of each request's tree
+        worth = self.sibling_ranks.worth(reqs) if self.sibling_ranks else None
+        randoms = tier.randoms.stage(reqs, sizes, self.spec.sampling.greedy, worth)
+        if tier.graphs:
+            for name, graph in tier.graphs.items():
+                with self.clock.timed(marks, name):
+                    graph.replay()
+            out = tier.outputs
+        else:
+            out = self.step(tier, PhaseGroups(self.launches, lambda name: self.clock.timed(marks, name)))
+        copied = self.recorder.copy_step(out, tier.randoms, self.kv, before) if self.recorder else None
         if self.device.type != "cuda":
-            return {"marks": marks, "out": tier.step_out.clone(), "done": None, "copied": copied, "randoms": randoms}
-        out = torch.empty(tier.step_out.shape, dtype=tier.step_out.dtype, pin_memory=True)
-        out.copy_(tier.step_out, non_blocking=True)  # without waiting: finish_step waits for `done`
+            return Launched(marks, out.host_row.clone(), None, copied, sizes, randoms)
+        row = torch.empty(out.host_row.shape, dtype=out.host_row.dtype, pin_memory=True)
+        row.copy_(out.host_row, non_blocking=True)  # without waiting: finish_step waits for `done`
         done = torch.cuda.Event()
         done.record()
-        return {"marks": marks, "out": out, "done": done, "copied": copied, "randoms": randoms}
-
-    def run_phase(self, name: str, fn) -> tuple:  # one launch, on the phase clock (and in the profile's probe)
-        with self.probe.phase(name) if self.probe else nullcontext():
-            return self.clock.run(fn)
+        return Launched(marks, row, done, copied, sizes, randoms)
 
     @torch.no_grad()
-    def finish_step(self, reqs: list[Request], launched: dict) -> None:
+    def finish_step(self, reqs: list[Request], launched: Launched) -> None:
         """RECORD: the host's part of a launched step, once its tokens have arrived (the step's one
         sync): EOS and max_new_tokens, metrics, sibling worth, the trace."""
-        if launched["done"] is not None:
-            launched["done"].synchronize()
-        rows = launched["out"].tolist()  # (bs, num_steps + 2 [+ 2 topk]): accept_tokens, [counts,] accept_num
-        timing = {**self.clock.read(launched["marks"]), "batch_size": sum(not r.finish_reason for r in reqs)}
-        host = self.recorder.host_tensors(launched["copied"]) if self.recorder else None
+        if launched.done is not None:
+            launched.done.synchronize()
+        rows = launched.row.tolist()  # (bs, num_steps + 2 [+ 2 topk]): accept_tokens, [counts,] accept_num
+        timing = {**self.clock.read(launched.marks), "batch_size": sum(not r.finish_reason for r in reqs)}
+        host = self.recorder.host_tensors(launched.copied) if self.recorder else None
         adaptive = self.adaptive.step([row[-1] for row, r in zip(rows, reqs) if not r.finish_reason]) \
             if self.adaptive else None  # the explicit engine's adapt: the EMA over this step's requests
         finished = False
@@ -219,81 +201,79 @@ class FastEngine:
                 self.finish_request(b, r, rows[b], launched, host, timing, adaptive)
                 finished |= r.finish_reason is not None
         if self.host_drafts:  # the histories of the requests still running
-            self.drafter.host_extend([(r.req_pool_idx, rows[b][:rows[b][-1] + 1]) for b, r in enumerate(reqs)
-                                      if not r.finish_reason])
+            self.drafter.host_extend(reqs, rows)
         if finished:
             self.set_live(reqs)
         if adaptive and adaptive["switched_to"]:  # the next step runs the new tier's graphs
             self.tier = self.tiers[adaptive["switched_to"]]
         self.step_count += 1
 
-    def finish_request(self, b: int, r: Request, row: list[int], launched: dict, host, timing: dict, adaptive) -> None:
+    def finish_request(self, b: int, r: Request, row: list[int], launched: Launched, host, timing: dict,
+                       adaptive) -> None:
         """One unfinished request's tokens, metrics, sibling worth and step record."""
         num, tier = row[-1], self.tier
         committed = append_tokens(r, row[:num + 1], self.eos, self.spec.max_new_tokens)
-        size = self.drafter.sizes[b] if self.host_drafts else tier.num_draft_tokens if self.drafter else 1
-        self.metrics.observe(b, self.step_count, timing, len(committed), num, size - 1 if size > 1 else None, num + 1,
-                             adaptive and adaptive["num_steps"])
-        if self.ranks_worth:  # the walk's tries and acceptances by sibling rank rank the next trees
-            counts = row[tier.num_steps + 1:-1]
-            self.sibling_stats[r.req_pool_idx].add(counts[:self.spec.topk], counts[self.spec.topk:])
-        if self.recorder is None:
-            return
-        randoms = launched["randoms"][b] if launched["randoms"] else None
-        rec = self.recorder.record(self.step_count, b, r, host, row[:num + 1], randoms, committed, timing, adaptive,
-                                   tier.num_steps)
-        if self.trace:
-            self.trace.write(rec, record_token_ids(rec))
-        if self.on_step:
-            self.on_step(rec)
+        size = launched.sizes[b]
+        self.metrics.observe(b, self.step_count, timing, len(committed), num, size - 1 if size > 1 else None,
+                             num + 1, adaptive and adaptive["num_steps"])
+        if self.sibling_ranks:  # the walk's tries and acceptances by sibling rank rank the next trees
+            self.sibling_ranks.add(r, row[tier.num_steps + 1:-1])
+        if self.recorder:
+            randoms = launched.randoms[b] if launched.randoms else None
+            self.recorder.write_step(self.step_count, b, r, host, row[:num + 1], randoms, committed, timing,
+                                     adaptive, tier.num_steps)
 
     def set_live(self, reqs: list[Request]) -> None:
         """Which bucket rows still commit; copied without waiting for the steps already enqueued."""
         live = torch.tensor([not r.finish_reason for r in reqs] + [False] * (self.bs - len(reqs)))
         self.live.copy_(live.pin_memory() if self.device.type == "cuda" else live, non_blocking=True)
 
-    # ---- the phases: device work only, graph-safe ------------------------------------------
-    def draft(self) -> None:
+    # ---- the step: device work only, graph-safe ----------------------------------------------
+    def step(self, tier: Tier, phase=PhaseGroups((), nullcontext)) -> StepOutputs:
+        """DRAFT -> VERIFY -> ACCEPT -> COMMIT -> EXTEND for the whole bucket (core/engine.py:
+        Engine.speculative_step). `phase(name)`: the context each phase runs in, which gathers the
+        phases into their launch groups (fast/graphs.py: a CUDA graph each, or an eager launch)."""
+        with phase("draft"):
+            tree = self.draft(tier)
+        with phase("verify"):
+            logits, target_predict, feats = self.verify(tree)
+        with phase("accept"):
+            verdict, row = host_row(self.accept(tree, logits, target_predict, tier), tree.draft_tokens)
+        with phase("commit"):
+            self.commit(tree, verdict)
+        if self.extends_on_device:
+            with phase("extend"):
+                self.drafter.draft_extend(tree, verdict, feats, self.live)
+        return StepOutputs(tree, logits, target_predict, feats, verdict, row)
+
+    def draft(self, tier: Tier) -> DeviceTree:
         """DRAFT: the drafter's tree for every request, rooted at its last committed token (plain
         decoding: the root alone)."""
-        tier = self.tier
-        tier.tree = root_tree(self.roots, self.kv.seq_lens) if self.drafter is None else self.drafter.draft(
-            self.roots, self.kv.seq_lens, tier.num_steps, tier.num_draft_tokens, tier.randoms)
+        if self.drafter is None:
+            return root_tree(self.roots, self.kv.seq_lens)
+        return self.drafter.draft(self.roots, self.kv.seq_lens, tier.num_steps, tier.num_draft_tokens,
+                                  tier.randoms)
 
-    def verify(self) -> None:
+    def verify(self, tree: DeviceTree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """VERIFY (TARGET_VERIFY): the target over every node under the tree's mask (plain
-        decoding: the root, causal); with --deterministic, every node as a one-token decode (one forward)."""
-        tier, tree = self.tier, self.tier.tree
-        batch = decode_rows_batch(self.kv, tree, is_fused(self.target)) if self.spec.deterministic else \
-            extend_batch(self.kv, tree.draft_tokens.flatten(), tree.positions.flatten(), tree.num_nodes, tree.tree_mask)
+        decoding: the root, causal); with --deterministic, every node as a one-token decode (one
+        forward). -> logits (bs * n, V), their argmax (ties to the lowest id, as plain decoding's),
+        the drafters' features."""
+        if self.spec.deterministic:
+            batch = decode_rows_batch(self.kv, tree, is_fused(self.target))
+        else:
+            batch = extend_batch(self.kv, tree.draft_tokens.flatten(), tree.positions.flatten(),
+                                 tree.num_nodes, tree.tree_mask)
         out = self.target(batch, self.kv, self.capture_layers)
-        tier.logits, tier.features = out.logits, features(out)
-        tier.target_predict = torch.argmax(out.logits, dim=-1)  # ties to the lowest id, as plain decoding
+        return out.logits, torch.argmax(out.logits, dim=-1), features(out)
 
-    def accept(self) -> None:
-        """ACCEPT: the rule's walk over every tree; accept_tokens (bs, num_steps + 1): the correct
-        drafts, then the bonus at column accept_num, -1 after."""
-        tier, tree = self.tier, self.tier.tree
-        v = self.rule(tree, tier.logits, tier.target_predict, tier.randoms, self.spec, tier.num_steps)
-        if tree.num_drafts is not None and not self.spec.sampling.greedy:  # a request that drafted nothing:
-            first = tier.logits.view(self.bs, tree.num_nodes, -1)[:, 0]  # plain decoding's sample
-            v.bonus = torch.where(tree.num_drafts > 0, v.bonus, next_tokens(first, self.spec.sampling,
-                                                                            tier.randoms.coin64))
-        W, counts = v.accept_index.shape[1], v.sibling_counts
-        step_out = torch.empty(self.bs, W + 1 + (counts.shape[1] if counts is not None else 0), dtype=torch.int64,
-                               device=self.device)  # accept_tokens, [sibling counts,] accept_num
-        accept_tokens(step_out, v.accept_index, v.accept_num, v.bonus, tree.draft_tokens)
-        if counts is not None:
-            step_out[:, W:-1] = counts
-        v.accept_tokens, tier.verdict, tier.step_out = step_out[:, :W], v, step_out
+    def accept(self, tree: DeviceTree, logits: torch.Tensor, target_predict: torch.Tensor,
+               tier: Tier) -> Verdict:
+        """ACCEPT: the rule's walk over every tree (a request that drafted nothing: a plain sample)."""
+        v = self.rule(tree, logits, target_predict, tier.randoms, self.spec, tier.num_steps)
+        return sample_undrafted(v, tree, logits, self.spec, tier.randoms.coin64)
 
-    def commit(self) -> None:
+    def commit(self, tree: DeviceTree, verdict: Verdict) -> None:
         """COMMIT: each live request keeps the accepted path's KV; its next root is the bonus."""
-        v = self.tier.verdict
-        self.kv.commit(v.accept_index, v.accept_num, self.live, self.tier.tree.num_nodes)
-        self.roots.copy_(torch.where(self.live, v.bonus, self.roots))
-
-    def extend(self) -> None:
-        """EXTEND (DRAFT_EXTEND): the drafter reads the accepted tokens with the target's features."""
-        tier = self.tier
-        self.drafter.extend(tier.tree, tier.verdict, tier.features, self.live)
+        self.kv.commit(verdict.accept_index, verdict.accept_num, self.live, tree.num_nodes)
+        self.roots.copy_(torch.where(self.live, verdict.bonus, self.roots))

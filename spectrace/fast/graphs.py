@@ -1,20 +1,27 @@
-"""CUDA graphs as SGLang's graph runners use them: batch buckets, capture of named phases, and
-timing without a sync.
+"""CUDA graphs as SGLang's graph runners use them: batch buckets, the step's launch groups,
+their capture, and timing without a sync.
 
     BUCKETS / bucket     the batch sizes a run is padded up to, one set of graphs each
-    launch_groups        which phases share a graph (DRAFT; VERIFY + ACCEPT + COMMIT; EXTEND)
-    capture              warm the phases up on a side stream (Triton compiles there), then
-                         capture each, in order, into its own graph; a phase reads the tensors
-                         the phases before it left in their capture, and a replay rewrites them
+    launch_groups        which of a step's phases share a graph (DRAFT; VERIFY + ACCEPT + COMMIT;
+                         EXTEND)
+    PhaseGroups          the context each phase of FastEngine.step runs in: a group's context
+                         (a graph's capture, or an eager launch on the clock) is entered at its
+                         first phase and left after its last
+    capture_step         the step warmed up on a side stream (Triton compiles there), then run
+                         once under capture: a graph per launch group; `capture` likewise for
+                         one function (the prefill)
     replay_ms            median milliseconds of a captured graph's replays (CUDA events)
-    PhaseClock           a phase's time without a sync: CUDA events, read once the step is back
-    Tier                 one step shape's graphs and the static tensors they read and write
-On a CPU nothing is captured: the same phases run eagerly.
+    PhaseClock           a group's time without a sync: CUDA events, read once the step is back
+    Launched             a step on its way: its clock marks, its host row's copy, its draws
+    StepOutputs, Tier    what a step leaves on the device; one step shape's graphs, random-number
+                         buffers, and the outputs its graphs rewrite on every replay
+On a CPU nothing is captured: the step runs eagerly.
 """
 from __future__ import annotations
 
 import statistics
 import time
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Callable
 
@@ -27,20 +34,43 @@ from spectrace.fast.sampling import DeviceRandoms
 from spectrace.fast.tree import DeviceTree
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-# a CUDA graph per group of phases (a drafter on the host, or none: DRAFT joins VERIFY's graph)
+PHASES = ("draft", "verify", "accept", "commit", "extend")
+# a CUDA graph per group of phases; a drafter on the host, or none: DRAFT joins VERIFY's graph, and no EXTEND
 LAUNCHES = (("draft", ("draft",)), ("verify", ("verify", "accept", "commit")), ("extend", ("extend",)))
 HOST_LAUNCHES = (("verify", ("draft", "verify", "accept", "commit")),)
-PHASES = ("draft", "verify", "accept", "commit", "extend")
 
 
 def launch_groups(drafter, per_phase: bool) -> tuple:
-    """(launch name, its phases) in order. per_phase (bench --profile): a graph per phase, so each
-    phase's kernels are counted and timed apart; a drafter on the host drafts outside the graphs."""
+    """(launch name, its phases) in order. per_phase (bench --profile): a group per phase, so each
+    phase's kernels are counted and timed apart (a host drafter's device part, which builds the
+    tree from what the host uploaded, inside VERIFY's)."""
+    on_device = drafter is not None and not drafter.drafts_on_host
     if not per_phase:
-        return HOST_LAUNCHES if drafter is None or drafter.on_host else LAUNCHES
-    names = [p for p in PHASES if (drafter is not None or p != "extend") and not (p == "draft" and drafter
-                                                                                  and drafter.on_host)]
-    return tuple((name, (name,)) for name in names)
+        return LAUNCHES if on_device else HOST_LAUNCHES
+    groups = tuple((p, (p,)) for p in PHASES[:5 if on_device else 4])
+    return groups if on_device or drafter is None else (("verify", ("draft", "verify")),) + groups[2:]
+
+
+class PhaseGroups:
+    """The `phase(name)` context of FastEngine.step: `group(launch name)`, a context manager, is
+    entered at the first phase of each launch group and left after its last."""
+
+    def __init__(self, groups: tuple, group: Callable):
+        self.first = {phases[0]: name for name, phases in groups}
+        self.last = {phases[-1] for _, phases in groups}
+        self.group, self.open = group, ExitStack()
+
+    @contextmanager
+    def __call__(self, phase: str):
+        if phase in self.first:
+            self.open.enter_context(self.group(self.first[phase]))
+        try:
+            yield
+        except BaseException:
+            self.open.close()
+            raise
+        if phase in self.last:
+            self.open.close()
 
 
 def check_batch(batch: int) -> None:
@@ -61,21 +91,40 @@ def place_rotary(model, device) -> None:
             m.inv_freq = m.inv_freq.to(device)
 
 
-def capture(phases: list[tuple[str, Callable[[], None]]], warmup: int = 2) -> dict[str, torch.cuda.CUDAGraph]:
-    """One graph per (name, fn), captured in order after `warmup` eager rounds of them all."""
+def capture(fn: Callable[[], object], warmup: int = 2) -> torch.cuda.CUDAGraph:
+    """fn as one graph (the prefill, a benchmark's forward), captured as capture_step captures."""
+    def step(phases):
+        with phases("fn"):
+            fn()
+    return capture_step(step, (("fn", ("fn",)),), warmup)[0]["fn"]
+
+
+def capture_step(step: Callable, groups: tuple, warmup: int = 2):
+    """step(phases) run `warmup` times eagerly on a side stream, then once under capture with a
+    graph per launch group (PhaseGroups): -> (graphs in launch order, what the captured step
+    returned, which its graphs rewrite on every replay)."""
+    graphs = {}
+
+    @contextmanager
+    def captured(name):
+        graph = torch.cuda.CUDAGraph()
+        graph.capture_begin()
+        try:
+            yield
+        finally:
+            graph.capture_end()
+        graphs[name] = graph
+
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(warmup):
-            for _, fn in phases:
-                fn()
+            step(PhaseGroups(groups, lambda name: nullcontext()))
+    torch.cuda.synchronize()
+    with torch.cuda.stream(stream):
+        outputs = step(PhaseGroups(groups, captured))
     torch.cuda.current_stream().wait_stream(stream)
-    graphs = {}
-    for name, fn in phases:
-        graphs[name] = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graphs[name]):
-            fn()
-    return graphs
+    return graphs, outputs
 
 
 def replay_ms(graph: torch.cuda.CUDAGraph, repeat: int, before: Callable[[], None] | None = None) -> float:
@@ -93,22 +142,26 @@ def replay_ms(graph: torch.cuda.CUDAGraph, repeat: int, before: Callable[[], Non
 
 
 class PhaseClock:
-    """Phase times without a sync: CUDA events, read once the step's tokens have arrived; on a
-    CPU, the clock. `run` returns the phase's marks, `read` their milliseconds."""
+    """Launch groups' times without a sync: CUDA events, read once the step's tokens have
+    arrived; on a CPU, the clock. `timed(marks, name)` marks a launch (inside the probe's
+    `phase(name)` where bench --profile gives one), `read` gives milliseconds."""
 
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
+    def __init__(self, device: torch.device, probe=None):
+        self.cuda, self.probe = device.type == "cuda", probe
 
-    def run(self, fn) -> tuple:
-        if not self.cuda:
-            t0 = time.perf_counter()
-            fn()
-            return t0, time.perf_counter()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        return start, end
+    @contextmanager
+    def timed(self, marks: dict, name: str):
+        with self.probe.phase(name) if self.probe else nullcontext():
+            if not self.cuda:
+                t0 = time.perf_counter()
+                yield
+                marks[name] = (t0, time.perf_counter())
+                return
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            marks[name] = (start, end)
 
     def read(self, marks: dict[str, tuple]) -> dict[str, float]:
         if self.cuda:
@@ -117,17 +170,39 @@ class PhaseClock:
 
 
 @dataclass
+class Launched:
+    """A step on its way (FastEngine.launch), what finish_step reads once it has arrived."""
+
+    marks: dict  # launch group -> its clock marks
+    row: torch.Tensor  # the host row, on the host (pinned; filled once `done` has passed)
+    done: torch.cuda.Event | None  # None on a CPU: the row is there already
+    copied: object | None  # the recorder's PackedCopy of the step's tensors
+    sizes: list[int]  # nodes of each request's tree (n-gram's vary; 1: plain decoding)
+    randoms: list | None  # each request's draws (None: greedy)
+
+
+@dataclass
+class StepOutputs:
+    """What one step leaves on the device (FastEngine.step): the DRAFT tree, VERIFY's logits, argmax
+    and features, ACCEPT's verdict and the host row. A captured step's are its graphs' outputs,
+    rewritten on every replay."""
+
+    tree: DeviceTree
+    logits: torch.Tensor  # (bs * n, V)
+    target_predict: torch.Tensor  # (bs * n,)
+    features: torch.Tensor  # (bs * n, F) what the drafters read of the target
+    verdict: Verdict
+    host_row: torch.Tensor  # (bs, W + 1 [+ 2 topk]): accept_tokens, [sibling counts,] accept_num
+
+
+@dataclass
 class Tier:
-    """One step shape (an adaptive tier, or the run's only one): its random-number buffers, its
-    graphs, and what its phases leave, which the next phase (and a replay) reads."""
+    """One step shape (an adaptive tier, or the run's only one): its random-number buffers, and
+    once captured its graphs and the outputs they rewrite (SGLang's graph runners' static
+    buffers)."""
 
     num_steps: int
     num_draft_tokens: int
     randoms: DeviceRandoms
     graphs: dict | None = None
-    tree: DeviceTree | None = None
-    logits: torch.Tensor | None = None  # (bs * n, V)
-    features: torch.Tensor | None = None  # (bs * n, F) what the drafters read of the target
-    target_predict: torch.Tensor | None = None  # (bs * n,)
-    verdict: Verdict | None = None
-    step_out: torch.Tensor | None = None  # what the host reads: accept_tokens, [sibling counts], accept_num
+    outputs: StepOutputs | None = None

@@ -49,8 +49,8 @@ class DeviceRandoms:
         worth (bs, K)                     tree_rejection: what each sibling rank was worth (SiblingStats)
     The shape-dependent buffers (coins, uniforms, noise) are a tier's own (`for_shape`)."""
 
-    def __init__(self, rule: Rule, bs: int, topk: int, vocab: int, sampled: bool, device: torch.device):
-        self.rule, self.bs, self.topk, self.vocab, self.sampled = rule, bs, topk, vocab, sampled
+    def __init__(self, rule: Rule, bs: int, topk: int, vocab: int, samples_drafts: bool, device: torch.device):
+        self.rule, self.bs, self.topk, self.vocab, self.samples_drafts = rule, bs, topk, vocab, samples_drafts
         self.cuda = device.type == "cuda"
         zeros = torch.zeros(bs, device=device)
         self.coin_final, self.coin64 = zeros, zeros.double().clone()
@@ -68,8 +68,20 @@ class DeviceRandoms:
         out.uniforms = torch.zeros(self.bs, n - 1, dtype=torch.float64, device=device) if self.bonus_noise is not None \
             else None
         out.noise = [torch.ones(self.bs * (1 if i == 0 else self.topk), self.vocab, device=device)
-                     for i in range(num_steps)] if self.sampled else []
+                     for i in range(num_steps)] if self.samples_drafts else []
         return out
+
+    def stage_first(self, reqs: list[Request]) -> None:
+        """The prefill's draws: each request's first token is a plain sample (its one coin)."""
+        self.upload(self.coin64, [float(torch.rand((), generator=r.gen, dtype=torch.float64)) for r in reqs])
+
+    def stage(self, reqs: list[Request], sizes: list[int], greedy: bool, worth: torch.Tensor | None = None):
+        """A step's host inputs into the buffers before it is launched: tree_rejection's sibling
+        worth (bs, K) when given, and each request's draws (`draw`) unless greedy. Returns the
+        draws (None when greedy)."""
+        if worth is not None:
+            self.upload(self.worth, worth)
+        return None if greedy else self.draw(reqs, sizes)
 
     def draw(self, reqs: list[Request], sizes: list[int]) -> list:
         """Each unfinished request's draws for one step of trees of sizes[b] nodes (1: a plain

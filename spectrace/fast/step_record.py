@@ -18,7 +18,8 @@ from spectrace.core.drafters.eagle_worker import draft_candidates
 from spectrace.core.engine import Request, SpecConfig, StepRow
 from spectrace.core.probs import ProbsRecorder
 from spectrace.core.sampling import as_pairs, probs_from_logits
-from spectrace.core.step_record import prefill_record, step_record
+from spectrace.core.step_record import prefill_record, record_token_ids, step_record
+from spectrace.core.trace import TraceWriter
 from spectrace.core.tree import DraftTree
 from spectrace.errors import SpectraceError
 
@@ -52,31 +53,45 @@ class PackedCopy:
 
 
 class StepRecorder:
-    def __init__(self, spec: SpecConfig, drafter, probs: ProbsRecorder | None):
-        self.spec, self.drafter, self.probs = spec, drafter, probs
+    """A recording run's records: to the trace (a TraceWriter) and to on_step (the live view)."""
+
+    def __init__(self, spec: SpecConfig, drafter, probs: ProbsRecorder | None, trace: TraceWriter | None, on_step):
+        self.spec, self.drafter, self.probs, self.trace, self.on_step = spec, drafter, probs, trace, on_step
         self.walk = RULES[spec.acceptance].walk
+
+    def write_prefill(self, r: Request, first_token: int, ms: float) -> None:
+        if self.trace:
+            self.trace.write(self.prefill_record(r, first_token, ms), r.prompt_ids + r.output_ids)
+
+    def write_step(self, *args) -> None:
+        """`record`'s record (its arguments), to the trace and to on_step."""
+        rec = self.record(*args)
+        if self.trace:
+            self.trace.write(rec, record_token_ids(rec))
+        if self.on_step:
+            self.on_step(rec)
 
     def prefill_record(self, r: Request, first_token: int, ms: float) -> dict:
         kv = {"style": "sglang", "target_seq_len": [0, len(r.prompt_ids)], "events": [], "free_slots": None}
         return prefill_record(StepRow(r, 0, None, None), first_token, kv, {"prefill": ms})
 
-    def copy_step(self, tier, kv, seq_lens_before: torch.Tensor) -> PackedCopy:
-        """The step's tensors, on their way to the host (the cost of --trace-level steps/full)."""
-        tree, verdict, bs, n = tier.tree, tier.verdict, *tier.tree.draft_tokens.shape
+    def copy_step(self, out, randoms, kv, seq_lens_before: torch.Tensor) -> PackedCopy:
+        """The step's tensors (out: its StepOutputs; randoms: its DeviceRandoms), on their way to
+        the host (the cost of --trace-level steps/full)."""
+        tree, verdict, bs, n = out.tree, out.verdict, *out.tree.draft_tokens.shape
         sampling = self.spec.sampling  # p as the trace shows it: softmax at temperature 0, else after T, top-k, top-p
-        p = torch.softmax(tier.logits, dim=-1) if sampling.greedy else probs_from_logits(tier.logits, sampling)
-        step = {"target_predict": tier.target_predict.view(bs, n), "accept_index": verdict.accept_index,
+        p = torch.softmax(out.logits, dim=-1) if sampling.greedy else probs_from_logits(out.logits, sampling)
+        step = {"target_predict": out.target_predict.view(bs, n), "accept_index": verdict.accept_index,
                 "accept_num": verdict.accept_num, "req_to_token": kv.req_to_token, "seq_lens": kv.seq_lens,
                 "seq_lens_before": seq_lens_before,
                 "target_probs": p.view(bs, n, -1),
-                "logits": tier.logits.float().view(bs, n, -1) if self.probs is not None else None}
+                "logits": out.logits.float().view(bs, n, -1) if self.probs is not None else None}
         if self.drafter is not None:
             step.update({name: getattr(tree, name) for name in TREE_FIELDS})
             step["draft_seq_lens"] = self.drafter.kv.seq_lens if self.drafter.kv is not None else None
-        if self.drafter is not None and not self.drafter.on_host:  # n-gram's trees are on the host already
+        if self.drafter is not None and not self.drafter.drafts_on_host:  # n-gram's trees are on the host already
             step.update({name: getattr(tree, name) for name in ("tree_mask", "q", "scores", "draft_probs")})
-            step["worth"] = tier.randoms.worth if self.spec.acceptance == "tree_rejection" and \
-                self.spec.topk > 1 else None
+            step["worth"] = randoms.worth if self.spec.acceptance == "tree_rejection" and self.spec.topk > 1 else None
             step["draft_top_values"], step["draft_top_indices"] = tree.draft_top
             for i, t in enumerate(tree.candidates or ()):
                 step[f"candidates{i:02d}"] = t
@@ -96,7 +111,7 @@ class StepRecorder:
         """The step's trees as core's DraftTree, request b's index in them, and its size."""
         if self.drafter is None:
             return None, b, 1
-        if self.drafter.on_host:  # the trees the host drafted (they keep the n-gram's match)
+        if self.drafter.drafts_on_host:  # the trees the host drafted (they keep the n-gram's match)
             tree, i = self.drafter.tree, self.drafter.index[b]
             return tree, i, tree.size(i)
         tree = DraftTree(
@@ -133,7 +148,7 @@ class StepRecorder:
                            draft_probs[b] if draft_probs is not None else None, randoms or Randoms())
         row.candidates = host["draft_tokens"][b, :size].tolist()
         row.positions = host["positions"][b, :size].tolist()
-        sampled = self.drafter.sampled
+        sampled = self.drafter.samples_drafts
         row.result = self.walk(row.candidates, host["retrive_next_token"][b, :size].tolist(),
                                host["retrive_next_sibling"][b, :size].tolist(), row.target_predict, row.target_probs,
                                draft_probs[b] if sampled else None, randoms, max_depth, self.spec.rule_params)

@@ -27,6 +27,7 @@ from spectrace.fast.sampling import next_tokens
 from spectrace.kernels.acceptance.greedy import greedy_walk
 from spectrace.kernels.acceptance.rejection import rejection_walk
 from spectrace.kernels.acceptance.target_only import target_only_walk
+from spectrace.kernels.commit import accept_tokens
 
 
 @dataclass
@@ -95,6 +96,33 @@ def plain_sample(tree, logits, target_predict, randoms, spec, max_depth) -> Verd
     accept_index[:, 0] = torch.arange(bs, device=logits.device)
     return Verdict(accept_index, torch.zeros(bs, dtype=torch.int64, device=logits.device),
                    next_tokens(logits, spec.sampling, randoms.coin64))
+
+
+def sample_undrafted(v: Verdict, tree, logits: torch.Tensor, spec, coins: torch.Tensor) -> Verdict:
+    """A request that drafted nothing this step (n-gram found no match: tree.num_drafts 0) takes
+    plain decoding's sample of p after its root as the bonus, as the explicit engine's
+    plain_result; at temperature 0 the walk's bonus is that argmax already."""
+    if tree.num_drafts is None or spec.sampling.greedy:
+        return v
+    first = logits.view(tree.draft_tokens.shape[0], tree.num_nodes, -1)[:, 0]
+    v.bonus = torch.where(tree.num_drafts > 0, v.bonus, next_tokens(first, spec.sampling, coins))
+    return v
+
+
+def host_row(v: Verdict, draft_tokens: torch.Tensor) -> tuple[Verdict, torch.Tensor]:
+    """What the host reads of every step, traced or not, in one copy: (bs, W + 1 [+ 2 topk]),
+    accept_tokens (the correct drafts, then the bonus at column accept_num, -1 after), [the sibling
+    counts,] accept_num. The verdict comes back with accept_tokens, a view of the row's first W
+    columns (EXTEND reads them)."""
+    W, counts = v.accept_index.shape[1], v.sibling_counts
+    bs = v.accept_index.shape[0]
+    row = torch.empty(bs, W + 1 + (counts.shape[1] if counts is not None else 0), dtype=torch.int64,
+                      device=draft_tokens.device)
+    accept_tokens(row, v.accept_index, v.accept_num, v.bonus, draft_tokens)
+    if counts is not None:
+        row[:, W:-1] = counts
+    v.accept_tokens = row[:, :W]
+    return v, row
 
 
 from spectrace.fast.acceptance import tree_rejection, typical, vllm  # noqa: E402  (they import Verdict)

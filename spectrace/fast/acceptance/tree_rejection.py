@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from spectrace.core.acceptance.tree_rejection import SiblingStats
+from spectrace.core.engine import Request
 from spectrace.fast.acceptance import Verdict, target_probs
 from spectrace.fast.sampling import sample_rows
 from spectrace.kernels.acceptance.tree_rejection import tree_rejection_walk
@@ -17,3 +19,20 @@ def tree_rejection_accept(tree, logits, target_predict, randoms, spec, max_depth
         target_probs(logits, tree, spec), tree.draft_probs, tree.draft_tokens, tree.retrive_next_token,
         tree.retrive_next_sibling, randoms.coins, randoms.coin_final, sample_rows, max_depth, randoms.topk)
     return Verdict(index, num, bonus, sibling_counts=torch.cat([tried, accepted], dim=1))
+
+
+class SiblingRanks:
+    """Each request's SiblingStats (core/acceptance/tree_rejection.py), which rank its next tree's
+    siblings: their worth rows go to the device before a step, the walk's tries and acceptances by
+    rank (the host row's counts) come back after it."""
+
+    def __init__(self, reqs: list[Request], topk: int):
+        self.topk, self.stats = topk, {r.req_pool_idx: SiblingStats(topk) for r in reqs}
+
+    def worth(self, reqs: list[Request]) -> torch.Tensor:
+        """(len(reqs), topk) what each sibling rank was worth, request by request."""
+        return torch.stack([self.stats[r.req_pool_idx].worth() for r in reqs])
+
+    def add(self, r: Request, counts: list[int]) -> None:
+        """counts: one step's tries by rank, then acceptances by rank."""
+        self.stats[r.req_pool_idx].add(counts[:self.topk], counts[self.topk:])

@@ -26,9 +26,9 @@ from spectrace.fast.tree import DeviceTree
 class FastDrafter(Protocol):
     kv: StaticKV | None  # a draft KV of its own (the trace shows its lengths), or None
     capture_layers: tuple[int, ...]  # target layers whose inputs are the features; () = last hidden state
-    on_host: bool  # DRAFT runs on the host before the step's graphs (n-gram: host_prefill, host_draft and
+    drafts_on_host: bool  # DRAFT runs on the host before the step's graphs (n-gram: host_prefill, host_draft and
     #                host_extend over the requests' histories; `sizes`, `tree` and `index` say what it drafted)
-    sampled: bool  # drafts sampled from q (the lossless sampling rules), each level reading randoms' race noise
+    samples_drafts: bool  # drafts sampled from q (the lossless sampling rules), each level reading randoms' race noise
 
     def reset(self) -> None:
         """Before a run (and after the CUDA-graph captures, which write into the buffers)."""
@@ -44,6 +44,6 @@ class FastDrafter(Protocol):
         """DRAFT: every request's tree of num_draft_tokens nodes rooted at roots (bs,), after the
         target's committed KV (seq_lens); sampled drafts read randoms' race noise."""
 
-    def extend(self, tree: DeviceTree, verdict: Verdict, features: torch.Tensor, live: torch.Tensor) -> None:
+    def draft_extend(self, tree: DeviceTree, verdict: Verdict, features: torch.Tensor, live: torch.Tensor) -> None:
         """EXTEND (DRAFT_EXTEND): each live request's accept_tokens with the target's features
         (bs * n, F) at the accepted path's rows; a frozen row keeps its state."""

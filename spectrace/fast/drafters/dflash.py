@@ -20,8 +20,8 @@ from spectrace.fast.tree import DeviceTree
 
 class DFlash:
     kv = None  # its context buffers are not a paged KV
-    on_host = False
-    sampled = False  # a block's argmax (vllm takes it one-hot)
+    drafts_on_host = False
+    samples_drafts = False  # a block's argmax (vllm takes it one-hot)
 
     def __init__(self, model: DFlashDraftModel, target, bs: int, columns: int, trace_topk: int | None):
         p = next(model.parameters())
@@ -73,6 +73,6 @@ class DFlash:
             tree.q, tree.scores, tree.draft_top = q, torch.cumprod(q, dim=1), (top.values, top.indices)
         return tree
 
-    def extend(self, tree, verdict, features, live) -> None:
+    def draft_extend(self, tree, verdict, features, live) -> None:
         """The accepted rows' context, after the columns committed before this step (the root's position)."""
         self.write(features[verdict.path], tree.positions[:, 0])

@@ -92,14 +92,14 @@ class EagleWorker:
     deeper levels) or a draft LM (reads tokens at their own positions), its draft KV, and what
     the next DRAFT starts from: q after each request's last committed token, and a head's output there."""
 
-    on_host = False
+    drafts_on_host = False
 
     def __init__(self, model, target, is_head: bool, bs: int, columns: int, topk: int, sampled: bool, keep_q: bool,
                  trace_topk: int | None, temperature: float = 1.0, fused: bool = False):
         self.model, self.target, self.is_head = model, target, is_head
         self.capture_layers = model.capture_layers if is_head else ()
         self.kv = StaticKV(model, bs, columns)
-        self.topk, self.sampled, self.keep_q, self.trace_topk = topk, sampled, keep_q, trace_topk
+        self.topk, self.samples_drafts, self.keep_q, self.trace_topk = topk, sampled, keep_q, trace_topk
         self.temperature = temperature  # q = softmax(logits / T): the run's T when drafts are sampled
         self.fused = fused  # fused_draft_forward (engines.py: fast_drafter says when)
         self.vocab_ids = model.vocab_ids if is_head else None  # EAGLE-3's draft -> target ids, made once
@@ -174,10 +174,10 @@ class EagleWorker:
             h = forward(i, input_ids, hidden_states, paths[-1])
             return self.probs(h), h if self.is_head else None
 
-        sampled = SampledDrafts(None, randoms.worth if K > 1 else None, iter(randoms.noise)) if self.sampled else None
+        sampled = SampledDrafts(None, randoms.worth if K > 1 else None, iter(randoms.noise)) if self.samples_drafts else None
         return draft_forward(probs_forward, self.next_probs, hidden, num_steps, K, sampled)
 
-    def extend(self, tree, verdict, features, live) -> None:
+    def draft_extend(self, tree, verdict, features, live) -> None:
         bs, E = verdict.accept_tokens.shape
         kv = self.kv
         cols = kv.seq_lens[:, None] + ramp(E, 1, live.device)

@@ -21,12 +21,12 @@ from spectrace.fast.tree import DeviceTree
 class FrozenKVMtp:
     kv = None  # it reads the target's
     capture_layers = ()  # the root's feature is the target's last hidden state
-    on_host = False
+    drafts_on_host = False
 
     def __init__(self, head: FrozenKVMtpHead, target, target_kv: StaticKV, topk: int, sampled: bool, keep_q: bool,
                  trace_topk: int | None, temperature: float = 1.0, fused: bool = False):
         self.head, self.embed, self.target_kv = head, target.model.embed_tokens, target_kv
-        self.topk, self.sampled, self.keep_q, self.trace_topk = topk, sampled, keep_q, trace_topk
+        self.topk, self.samples_drafts, self.keep_q, self.trace_topk = topk, sampled, keep_q, trace_topk
         self.temperature = temperature  # q = softmax(logits / T): the run's T when drafts are sampled
         self.fused = fused  # fused_draft_forward (engines.py: fast_drafter says when)
         bs = target_kv.seq_lens.shape[0]
@@ -62,7 +62,7 @@ class FrozenKVMtp:
             buffers = fused_draft_forward(lambda i, input_ids, h, paths: self.forward(input_ids, h, positions),
                                           logits, hidden, num_steps, K, probs=False)
             return build_fused_tree(buffers, roots, seq_lens, K, num_draft_tokens)
-        sampled = SampledDrafts(None, randoms.worth if K > 1 else None, iter(randoms.noise)) if self.sampled else None
+        sampled = SampledDrafts(None, randoms.worth if K > 1 else None, iter(randoms.noise)) if self.samples_drafts else None
 
         def forward(i, input_ids, h, parents):
             logits, h = self.forward(input_ids, h, positions)
@@ -70,7 +70,7 @@ class FrozenKVMtp:
         levels = draft_forward(forward, self.probs(logits), hidden, num_steps, K, sampled)
         return build_draft_tree(levels, roots, seq_lens, K, num_draft_tokens, self.keep_q, self.trace_topk)
 
-    def extend(self, tree, verdict, features, live) -> None:
+    def draft_extend(self, tree, verdict, features, live) -> None:
         """No KV to extend: the next root's feature, the target's at the last accepted row."""
         last_row = verdict.path.gather(1, verdict.accept_num[:, None]).flatten()
         self.root_feature.copy_(torch.where(live[:, None], features[last_row], self.root_feature))

@@ -19,8 +19,8 @@ from spectrace.fast.tree import DeviceTree
 class Medusa:
     kv = None
     capture_layers = ()  # the heads read the target's final hidden state
-    on_host = False
-    sampled = False  # a static tree of each head's top-k
+    drafts_on_host = False
+    samples_drafts = False  # a static tree of each head's top-k
 
     def __init__(self, heads: MedusaHeads, tree: MedusaTree, bs: int, hidden_size: int, trace_topk: int,
                  recording: bool):
@@ -64,7 +64,7 @@ class Medusa:
             tree.draft_top = (top.values[self.depth].transpose(0, 1), top.indices[self.depth].transpose(0, 1))
         return tree
 
-    def extend(self, tree, verdict, features, live) -> None:
+    def draft_extend(self, tree, verdict, features, live) -> None:
         """No KV: the next tree reads the target's hidden state at the last accepted row."""
         last_row = verdict.path.gather(1, verdict.accept_num[:, None]).flatten()
         self.last_hidden.copy_(torch.where(live[:, None], features[last_row], self.last_hidden))

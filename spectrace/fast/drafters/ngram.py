@@ -26,8 +26,8 @@ class Ngram:
 
     kv = None
     capture_layers = ()
-    on_host = True
-    sampled = False  # copied tokens
+    drafts_on_host = True
+    samples_drafts = False  # copied tokens
 
     def __init__(self, drafter, bs: int, n: int, device: torch.device):
         self.drafter, self.bs, self.n, self.device = drafter, bs, n, device
@@ -50,9 +50,11 @@ class Ngram:
         self.drafter.draft_extend_for_prefill([(r.req_pool_idx, r.prompt_ids + r.output_ids, None) for r in reqs
                                                if not r.finish_reason])
 
-    def host_extend(self, items: list[tuple[int, list[int]]]) -> None:
-        """(request, accept_tokens) of the requests still running: their histories grow."""
-        self.drafter.draft_extend([(req, toks, None) for req, toks in items])
+    def host_extend(self, reqs: list[Request], rows: list[list[int]]) -> None:
+        """After a step, the histories of the requests still running grow by their accept tokens
+        (rows: the host row of each, its accept_num last)."""
+        self.drafter.draft_extend([(r.req_pool_idx, row[:row[-1] + 1], None) for r, row in zip(reqs, rows)
+                                   if not r.finish_reason])
 
     def host_draft(self, reqs: list[Request]) -> None:
         """DRAFT on the host for the unfinished requests (a request's row is its req_pool_idx),
@@ -89,5 +91,5 @@ class Ngram:
                           self.masks, self.retrive_index, self.retrive_next_token, self.retrive_next_sibling,
                           num_drafts=self.num_drafts)
 
-    def extend(self, tree, verdict, features, live) -> None:
+    def draft_extend(self, tree, verdict, features, live) -> None:
         pass  # the histories grow on the host (host_extend)
