@@ -96,12 +96,14 @@ def decode_rows_batch(kv, tree, invariant: bool) -> ForwardBatch:
                         custom_masks=[], attn_metadata={"branch": meta}, batch_invariant=invariant)
 
 
-def padded_prompts(reqs, bs: int, L: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The prefill's host rows: (bs, L) prompt ids, each padded with 0s, and (bs,) their lengths;
-    the bucket's spare rows are one token (the first prompt's first)."""
+def fill_prompts(prompt_ids: torch.Tensor, prompt_lens: torch.Tensor, reqs) -> None:
+    """The prefill's static inputs: prompt_ids (bs, L) each prompt padded with 0s, prompt_lens (bs,)
+    their lengths; the bucket's spare rows are one token (the first prompt's first)."""
+    bs, L = prompt_ids.shape
     ids = [r.prompt_ids + [0] * (L - len(r.prompt_ids)) for r in reqs]
     ids += [[reqs[0].prompt_ids[0]] + [0] * (L - 1)] * (bs - len(reqs))
-    return torch.tensor(ids), torch.tensor([len(r.prompt_ids) for r in reqs] + [1] * (bs - len(reqs)))
+    prompt_ids.copy_(torch.tensor(ids))
+    prompt_lens.copy_(torch.tensor([len(r.prompt_ids) for r in reqs] + [1] * (bs - len(reqs))))
 
 
 def features(out) -> torch.Tensor:

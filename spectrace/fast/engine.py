@@ -1,7 +1,6 @@
 """The fast engine (`--backend fast`): core/engine.py's speculative step with the whole batch on
 the device, the Triton twins for attention, tree build and the walks, and CUDA graphs as SGLang
-captures them. `step` is core's speculative_step, phase by phase, each phase's output an argument
-of the next:
+captures them. `step` is core's speculative_step, each phase's output an argument of the next:
 
     DRAFT    the drafter's trees for every request (fast/drafters/), a DeviceTree
     VERIFY   one target forward over every node under the tree's mask (QLEN_ONLY); the target's argmax
@@ -11,10 +10,9 @@ of the next:
     RECORD   on the host, after the step's one sync: EOS and lengths, metrics, the trace
 
 A step's state is tensors over the batch bucket, (bs, ...), on the device. DRAFT, VERIFY + ACCEPT +
-COMMIT and EXTEND are each one CUDA graph (fast/graphs.py: launch_groups), captured from `step` as
+COMMIT and EXTEND are each a CUDA graph captured from `step` (fast/graphs.py: launch_groups), as
 SGLang captures the draft loop, the verify and the draft extend; prefill is one too. Finished
-requests stay in their row, frozen: `live` masks their commits. On a CPU (TRITON_INTERPRET=1) the
-step runs eagerly.
+requests stay in their row, frozen: `live` masks their commits. On a CPU the step runs eagerly.
 """
 from __future__ import annotations
 
@@ -32,7 +30,7 @@ from spectrace.core.sampling import request_generator
 from spectrace.core.trace import TraceWriter
 from spectrace.errors import SpectraceError
 from spectrace.fast.acceptance import FAST_RULES, Verdict, greedy, host_row, plain_sample, sample_undrafted
-from spectrace.fast.batch import decode_rows_batch, extend_batch, features, padded_prompts
+from spectrace.fast.batch import decode_rows_batch, extend_batch, features, fill_prompts
 from spectrace.fast.acceptance.tree_rejection import SiblingRanks
 from spectrace.fast.graphs import (Launched, PhaseClock, PhaseGroups, StepOutputs, Tier, capture,
                                    capture_step, launch_groups)
@@ -48,9 +46,8 @@ class FastEngine:
                  eos_token_ids, trace: TraceWriter | None = None, on_step=None,
                  probs: ProbsRecorder | None = None, graphs: bool | None = None, probe=None):
         """kv: the target's static KV over the batch bucket, sized for every request (engines.py:
-        build_engine); drafter: a fast/drafters/ drafter or None (--algo none); graphs: capture
-        CUDA graphs (default: on a GPU); probe: bench --profile's PhaseProbe, whose
-        `phase(name)` wraps each phase's launch (each phase then is a launch of its own)."""
+        build_engine); drafter: a fast/drafters/ drafter or None (--algo none); graphs: capture CUDA
+        graphs (default: on a GPU); probe: bench --profile's, each phase then a launch of its own."""
         self.target, self.kv, self.spec, self.drafter = target, kv, spec, drafter
         self.eos = set(eos_token_ids)
         self.device, self.bs = kv.seq_lens.device, kv.seq_lens.shape[0]
@@ -64,7 +61,7 @@ class FastEngine:
                                 drafter is not None and drafter.samples_drafts, self.device)
         steps = self.adaptive.candidate_steps if self.adaptive else [spec.num_steps if drafter else 0]
         self.tiers = {num_steps: Tier(num_steps, n, randoms.for_shape(num_steps, n)) for num_steps in steps
-                      for n in [num_steps + 1 if self.adaptive else spec.num_draft_tokens]}
+                      for n in [num_steps + 1 if self.adaptive else spec.num_draft_tokens if drafter else 1]}
         self.tier = self.tiers[spec.num_steps if self.adaptive else steps[0]]  # adaptive: starts at num_steps
         L = max(len(p) for p in prompt_ids)  # prefill pads every prompt to the longest
         self.prompt_ids = torch.zeros(self.bs, L, dtype=torch.int64, device=self.device)
@@ -82,9 +79,8 @@ class FastEngine:
             self.capture()
 
     def capture(self) -> None:
-        """The prefill graph, then each tier's step, a graph per launch group (an adaptive run
-        captures the step once per tier; each tier keeps its graphs' outputs). The warm-ups and
-        captures change the KV, so it is reset afterwards."""
+        """The prefill graph, then each tier's step, a graph per launch group (one set per adaptive
+        tier). The warm-ups and captures change the KV, so it is reset afterwards."""
         self.prefill_graph = capture(self.prefill_forward)
         for tier in self.tiers.values():
             tier.graphs, tier.outputs = capture_step(lambda phases: self.step(tier, phases), self.launches)
@@ -102,8 +98,7 @@ class FastEngine:
         last one is read (SGLang's overlap scheduler: a request that finished runs one step more,
         frozen) but where n-gram's drafts, an adaptive tier or tree_rejection's trees follow it."""
         reqs = [Request(i, list(p), gen=request_generator(self.spec.seed, i)) for i, p in enumerate(prompts)]
-        ranks = self.spec.acceptance == "tree_rejection" and self.spec.topk > 1 and self.drafter is not None
-        self.sibling_ranks = SiblingRanks(reqs, self.spec.topk) if ranks else None  # they rank the next trees
+        self.sibling_ranks = SiblingRanks.of(reqs, self.spec, self.drafter)
         t0 = time.perf_counter()
         self.prefill(reqs)
         pending = self.launch(reqs) if any(not r.finish_reason for r in reqs) else None
@@ -125,9 +120,7 @@ class FastEngine:
         if len(reqs) > self.bs or max(len(r.prompt_ids) for r in reqs) > self.prompt_ids.shape[1]:
             raise SpectraceError("FastEngine.generate takes the prompts the engine was built for")
         self.reset()
-        ids, lens = padded_prompts(reqs, *self.prompt_ids.shape)
-        self.prompt_ids.copy_(ids)
-        self.prompt_lens.copy_(lens)
+        fill_prompts(self.prompt_ids, self.prompt_lens, reqs)
         if not self.spec.sampling.greedy:  # the first token's draw, as plain decoding's
             self.tier.randoms.stage_first(reqs)
         t0 = time.perf_counter()
@@ -164,8 +157,7 @@ class FastEngine:
         if self.host_drafts:
             with self.clock.timed(marks, "draft"):
                 self.drafter.host_draft(reqs)
-        n = tier.num_draft_tokens if self.drafter else 1
-        sizes = list(self.drafter.sizes) if self.host_drafts else [n] * len(reqs)  # nodes of each request's tree
+        sizes = list(self.drafter.sizes) if self.host_drafts else [tier.num_draft_tokens] * len(reqs)
         worth = self.sibling_ranks.worth(reqs) if self.sibling_ranks else None
         randoms = tier.randoms.stage(reqs, sizes, self.spec.sampling.greedy, worth)
         if tier.graphs:
@@ -213,9 +205,9 @@ class FastEngine:
         """One unfinished request's tokens, metrics, sibling worth and step record."""
         num, tier = row[-1], self.tier
         committed = append_tokens(r, row[:num + 1], self.eos, self.spec.max_new_tokens)
-        size = launched.sizes[b]
-        self.metrics.observe(b, self.step_count, timing, len(committed), num, size - 1 if size > 1 else None,
-                             num + 1, adaptive and adaptive["num_steps"])
+        drafts = launched.sizes[b] - 1
+        self.metrics.observe(b, self.step_count, timing, len(committed), num, drafts or None, num + 1,
+                             adaptive and adaptive["num_steps"])
         if self.sibling_ranks:  # the walk's tries and acceptances by sibling rank rank the next trees
             self.sibling_ranks.add(r, row[tier.num_steps + 1:-1])
         if self.recorder:
@@ -255,10 +247,9 @@ class FastEngine:
                                   tier.randoms)
 
     def verify(self, tree: DeviceTree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """VERIFY (TARGET_VERIFY): the target over every node under the tree's mask (plain
-        decoding: the root, causal); with --deterministic, every node as a one-token decode (one
-        forward). -> logits (bs * n, V), their argmax (ties to the lowest id, as plain decoding's),
-        the drafters' features."""
+        """VERIFY (TARGET_VERIFY): the target over every node under the tree's mask (plain decoding:
+        the root, causal; --deterministic: every node a one-token decode, in one forward) -> logits
+        (bs * n, V), their argmax (ties to the lowest id, as plain decoding's), the features."""
         if self.spec.deterministic:
             batch = decode_rows_batch(self.kv, tree, is_fused(self.target))
         else:

@@ -29,6 +29,12 @@ class SiblingRanks:
     def __init__(self, reqs: list[Request], topk: int):
         self.topk, self.stats = topk, {r.req_pool_idx: SiblingStats(topk) for r in reqs}
 
+    @classmethod
+    def of(cls, reqs: list[Request], spec, drafter) -> "SiblingRanks | None":
+        """A run's ranks where its trees are ranked: tree_rejection over trees of topk > 1."""
+        ranked = spec.acceptance == "tree_rejection" and spec.topk > 1 and drafter is not None
+        return cls(reqs, spec.topk) if ranked else None
+
     def worth(self, reqs: list[Request]) -> torch.Tensor:
         """(len(reqs), topk) what each sibling rank was worth, request by request."""
         return torch.stack([self.stats[r.req_pool_idx].worth() for r in reqs])
