@@ -76,8 +76,7 @@ for name, model in (("target", target), ("draft", draft)):
 engine = build_engine(target, draft, spec, prompts, [], backend="fast")
 engine.prefill([Request(i, p) for i, p in enumerate(prompts)])
 rows.clear()
-for _, phases in engine.launches:  # one step's DRAFT, VERIFY + ACCEPT + COMMIT and EXTEND
-    engine.phases(phases)()
+engine.step(engine.tier)  # one step's DRAFT, VERIFY + ACCEPT + COMMIT and EXTEND, eagerly
 print("bucket for 3 requests:", engine.bs, " forwards of one step (model, rows):", rows)
 
 # %% [markdown]

@@ -18,7 +18,8 @@ from spectrace.core.drafters.frozen_kv_mtp import FrozenKVMtpDrafter
 from spectrace.core.drafters.medusa import DEFAULT_CHOICES, MC_SIM_7B_63, MedusaDrafter, MedusaTree
 from spectrace.core.drafters.ngram import NgramConfig
 from spectrace.core.drafters.standalone import StandaloneDrafter
-from spectrace.core.engine import Engine, SpecConfig
+from spectrace.core.engine import Engine
+from spectrace.core.spec import SpecConfig
 from spectrace.core.kv import KVCache
 from spectrace.core.model import CausalLM, KVCacheOwner
 from spectrace.core.probs import ProbsRecorder

@@ -26,10 +26,11 @@ from spectrace.core.adaptive import AdaptiveConfig
 from spectrace.core.config import read_config_json
 from spectrace.core.drafters.medusa import DEFAULT_CHOICES, MC_SIM_7B_63, MedusaTree, load_choices
 from spectrace.core.drafters.ngram import NgramConfig
-from spectrace.core.engine import Request, SpecConfig
+from spectrace.core.engine import Request
 from spectrace.core.model import CausalLM
 from spectrace.core.ngram.trie import TrieConfig
 from spectrace.core.probs import UNSEALED, ProbsRecorder, seal, sidecar_path
+from spectrace.core.spec import SpecConfig
 from spectrace.core.trace import SCHEMA, TraceError, TraceWriter
 from spectrace.engines import build_engine, context, kv_bytes, lookahead
 from spectrace.errors import Interrupted, SpectraceError

@@ -15,7 +15,7 @@ from spectrace.core.drafters.eagle import load_eagle
 from spectrace.core.drafters.eagle3 import load_eagle3
 from spectrace.core.drafters.frozen_kv_mtp import load_frozen_kv_mtp
 from spectrace.core.drafters.mtp import load_mtp
-from spectrace.core.engine import SpecConfig
+from spectrace.core.spec import SpecConfig
 from spectrace.core.model import load_model
 from spectrace.run import build_engine
 from spectrace.zoo import DRAFT_DIR, EAGLE3_DIR, EAGLE_DIR, FROZEN_KV_MTP_DIR, MTP_DIR, TARGET_DIR

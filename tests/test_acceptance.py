@@ -127,7 +127,7 @@ def test_engine_two_token_continuations_follow_the_target(target, drafters, toke
     with temperature 1 and top-k 6 (36 outcomes). The rules' math is proven above at BIAS; here
     the engine's plumbing (generators, draft sampling, p after top-k), whose errors move far
     more: B catches a bias of ENGINE_BIAS."""
-    from spectrace.core.engine import SpecConfig
+    from spectrace.core.spec import SpecConfig
     from spectrace.run import build_engine
 
     prompt = tokenizer.encode("    for line in text.split")

@@ -290,6 +290,41 @@ def test_a_trace_that_stops_fitting_ends_at_its_last_whole_step(tmp_path):
     assert len(read_trace(trace).steps) >= 1
 
 
+def test_a_run_killed_mid_way_leaves_a_trace_that_opens_up_to_its_last_whole_step(tmp_path):
+    """SIGKILL: no handler runs, nothing is flushed or closed. Every record was written whole
+    and flushed as its step finished, so replay's reader, the walkthrough and render open the
+    trace up to the last whole step (a torn last line is a notice, not an error)."""
+    import asyncio
+    import time
+
+    from spectrace.core.trace import TraceFile
+    from spectrace.viz.tui.app import Walkthrough
+
+    trace = tmp_path / "t.jsonl"
+    run = subprocess.Popen([sys.executable, "-m", "spectrace", "run", "--algo", "eagle", "--topk", "4", "--no-tui",
+                            "--batch", "4", "--max-new-tokens", "400", "--trace", str(trace)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while (not trace.exists() or trace.stat().st_size < 30_000) and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    run.kill()
+    run.wait()
+    assert run.returncode == -9, run.stderr.read()[-2000:]  # killed mid-way, not finished
+    steps = TraceFile(trace)
+    last = steps.index[-1]
+    assert len(steps) >= 4
+    assert main(["render", str(trace), "--step", str(last.step), "--request", str(last.request),
+                 "-o", str(tmp_path / "t.dot")]) == 0
+    assert (tmp_path / "t.dot").read_text().startswith("digraph")
+
+    async def last_step():
+        async with Walkthrough(steps).run_test(size=(100, 30)) as pilot:
+            await pilot.press(*["right"] * (len(steps) + 5))
+            await pilot.pause()
+            return pilot.app.position
+    assert asyncio.run(last_step()) == len([m for m in steps.index if m.request == steps.index[0].request]) - 1
+
+
 @pytest.mark.parametrize("when", ["loading", "generating"])
 def test_ctrl_c_says_where_the_finished_steps_are_only_when_there_are_some(capsys, monkeypatch, tmp_path, when):
     import spectrace.loading

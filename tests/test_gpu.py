@@ -12,7 +12,7 @@ from test_tree import run_draft_loop  # at import: hypothesis refuses @given tes
 from transformers import AutoModelForCausalLM
 
 from spectrace.core.batch import ForwardBatch
-from spectrace.core.engine import SpecConfig
+from spectrace.core.spec import SpecConfig
 from spectrace.core.drafters.ngram import NgramConfig
 from spectrace.core.model import load_model
 from spectrace.core.tree import tree_capacity

@@ -18,6 +18,7 @@ from spectrace.cli import main
 from spectrace.core.trace import TraceFile
 from spectrace.viz.steptree import step_tree
 from spectrace.viz.tui import panels
+from spectrace.viz.tui.kv_panel import kv_panel
 from spectrace.viz.tui.app import HelpScreen, Walkthrough
 from spectrace.viz.tui.snapshot import drive as snapshot_drive
 from spectrace.viz.tui.snapshot import snapshot
@@ -279,7 +280,7 @@ def test_every_drafter_and_rule_walks_and_renders(tmp_path, capsys, dflash_dir, 
             shown = panels.visible_nodes(nodes, phase)
             for node in {shown[0], shown[-1]}:  # the root and the last node shown
                 console.print(panels.tree_panel(nodes, phase, node), panels.inspector_panel(t, rec, nodes, phase, node))
-            console.print(panels.stream_panel(t, meta.request, i, phase), panels.kv_panel(rec, phase))
+            console.print(panels.stream_panel(t, meta.request, i, phase), kv_panel(rec, phase))
         assert "digraph" in step_graph(rec, t.token_text).source
 
 

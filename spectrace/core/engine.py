@@ -23,100 +23,22 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from spectrace.algos import ALGOS
 from spectrace.core import acceptance
-from spectrace.core.acceptance import AcceptResult, RuleParams, bonus_from
+from spectrace.core.acceptance import AcceptResult, bonus_from
 from spectrace.core.acceptance.tree_rejection import SiblingStats
-from spectrace.core.adaptive import AdaptiveConfig, AdaptiveSpeculativeParams
+from spectrace.core.adaptive import AdaptiveSpeculativeParams
 from spectrace.core.batch import ForwardBatch
 from spectrace.core.drafters import Drafter, SampledDrafts
 from spectrace.core.kv import KVCache
 from spectrace.core.metrics import SpecMetrics
 from spectrace.core.model import CausalLM
 from spectrace.core.probs import ProbsRecorder
-from spectrace.core.sampling import SamplingParams, probs_from_logits, request_generator, sample
+from spectrace.core.sampling import probs_from_logits, request_generator, sample
 from spectrace.core.step_record import prefill_record, record_token_ids, step_record
 from spectrace.core.trace import TraceWriter
-from spectrace.core.tree import DraftTree, tree_capacity
+from spectrace.core.spec import SpecConfig
+from spectrace.core.tree import DraftTree
 from spectrace.errors import SpectraceError
-
-
-@dataclass
-class SpecConfig:
-    """What the engine runs: the algorithm, the tree's shape, sampling and the acceptance rule.
-    Checked once, when made. Drafter-only options (n-gram lookup, Medusa choices) belong to the
-    drafters (spectrace/engines.py builds them)."""
-
-    algo: str = "standalone"
-    num_steps: int = 3  # SGLang's STANDALONE default (steps 3, topk 1, 4 draft tokens)
-    topk: int = 1
-    num_draft_tokens: int | None = None  # tree size incl. the root; topk 1 forces num_steps + 1
-    max_new_tokens: int = 64
-    commit_style: str = "sglang"
-    trace_topk: int = 5  # target and draft candidates recorded per row
-    acceptance: str | None = None  # None: SGLang's default, greedy at temperature 0, else target_only
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-    threshold_single: float = 1.0
-    threshold_acc: float = 1.0
-    adaptive: bool = False  # SGLang's --speculative-adaptive: num_steps follows an EMA of accepted drafts
-    deterministic: bool = False  # batch-invariant verify and decode: each row as a one-token decode
-
-    @property
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(self.temperature, self.top_k, self.top_p, self.seed)
-
-    @property
-    def rule_params(self) -> RuleParams:
-        return RuleParams(self.threshold_single, self.threshold_acc, self.trace_topk)
-
-    def __post_init__(self):
-        if self.algo not in ALGOS:
-            raise SpectraceError(f"unknown --algo {self.algo!r} (available: {', '.join(ALGOS)})")
-        if self.max_new_tokens < 1:
-            raise SpectraceError(f"--max-new-tokens must be at least 1, got {self.max_new_tokens}")
-        if not 0 < self.top_p <= 1:
-            raise SpectraceError(f"--top-p must lie in (0, 1], got {self.top_p}")
-        if self.acceptance is None:
-            self.acceptance = acceptance.default_rule(self.temperature)
-        acceptance.check(self.acceptance, self.algo, self.topk, self.temperature, self.threshold_single,
-                         self.threshold_acc)
-        if self.algo == "none":  # plain decoding: one token a step, nothing to adapt
-            self.num_draft_tokens, self.adaptive = 1, False
-            return
-        if self.num_steps < 1:
-            raise SpectraceError(f"--num-steps must be at least 1, got {self.num_steps}")
-        if self.topk < 1:
-            raise SpectraceError(f"--topk must be at least 1, got {self.topk}")
-        if self.adaptive:
-            self._check_adaptive()
-        cap = tree_capacity(self.topk, self.num_steps)
-        if self.topk == 1:
-            self.num_draft_tokens = self.num_steps + 1
-        elif self.num_draft_tokens is None:  # SGLang's Llama default tree size, if the tree holds it
-            self.num_draft_tokens = min(8, cap + 1)
-        if not 2 <= self.num_draft_tokens <= cap + 1:
-            raise SpectraceError(
-                f"--num-draft-tokens {self.num_draft_tokens} does not fit a tree of topk {self.topk} and "
-                f"{self.num_steps} steps: it holds 2 to {cap + 1} nodes (root included)")
-
-    def _check_adaptive(self) -> None:
-        """SGLang: the EAGLE worker, topk 1, and a starting num_steps among the tiers."""
-        if not ALGOS[self.algo].eagle_worker:
-            raise SpectraceError("--speculative-adaptive runs with EAGLE / EAGLE3 (and NEXTN, MTP), "
-                                 f"not --algo {self.algo}")
-        if self.topk != 1:
-            raise SpectraceError("--speculative-adaptive switches chain lengths: it needs --topk 1")
-        tiers = AdaptiveConfig().candidate_steps
-        if self.num_steps not in tiers:
-            raise SpectraceError(f"--speculative-adaptive starts from a tier: --num-steps must be one of {tiers}")
-
-    @property
-    def max_steps(self) -> int:
-        """The deepest chain or tree a step may draft: num_steps, or the top tier of adaptive steps."""
-        return max(AdaptiveConfig().candidate_steps + [self.num_steps]) if self.adaptive else self.num_steps
 
 
 @dataclass

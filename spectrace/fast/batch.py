@@ -10,10 +10,12 @@ a CUDA graph replays them without the host. Three layouts:
                     [topk][step] layout), read by decode_attention_fwd from req_to_token; every
                     level's positions and slots come from scratch_slots, once a step
 `decode_rows_batch` is --deterministic's verify: every node a one-token decode of its own.
+`PromptBuffers` holds the prefill's inputs: every prompt padded to the longest, and their lengths.
 """
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -96,14 +98,28 @@ def decode_rows_batch(kv, tree, invariant: bool) -> ForwardBatch:
                         custom_masks=[], attn_metadata={"branch": meta}, batch_invariant=invariant)
 
 
-def fill_prompts(prompt_ids: torch.Tensor, prompt_lens: torch.Tensor, reqs) -> None:
-    """The prefill's static inputs: prompt_ids (bs, L) each prompt padded with 0s, prompt_lens (bs,)
-    their lengths; the bucket's spare rows are one token (the first prompt's first)."""
-    bs, L = prompt_ids.shape
-    ids = [r.prompt_ids + [0] * (L - len(r.prompt_ids)) for r in reqs]
-    ids += [[reqs[0].prompt_ids[0]] + [0] * (L - 1)] * (bs - len(reqs))
-    prompt_ids.copy_(torch.tensor(ids))
-    prompt_lens.copy_(torch.tensor([len(r.prompt_ids) for r in reqs] + [1] * (bs - len(reqs))))
+@dataclass
+class PromptBuffers:
+    """The prefill's static inputs, (bs, L) prompt ids and (bs,) their lengths, and once captured the
+    prefill graph that reads them."""
+
+    ids: torch.Tensor
+    lens: torch.Tensor
+    graph: torch.cuda.CUDAGraph | None = None
+
+    @classmethod
+    def empty(cls, bs: int, L: int, device) -> "PromptBuffers":
+        """Buffers for prompts of up to L tokens (every prompt is padded to the longest)."""
+        return cls(torch.zeros(bs, L, dtype=torch.int64, device=device),
+                   torch.ones(bs, dtype=torch.int64, device=device))
+
+    def fill(self, reqs) -> None:
+        """Each prompt padded with 0s; the bucket's spare rows are one token (the first prompt's first)."""
+        bs, L = self.ids.shape
+        ids = [r.prompt_ids + [0] * (L - len(r.prompt_ids)) for r in reqs]
+        ids += [[reqs[0].prompt_ids[0]] + [0] * (L - 1)] * (bs - len(reqs))
+        self.ids.copy_(torch.tensor(ids))
+        self.lens.copy_(torch.tensor([len(r.prompt_ids) for r in reqs] + [1] * (bs - len(reqs))))
 
 
 def features(out) -> torch.Tensor:

@@ -23,14 +23,15 @@ import torch
 
 from spectrace.core.acceptance import RULES
 from spectrace.core.adaptive import AdaptiveSpeculativeParams
-from spectrace.core.engine import Request, SpecConfig, append_tokens
+from spectrace.core.engine import Request, append_tokens
 from spectrace.core.metrics import SpecMetrics
 from spectrace.core.probs import ProbsRecorder
 from spectrace.core.sampling import request_generator
+from spectrace.core.spec import SpecConfig
 from spectrace.core.trace import TraceWriter
 from spectrace.errors import SpectraceError
 from spectrace.fast.acceptance import FAST_RULES, Verdict, greedy, host_row, plain_sample, sample_undrafted
-from spectrace.fast.batch import decode_rows_batch, extend_batch, features, fill_prompts
+from spectrace.fast.batch import PromptBuffers, decode_rows_batch, extend_batch, features
 from spectrace.fast.acceptance.tree_rejection import SiblingRanks
 from spectrace.fast.graphs import (Launched, PhaseClock, PhaseGroups, StepOutputs, Tier, capture,
                                    capture_step, launch_groups)
@@ -63,25 +64,22 @@ class FastEngine:
         self.tiers = {num_steps: Tier(num_steps, n, randoms.for_shape(num_steps, n)) for num_steps in steps
                       for n in [num_steps + 1 if self.adaptive else spec.num_draft_tokens if drafter else 1]}
         self.tier = self.tiers[spec.num_steps if self.adaptive else steps[0]]  # adaptive: starts at num_steps
-        L = max(len(p) for p in prompt_ids)  # prefill pads every prompt to the longest
-        self.prompt_ids = torch.zeros(self.bs, L, dtype=torch.int64, device=self.device)
-        self.prompt_lens = torch.ones(self.bs, dtype=torch.int64, device=self.device)
+        self.prompts = PromptBuffers.empty(self.bs, max(len(p) for p in prompt_ids), self.device)
         self.roots = torch.zeros(self.bs, dtype=torch.int64, device=self.device)  # each request's last token
         self.live = torch.zeros(self.bs, dtype=torch.bool, device=self.device)
         self.metrics = SpecMetrics(spec.max_steps if drafter else 0, spec.num_draft_tokens)
         self.step_count, self.clock = 0, PhaseClock(self.device, probe)
-        self.sibling_ranks, self.prefill_graph = None, None
+        self.sibling_ranks = None
         self.launches = launch_groups(drafter, probe is not None)
         self.capture_layers = drafter.capture_layers if drafter is not None else ()
         self.host_drafts = drafter is not None and drafter.drafts_on_host  # DRAFT on the host first (n-gram)
-        self.extends_on_device = drafter is not None and not self.host_drafts  # EXTEND is device work
         if graphs if graphs is not None else self.device.type == "cuda":
             self.capture()
 
     def capture(self) -> None:
         """The prefill graph, then each tier's step, a graph per launch group (one set per adaptive
         tier). The warm-ups and captures change the KV, so it is reset afterwards."""
-        self.prefill_graph = capture(self.prefill_forward)
+        self.prompts.graph = capture(self.prefill_forward)
         for tier in self.tiers.values():
             tier.graphs, tier.outputs = capture_step(lambda phases: self.step(tier, phases), self.launches)
         self.reset()
@@ -117,14 +115,14 @@ class FastEngine:
     def prefill(self, reqs: list[Request]) -> None:
         """The prompts into the static buffers (padding rows of the bucket: one token), the
         prefill graph (or eager), each request's first token back."""
-        if len(reqs) > self.bs or max(len(r.prompt_ids) for r in reqs) > self.prompt_ids.shape[1]:
+        if len(reqs) > self.bs or max(len(r.prompt_ids) for r in reqs) > self.prompts.ids.shape[1]:
             raise SpectraceError("FastEngine.generate takes the prompts the engine was built for")
         self.reset()
-        fill_prompts(self.prompt_ids, self.prompt_lens, reqs)
+        self.prompts.fill(reqs)
         if not self.spec.sampling.greedy:  # the first token's draw, as plain decoding's
             self.tier.randoms.stage_first(reqs)
         t0 = time.perf_counter()
-        (self.prefill_graph.replay if self.prefill_graph else self.prefill_forward)()
+        (self.prompts.graph.replay if self.prompts.graph else self.prefill_forward)()
         first, ms = self.roots.tolist(), round((time.perf_counter() - t0) * 1000, 3)
         for r, t in zip(reqs, first):
             append_tokens(r, [t], self.eos, self.spec.max_new_tokens)
@@ -139,15 +137,15 @@ class FastEngine:
         """Target EXTEND over every prompt (causal, L rows a request); each request's first token
         is the next token after its last real row; then the drafter aligns itself with the prompt
         (SGLang's forward_draft_extend)."""
-        bs, L = self.prompt_ids.shape
+        bs, L = self.prompts.ids.shape
         rows = torch.arange(L, device=self.device)
-        out = self.target(extend_batch(self.kv, self.prompt_ids.flatten(), rows.repeat(bs), L), self.kv,
+        out = self.target(extend_batch(self.kv, self.prompts.ids.flatten(), rows.repeat(bs), L), self.kv,
                           self.capture_layers)
-        last = torch.arange(bs, device=self.device) * L + self.prompt_lens - 1
+        last = torch.arange(bs, device=self.device) * L + self.prompts.lens - 1
         self.roots.copy_(next_tokens(out.logits[last], self.spec.sampling, self.tier.randoms.coin64))
-        self.kv.seq_lens.copy_(self.prompt_lens)
+        self.kv.seq_lens.copy_(self.prompts.lens)
         if self.drafter is not None:
-            self.drafter.prefill(self.prompt_ids, self.prompt_lens, self.roots, features(out))
+            self.drafter.prefill(self.prompts.ids, self.prompts.lens, self.roots, features(out))
 
     def launch(self, reqs: list[Request]) -> Launched:
         """Enqueue one step: its host inputs staged (n-gram's trees, the random numbers), its launch
@@ -233,7 +231,7 @@ class FastEngine:
             verdict, row = host_row(self.accept(tree, logits, target_predict, tier), tree.draft_tokens)
         with phase("commit"):
             self.commit(tree, verdict)
-        if self.extends_on_device:
+        if self.drafter is not None and not self.host_drafts:  # EXTEND is device work
             with phase("extend"):
                 self.drafter.draft_extend(tree, verdict, feats, self.live)
         return StepOutputs(tree, logits, target_predict, feats, verdict, row)

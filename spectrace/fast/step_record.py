@@ -15,9 +15,10 @@ import torch
 
 from spectrace.core.acceptance import RULES, AcceptResult, Randoms, bonus_from
 from spectrace.core.drafters.eagle_worker import draft_candidates
-from spectrace.core.engine import Request, SpecConfig, StepRow
+from spectrace.core.engine import Request, StepRow
 from spectrace.core.probs import ProbsRecorder
 from spectrace.core.sampling import as_pairs, probs_from_logits
+from spectrace.core.spec import SpecConfig
 from spectrace.core.step_record import prefill_record, record_token_ids, step_record
 from spectrace.core.trace import TraceWriter
 from spectrace.core.tree import DraftTree

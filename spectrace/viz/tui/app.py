@@ -3,7 +3,7 @@
     left/right  step          [ / ]  phase          up/down  node          r  next request
     space       play / pause  g      export this step's Graphviz figure     ?  help    q  quit
 
-The panels' contents come from `panels.py`; this module holds the cursor (request, step, phase,
+The panels' contents come from `panels.py` and `kv_panel.py`; this module holds the cursor (request, step, phase,
 node) and the layout. Records are read from the trace lazily, one step at a time.
 """
 from __future__ import annotations
@@ -26,6 +26,7 @@ from spectrace.viz import graph
 from spectrace.viz.steptree import ViewNode, dropped_candidates, step_tree
 from spectrace.viz.tokens import LABEL_LIMIT, shown
 from spectrace.viz.tui import panels
+from spectrace.viz.tui.kv_panel import kv_panel
 
 HELP = """[b]spectrace walkthrough[/b]
 
@@ -198,7 +199,7 @@ class Walkthrough(App):
             panels.inspector_panel(self.trace, rec, nodes, self.phase_name, self.node), f"node {self.node}")
         self.query_one("#stream", Panel).show(panels.stream_panel(self.trace, self.request, self.position,
                                                                   self.phase_name))
-        self.query_one("#kv", Panel).show(panels.kv_panel(rec, self.phase_name), f"KV cache · {self.phase_name}")
+        self.query_one("#kv", Panel).show(kv_panel(rec, self.phase_name), f"KV cache · {self.phase_name}")
         metrics = panels.running_metrics(self.trace, self.request, self.position)
         if rec.get("adaptive"):  # first: the panel shows two lines, the rest scrolls
             metrics = panels.adaptive_text(rec["adaptive"]).append("\n").append_text(metrics)

@@ -7,6 +7,7 @@ moves the cursor, and tests read them without a terminal. A step plays in phases
     ACCEPT    the walk: fates (correct, rejected, unreached) and the bonus token
     COMMIT    the target's KV keeps the accepted path; the rest is released
     EXTEND    the drafter catches up on the accepted tokens (DRAFT_EXTEND)
+The KV panel is kv_panel.py's.
 """
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def phases_of(rec: dict, algo: str) -> list[str]:
     return phases + (["EXTEND"] if algo != "none" else [])
 
 
-def _after(phase: str, name: str) -> bool:
+def after(phase: str, name: str) -> bool:
+    """Whether the walkthrough's `phase` (e.g. "DRAFT 2") is at or past the phase `name`."""
     order = ["DRAFT", "VERIFY", "ACCEPT", "COMMIT", "EXTEND"]
     return order.index(phase.split()[0]) >= order.index(name)
 
@@ -59,14 +61,14 @@ def tok(text: str, limit: int | None = LABEL_LIMIT) -> str:
 
 
 def node_label(n: ViewNode, phase: str, selected: bool) -> Text:
-    walked = _after(phase, "ACCEPT")
+    walked = after(phase, "ACCEPT")
     color = FATE_COLORS[n.fate][1] if walked or n.fate == "root" else DRAFTED
     t = Text()
     t.append(f"{MARKS[n.fate] if walked or n.fate == 'root' else '○'} ", style=color)
     t.append(tok(n.text), style=f"bold {color}")
     if n.q is not None:
         t.append(f"  q {n.q:.2f}  s {n.score:.3f}", style="dim")
-    if n.p is not None and _after(phase, "VERIFY"):
+    if n.p is not None and after(phase, "VERIFY"):
         t.append(f"  p {n.p:.2f}", style="")
     if n.fate == "bonus":
         t.append("  bonus", style=color)
@@ -151,7 +153,7 @@ def inspector_panel(trace: TraceFile, rec: dict, nodes: list[ViewNode], phase: s
                           "and its row's logits judge its children.", style="dim"))
         if draft and draft.get("proposer"):
             parts.append(proposer_text(trace, draft["proposer"]))
-        if _after(phase, "VERIFY"):
+        if after(phase, "VERIFY"):
             parts.append(_topk_table("target p after the root", verify["target_topk"][0], "", [], trace,
                                      verify["target_predict"][0]))
         return Group(*parts)
@@ -164,11 +166,11 @@ def inspector_panel(trace: TraceFile, rec: dict, nodes: list[ViewNode], phase: s
             parts.append(_topk_table(f"target p after node {n.parent}", verify["target_topk"][n.parent], "", [], trace,
                                      n.token))
         return Group(*parts)
-    if _after(phase, "ACCEPT"):
+    if after(phase, "ACCEPT"):
         parts.append(decision_text(trace, rec, n, verify["target_predict"][n.parent]))
     numbers = Text(f"draft q {n.q:.4f}  path score {n.score:.4f}")
     draft_pairs = draft["draft_topk"][n.index - 1] if draft else []
-    if not _after(phase, "VERIFY"):
+    if not after(phase, "VERIFY"):
         parts += [numbers, _topk_table(f"draft q after node {n.parent}", draft_pairs, "", [], trace, n.token)]
         return Group(*parts)
     numbers.append(f"  target p {n.p:.4f}")  # p(token | parent), recorded for every node
@@ -286,7 +288,7 @@ def stream_panel(trace: TraceFile, request: int, position: int, phase: str) -> T
         out = out[1:]
     for tid in out:
         t.append(shown(trace.token_text(tid), "\n", LABEL_LIMIT))
-    if position < len(metas) and _after(phase, "ACCEPT"):
+    if position < len(metas) and after(phase, "ACCEPT"):
         m = metas[position]
         correct = m.committed[:max(0, m.accept_len - 1)]
         for tid in correct:
@@ -295,61 +297,6 @@ def stream_panel(trace: TraceFile, request: int, position: int, phase: str) -> T
         if len(m.committed) == m.accept_len:  # the bonus entered (not cut by EOS / the token limit)
             t.append(shown(trace.token_text(m.committed[-1]), "\n", LABEL_LIMIT),
                      style=f"bold {FATE_COLORS['bonus'][1]} on #172a3f")
-    return t
-
-
-def _span(xs: list[int]) -> str:
-    if not xs:
-        return "-"
-    return " ".join(str(x) for x in xs) if len(xs) <= 10 else " ".join(map(str, xs[:8])) + f" … ({len(xs)})"
-
-
-PHASE_EVENTS = {"DRAFT": ("draft",), "VERIFY": ("verify",), "ACCEPT": ("verify",), "COMMIT": ("commit", "finish"),
-                "EXTEND": ("extend",)}
-PHASE_WHAT = {"DRAFT": "draft KV scratch, [topk][step], released after drafting",
-              "VERIFY": "target KV of the verify rows", "ACCEPT": "target KV of the verify rows",
-              "COMMIT": "target KV: keep the accepted path, release the rest", "EXTEND": "draft KV (DRAFT_EXTEND)"}
-SHOWN_FIELDS = ("pool", "op", "req", "phase", "positions", "slots", "from_slots", "to_slots", "tokens")
-
-
-def kv_panel(rec: dict, phase: str) -> Text:
-    """Sequence lengths, the tail of `req_to_token`, and the KV events of this phase (the trace
-    tags each event with the phase that caused it)."""
-    kv = rec["kv"]
-    kind = phase.split()[0]
-    shown = [e for e in kv["events"] if e.get("phase") in PHASE_EVENTS[kind]]
-    before, after = kv["target_seq_len"]
-    t = Text()
-    t.append(f"{kv['style']}", style="bold")
-    t.append(f"  target seq_len {before}" + (f" -> {after}" if _after(phase, "COMMIT") else ""))
-    if kv.get("draft_seq_len"):
-        d0, d1 = kv["draft_seq_len"]
-        t.append(f"  draft {d0}" + (f" -> {d1}" if phase == "EXTEND" else ""))
-    elif rec.get("draft") is not None:  # FROZEN_KV_MTP reads the target's; n-gram needs none
-        t.append("  no draft KV" + ("" if rec["draft"].get("proposer") else " (reads the target's)"))
-    t.append("\n")
-    if kv["style"] == "vllm" and _after(phase, "COMMIT"):
-        n = len(rec["verify"]["tokens"])
-        rejected = before + n - after
-        t.append(f"num_computed_tokens = {before} + {n} verified - {rejected} rejected = {after}\n", style="yellow")
-    tail = kv["req_to_token_tail"] if _after(phase, "COMMIT") else kv.get("req_to_token_tail_before")
-    if tail:
-        t.append(f"req_to_token[{rec['request']}, {tail['start']}:] ", style="bold")
-        t.append(_span(tail["slots"]) + "\n")
-    t.append(PHASE_WHAT[kind] + "\n", style="dim")
-    for e in shown:
-        t.append(f"{e['pool']:<6} {e['op']:<8}", style="bold")
-        if e["op"] == "move":
-            t.append(f" slots {_span(e['from_slots'])} -> {_span(e['to_slots'])}")
-        else:
-            for name, label in (("positions", "pos"), ("slots", "slots")):
-                if name in e:
-                    t.append(f" {label} {_span(e[name])}")
-        extra = {k: v for k, v in e.items() if k not in SHOWN_FIELDS}
-        if extra:
-            t.append(" " + " ".join(f"{k}={_span(v) if isinstance(v, list) else v}" for k, v in extra.items()),
-                     style="dim")
-        t.append("\n")
     return t
 
 
