@@ -118,3 +118,33 @@ def test_numbers_json_cannot_carry_are_written_as_null(tmp_path):
     first, second = (strict(line) for line in path.read_text().splitlines())
     assert first["q"] == [0.5, None] and first["timing"] == {"draft": None, "n": [1, None]}
     assert second["q"] == [0.25]
+
+
+def test_a_step_whose_flush_fails_is_cut_back_to_the_last_whole_step(tmp_path):
+    """A step's records are written, then flushed at once: a flush that fails (a full disk) cuts
+    the file back to the last flush, so no record of the failed step stays behind, whole or torn."""
+    import errno
+
+    from spectrace.core.trace import TraceWriter
+
+    writer = TraceWriter(tmp_path / "t.jsonl", str)
+    writer.write({"kind": "header"})
+    disk = writer._f
+
+    class Full:  # the step's bytes reach the file, then the disk is full
+        def write(self, data):
+            return disk.write(data)
+
+        def flush(self):
+            disk.flush()
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def close(self):
+            disk.close()
+
+    writer._f = Full()
+    writer.write({"kind": "step", "request": 0}, flush=False)
+    writer.write({"kind": "step", "request": 1}, flush=False)
+    with pytest.raises(TraceError, match="No space left on device"):
+        writer.flush()
+    assert (tmp_path / "t.jsonl").read_text().splitlines() == ['{"kind": "header", "tokens": {}}']

@@ -260,9 +260,11 @@ class Engine:
                               {**timing, "batch_size": len(rows)}, self.spec.trace_topk, adaptive)
             self.metrics.observe_step(rec)
             if self.trace:
-                self.trace.write(rec, record_token_ids(rec))
+                self.trace.write(rec, record_token_ids(rec), flush=False)
             if self.on_step:
                 self.on_step(rec)
+        if self.trace:
+            self.trace.flush()  # the step's records, whole, at once
         self.step_count += 1
 
     def adapt(self, rows: list[StepRow]) -> dict:

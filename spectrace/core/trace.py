@@ -43,7 +43,8 @@ def malformed(path, lineno: int, e: Exception) -> TraceError:
 
 
 class TraceWriter:
-    """Writes one JSON object per line and flushes it, so readers see every finished step."""
+    """Writes one JSON object per line, and flushes after each record, or after a step's records
+    (write(..., flush=False), then flush()), so readers see every finished step."""
 
     def __init__(self, path: str | Path, token_text: Callable[[int], str]):
         self.path = Path(path)
@@ -55,6 +56,7 @@ class TraceWriter:
         self._token_text = token_text
         self._seen: set[int] = set()
         self._size = 0  # bytes of whole records on disk
+        self._pending = 0  # bytes written since the last flush
         self.failed = False  # a write failed: the file ends at the last whole record
 
     def _new_tokens(self, ids: Iterable[int]) -> dict[str, str]:
@@ -62,7 +64,7 @@ class TraceWriter:
         self._seen.update(new)
         return {str(i): self._token_text(i) for i in new}
 
-    def write(self, record: dict, token_ids: Iterable[int] = ()) -> None:
+    def write(self, record: dict, token_ids: Iterable[int] = (), flush: bool = True) -> None:
         record = dict(record)
         record["tokens"] = self._new_tokens(token_ids)
         try:
@@ -72,14 +74,24 @@ class TraceWriter:
         line = (text + "\n").encode("utf-8")
         try:
             self._f.write(line)
+        except OSError as e:
+            self._fail(e)
+        self._pending += len(line)
+        if flush:
+            self.flush()
+
+    def flush(self) -> None:
+        """Every record written so far onto the disk (one system call for a step's records)."""
+        try:
             self._f.flush()
         except OSError as e:
             self._fail(e)
-        self._size += len(line)
+        self._size, self._pending = self._size + self._pending, 0
 
     def _fail(self, e: OSError) -> None:
-        """A record that did not fit (a full disk, say): the file is cut back to the last whole
-        record, so it stays readable up to the last finished step, and the error says why."""
+        """A record that did not fit (a full disk, say): the file is cut back to the last flush,
+        which ended a whole record, so it stays readable up to the last finished step, and the
+        error says why."""
         self.failed = True
         try:
             self._f.close()  # what the buffer still holds cannot be written either

@@ -190,6 +190,8 @@ class FastEngine:
             if not r.finish_reason:
                 self.finish_request(b, r, rows[b], launched, host, timing, adaptive)
                 finished |= r.finish_reason is not None
+        if self.recorder:
+            self.recorder.flush()
         if self.host_drafts:  # the histories of the requests still running
             self.drafter.host_extend(reqs, rows)
         if finished:

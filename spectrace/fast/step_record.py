@@ -65,12 +65,18 @@ class StepRecorder:
             self.trace.write(self.prefill_record(r, first_token, ms), r.prompt_ids + r.output_ids)
 
     def write_step(self, *args) -> None:
-        """`record`'s record (its arguments), to the trace and to on_step."""
+        """`record`'s record (its arguments), to the trace (flushed with the step's others: `flush`)
+        and to on_step."""
         rec = self.record(*args)
         if self.trace:
-            self.trace.write(rec, record_token_ids(rec))
+            self.trace.write(rec, record_token_ids(rec), flush=False)
         if self.on_step:
             self.on_step(rec)
+
+    def flush(self) -> None:
+        """A step's records onto the disk, whole, at once."""
+        if self.trace:
+            self.trace.flush()
 
     def prefill_record(self, r: Request, first_token: int, ms: float) -> dict:
         kv = {"style": "sglang", "target_seq_len": [0, len(r.prompt_ids)], "events": [], "free_slots": None}
