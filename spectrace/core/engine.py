@@ -80,6 +80,9 @@ class StepRow:
     first_row: int = 0  # this request's first row in the forward batch
     target_predict: list[int] = field(default_factory=list)  # (n,) the target's argmax after each node
     target_probs: torch.Tensor | None = None  # (n, V) p after each node, on the CPU
+    # or what a record keeps of it, reduced on the device (the fast engine's greedy steps):
+    target_topk: list | None = None  # (n, trace_topk) [token, p] pairs after each node
+    p_tokens: list | None = None  # (n, n) p after node r of node j's token
     result: AcceptResult | None = None
     committed: list[int] = field(default_factory=list)  # accept_tokens up to EOS or max_new_tokens
     events: list[dict] = field(default_factory=list)  # this step's KV events, tagged with their phase

@@ -54,15 +54,20 @@ def tree_record(tree: DraftTree, b: int, parents: list[int], decisions: list[dic
 
 
 def verify_record(row, parents: list[int], trace_topk: int) -> dict:
-    """The verify pass's rows of one request."""
+    """The verify pass's rows of one request: from row.target_probs, or from what the fast engine
+    kept of it (row.target_topk, row.p_tokens: fast/step_record.py)."""
     p = row.target_probs
+    if p is None:
+        topk, p_of = row.target_topk, lambda parent, node: row.p_tokens[parent][node]
+    else:
+        topk, p_of = topk_pairs(p, trace_topk), lambda parent, node: p[parent, row.candidates[node]]
     return {
         "tokens": row.candidates,
         "positions": row.positions,
         "target_predict": row.target_predict,
-        "target_topk": topk_pairs(p, trace_topk),
+        "target_topk": topk,
         # target probability of node j's token after its parent
-        "p_draft": [round(float(p[par, row.candidates[j + 1]]), 6) for j, par in enumerate(parents)],
+        "p_draft": [round(float(p_of(par, j + 1)), 6) for j, par in enumerate(parents)],
     }
 
 
