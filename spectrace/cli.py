@@ -14,6 +14,8 @@ Every user error is one line on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 
 from spectrace.algos import ALGOS
@@ -338,12 +340,26 @@ def cmd_rejudge(args) -> int:
     return 0
 
 
+def _check_one_spelling(parser: argparse.ArgumentParser, args) -> None:
+    """An option spelled two ways (spectrace's name and SGLang's, e.g. --algo and
+    --speculative-algorithm) is one setting: given under both names, the run is refused rather than
+    the last one silently winning."""
+    subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    command = subparsers[0].choices.get(getattr(args, "command", None)) if subparsers else None
+    for action in (command or parser)._actions:
+        both = [o for o in action.option_strings if o in args.given]
+        if len(both) > 1:
+            raise UsageError(f"{' and '.join(both)} are one option (SGLang's name and spectrace's): give it once")
+
+
 def main(argv: list[str] | None = None) -> int:
     from spectrace.core.trace import TraceError
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     args.given = {a.split("=")[0] for a in (sys.argv[1:] if argv is None else argv) if a.startswith("--")}
     try:
+        _check_one_spelling(parser, args)
         if getattr(args, "speculative_config", None) is not None:
             _apply_speculative_config(args)
         _check_supported(args)
@@ -358,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
         where = f"; {e.trace_path} holds every step finished so far" if isinstance(e, Interrupted) else ""
         print(f"spectrace: interrupted{where}", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of stdout went away (`| head`): stop as a Unix filter does, quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the flush at exit cannot fail again
+        return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

@@ -105,6 +105,8 @@ def cmd_bench(args, run_config) -> int:
     check_counts(args)
     if args.what == "kernels":
         from spectrace.kernels import require
+        from spectrace.run import check_gpu
+        check_gpu(args.device)
         require(args.device)
         from spectrace.bench_kernels import bench_kernels
         if args.device.startswith("cuda"):

@@ -96,8 +96,7 @@ class RunConfig:
         """What only the run knows: where it runs and how many requests."""
         if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
             raise SpectraceError(f"unknown --device {self.device!r} (cpu, or cuda / cuda:N with a GPU)")
-        if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise SpectraceError("--device cuda asked for, but torch sees no GPU")
+        check_gpu(self.device)
         if self.backend not in BACKENDS:
             raise SpectraceError(f"unknown --backend {self.backend!r} (choose from {', '.join(BACKENDS)})")
         if self.backend in ("triton", "fast"):
@@ -151,6 +150,12 @@ class RunConfig:
 
 
 RUN_FIELDS = {f.name for f in fields(RunConfig)}
+
+
+def check_gpu(device: str) -> None:
+    """One line where --device cuda names a GPU torch cannot see."""
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SpectraceError("--device cuda asked for, but torch sees no GPU")
 
 
 @dataclass

@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -138,7 +139,8 @@ def other_vocab_model(tmp_path):
     (["--acceptance", "speculative"], "unknown --acceptance"),
     (["--trace-level", "some"], "invalid choice"),
     (["--deterministic", "--backend", "triton"], "--deterministic runs on --backend explicit"),
-    # issue 15's list: each was a traceback, an allocation of many GB, or silently accepted
+    (["--algo", "eagle", "--speculative-algorithm", "NGRAM"], "--algo and --speculative-algorithm are one option"),
+    # each of these was once a traceback, an allocation of many GB, or silently accepted
     (["--algo", "eagle", "--topk", "100000"], "more than the draft's vocabulary of 4096"),
     (["--algo", "eagle3", "--topk", "5000"], "more than the draft's vocabulary of 3072"),
     (["--target-model", "TRUNCATED"], "cannot load model"),
@@ -243,6 +245,26 @@ def test_console_script_reports_errors_without_traceback():
     p = subprocess.run([sys.executable, "-m", "spectrace.cli", "run", "--num-steps", "0"],
                        capture_output=True, text=True)
     assert p.returncode == 2 and p.stderr.strip() == "spectrace: error: --num-steps must be at least 1, got 0"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_every_command_on_a_missing_gpu_says_so_in_one_line(capsys):
+    for command in (["run", "--no-tui", "--device", "cuda"], ["bench", "kernels", "--device", "cuda"],
+                    ["bench", "--device", "cuda", "--algos", "none"]):
+        code, out, err = _run(capsys, *command)
+        assert code == 2 and err.strip().splitlines() == ["spectrace: error: --device cuda asked for, but torch sees no GPU"]
+
+
+def test_a_reader_that_went_away_ends_the_run_as_a_unix_filter_ends(tmp_path):
+    """`spectrace run --no-tui | head`: once the reader is gone, exit 141 (128 + SIGPIPE), no traceback."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    done = subprocess.run([sys.executable, "-m", "spectrace", "run", "--no-tui", "--max-new-tokens", "4",
+                           "--trace", str(tmp_path / "t.jsonl")], stdout=write_end, stderr=subprocess.PIPE, text=True)
+    os.close(write_end)
+    assert done.returncode == 141 and "Traceback" not in done.stderr and "Error" not in done.stderr, done.stderr
 
 
 def test_triton_backend_on_cpu_without_the_interpreter_says_how(capsys, monkeypatch):
