@@ -32,7 +32,21 @@ from spectrace.run import run as spectrace_run
 HERE = Path(__file__).parent
 ROOT = HERE.parent  # the repository: tests/data holds the fixture traces lessons read
 WALKTHROUGH = ROOT / "tests" / "data" / "walkthrough.jsonl"  # a committed EAGLE run, from any working directory
-OUT = Path(os.environ.get("SPECTRACE_LESSON_OUT", HERE / "_out"))
+
+
+def _writable(out: Path) -> Path:
+    """OUT, made and checked once: a place the lessons cannot write is one line and exit 2."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / ".writable").write_text("")
+        (out / ".writable").unlink()
+    except OSError as e:
+        print(f"lessons: cannot write to SPECTRACE_LESSON_OUT={out}: {e.strerror}", file=sys.stderr)
+        sys.exit(2)
+    return out
+
+
+OUT = _writable(Path(os.environ.get("SPECTRACE_LESSON_OUT", HERE / "_out")))
 CI = os.environ.get("SPECTRACE_LESSON_CI") == "1"
 EXPECTED = HERE / "expected.json"
 UPDATE = os.environ.get("SPECTRACE_UPDATE_LESSONS") == "1"

@@ -6,6 +6,7 @@ Jupyter starts; one kernel per worker, its namespace cleared before each lesson)
 inline."""
 import os
 import runpy
+import subprocess
 import sys
 from pathlib import Path
 
@@ -31,6 +32,15 @@ def test_lesson_runs_as_a_script(lesson, lesson_env, monkeypatch):
     monkeypatch.chdir(LESSONS.parent)
     runpy.run_path(str(lesson), run_name="__main__")
     assert any(lesson_env.iterdir()), "a lesson leaves its traces and figures in SPECTRACE_LESSON_OUT"
+
+
+def test_a_place_the_lessons_cannot_write_is_one_line_and_exit_2():
+    lesson = ALL[0]
+    done = subprocess.run([sys.executable, str(lesson)], capture_output=True, text=True, cwd=LESSONS.parent,
+                          env={**os.environ, "SPECTRACE_LESSON_OUT": "/proc/forbidden/lessons", "MPLBACKEND": "Agg"})
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines() == [
+        "lessons: cannot write to SPECTRACE_LESSON_OUT=/proc/forbidden/lessons: No such file or directory"]
 
 
 @pytest.fixture(scope="module")
