@@ -198,6 +198,9 @@ def _lines():
     (lambda p: p.write_text("".join(_lines()[:3]) + _lines()[3].replace('"bonus_token":', '"step": 0, "bonus_token":',
                                                                         1) + "".join(_lines()[4:])),
      "corrupted at line 4 (duplicate key 'step')"),
+    (lambda p: p.write_text("".join(_lines()[:4]) + "".join(_lines()[3:])), "line 5: a second record of step"),
+    (lambda p: p.write_text("".join(_lines()[:3]) + _lines()[3].replace('"parents": [0', '"parents": [1', 1)
+                            + "".join(_lines()[4:])), "line 4: draft node 1's parent 1 is not an earlier node"),
 ])
 def test_bad_traces_are_one_line_and_exit_2(tmp_path, capsys, make, message):
     path = tmp_path / "t.jsonl"

@@ -164,6 +164,10 @@ def _check_step(rec: dict, lineno: int) -> None:
         raise TraceError(f"line {lineno}: accept_len != len(correct_drafts) + 1")
     if rec["accept_tokens"] != rec["correct_drafts"] + [rec["bonus_token"]]:
         raise TraceError(f"line {lineno}: accept_tokens != correct_drafts + [bonus_token]")
+    parents = rec["draft"].get("parents", []) if isinstance(rec.get("draft"), dict) else []
+    for node, parent in enumerate(parents, start=1):  # a tree lists a parent before its children
+        if not isinstance(parent, int) or isinstance(parent, bool) or not 0 <= parent < node:
+            raise TraceError(f"line {lineno}: draft node {node}'s parent {parent!r} is not an earlier node")
 
 
 # the writer's key order makes a step line start and end predictably: the index reads these
@@ -254,6 +258,7 @@ class TraceFile:
         self.prefills: list[dict] = []
         self.summary: dict | None = None
         self.index: list[StepMeta] = []
+        self._seen_steps: dict[tuple[int, int], int] = {}  # (step, request) -> its line
         self.tokens: dict[int, str] = {}
         self._add_tokens(header.get("tokens", {}))
         for lineno, line in enumerate(lines[1:], start=2):
@@ -299,6 +304,11 @@ class TraceFile:
         timing = _json_object(tim.group(1)) if tim else None
         if head is None or acc is None or com is None or tokens is None or timing is None:
             raise TraceError(f"trace {self.path} is corrupted at line {lineno} (not a step record)")
+        key = (int(head.group(1)), int(head.group(2)))
+        if key in self._seen_steps:
+            raise TraceError(f"trace {self.path} line {lineno}: a second record of step {key[0]} of request "
+                             f"{key[1]} (the first is at line {self._seen_steps[key]})")
+        self._seen_steps[key] = lineno
         self._add_tokens(tokens, lineno)
         timing = {k: v for k, v in timing.items()  # phase times; what is not a finite number counts as absent
                   if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
