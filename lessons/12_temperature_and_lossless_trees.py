@@ -15,9 +15,9 @@
 # **Time.** About 15 minutes.
 
 # %% [markdown]
-# ## What the seed says, and what is true
+# ## What 000 §7 says, and what is true
 #
-# The seed is right about SGLang: its trees are the draft's deterministic top k, and rejection
+# 《投机解码（Speculative Decoding）端到端深挖》(000) §7 is right about SGLang: its trees are the draft's deterministic top k, and rejection
 # sampling needs each draft to be a sample of q. So SGLang verifies sampled trees with
 # target_only, which ignores q and (lesson 10) is still exact at thresholds 1. But a tree *can*
 # be verified by rejection sampling if its children are drawn from q without replacement and

@@ -56,7 +56,7 @@ def test_compare_hf_paths_give_spectrace_none_its_tokens(tmp_path, monkeypatch, 
         assert outs == hf["hf generate"]
     out = capsys.readouterr().out
     assert "same tokens as hf generate: 2 of 2" in out
-    # eagle's row: the seed's model from its own columns, and the realised speed-up from tokens/s
+    # eagle's row: the textbook model from its own columns, and the realised speed-up from tokens/s
     none_row = next(line for line in out.splitlines() if line.startswith("none ")).split()
     row = next(line for line in out.splitlines() if line.startswith("eagle ")).split()
     tps, tau, r, predicted, step_model, realised = (float(row[2]), float(row[3]), float(row[9]), row[10], row[11],

@@ -44,7 +44,7 @@ def test_build_tree_twin_equals_the_explicit_build(tree, mode):
 
 
 def test_build_tree_twin_on_a_deep_wide_tree():
-    """topk 8, depth 8, 64 nodes: the largest tree the issue asks for (FULL_MASK and QLEN_ONLY)."""
+    """topk 8, depth 8, 64 nodes: a large tree (FULL_MASK and QLEN_ONLY)."""
     bs, K, S, n = 1, 8, 8, 64
     parent_list, top_scores_index, draft_tokens = run_draft_loop(bs, K, S, n, 7)
     tree = (bs, K, S, n, torch.tensor([5]), parent_list, top_scores_index, draft_tokens)

@@ -43,7 +43,7 @@ def test_the_seeds_speedup_model(tau, r):
     """τ / (1 + r): below τ whenever drafting costs anything; below 1 when nothing is accepted."""
     assert predicted_speedup(tau, r) < tau
     assert predicted_speedup(1.0, r) < 1
-    assert abs(predicted_speedup(3.5, 0.2) - 2.9167) < 1e-4  # the seed's table row
+    assert abs(predicted_speedup(3.5, 0.2) - 2.9167) < 1e-4  # 000 §1.1 table: τ 3.5, r 0.2, ≈ 2.9×
 
 
 def test_speedup_model_reads_a_trace_as_the_run_counted_it(tmp_path):

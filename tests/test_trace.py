@@ -83,7 +83,7 @@ def test_step_records_are_validated(traced_run, tmp_path):
 @pytest.mark.parametrize("edit, message", [
     # a key twice: json keeps the last one silently, so the record would not say what it seems to
     (lambda line: line.replace('"accept_len": ', '"accept_len": 1, "accept_len": ', 1), "duplicate key 'accept_len'"),
-    # nesting deeper than the parser recurses (was a RecursionError, and the walkthrough exited 0)
+    # nesting deeper than the parser recurses: refused by line, not a RecursionError
     (lambda line: line.replace('"accept_tokens": ', '"accept_tokens": ' + "[" * 10_000 + "]" * 10_000 + ', "x": ',
                                1), "nested too deeply"),
 ])

@@ -121,12 +121,13 @@ class SpecMetrics:
 
 
 def predicted_speedup(tau: float, r: float) -> float:
-    """The seed's speed-up over plain decoding: τ tokens per step, at 1 + r verify-times a step."""
+    """The textbook speed-up over plain decoding, τ / (1 + r): τ tokens per step, at 1 + r
+    verify-times a step (r = C_draft / C_verify, a verify taken to cost one decode)."""
     return tau / (1 + r)
 
 
 def speedup_model(steps: list[dict], summary_metrics: dict) -> dict:
-    """The seed's model read from a trace (`read_trace(path).steps`, `.summary["metrics"]`): mean
+    """The textbook model read from a trace (`read_trace(path).steps`, `.summary["metrics"]`): mean
     ms per decode step of each phase (a batch's step counted once), τ, r = C_draft / C_verify and
     the predicted speed-up τ / (1 + r)."""
     timing = {rec["step"]: rec["timing"] for rec in steps}

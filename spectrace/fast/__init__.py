@@ -1,11 +1,11 @@
 """The fast engine (`--backend fast`): the explicit engine's speculative step over the whole batch
 on the device, replayed from CUDA graphs, laid out as spectrace/core/ is, file for file:
 
-    engine.py      FastEngine: prefill, then draft, verify, accept, commit, extend per step
+    engine.py      FastEngine: prefill, then `step` (draft, verify, accept, commit, extend) per step
     kv.py          StaticKV: a req_to_token row per request; COMMIT reorders it
     batch.py       forward batches with their attention metadata built on the device
-    tree.py        DeviceTree: one step's draft trees, FULL_MASK over each prefix
-    graphs.py      buckets, capture, Tier (one step shape's graphs and tensors), PhaseClock
+    tree.py        DeviceTree: one step's draft trees, each request's QLEN_ONLY mask rows
+    graphs.py      buckets, launch groups and their capture, Tier, StepOutputs, Launched, PhaseClock
     sampling.py    sampling on the device; DeviceRandoms, the host's draws uploaded
     drafters/      one file per drafter, each returning a DeviceTree
     acceptance/    FAST_RULES: one entry per rule, a file where the device form differs

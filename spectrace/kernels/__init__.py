@@ -16,14 +16,19 @@ each mirrors (the twin of core/X.py:f is kernels/X.py:f), with every random numb
                                  decode_attention_fwd, create_kv_indices, pack_custom_mask
     fused.py                     rms_norm, split_rope, silu_mul     core/model.py: RMSNorm, Attention, MLP
     matmul.py                    invariant_linear                   nn.Linear, batch-invariant (--deterministic)
+    gemv.py                      linear (one row: a GEMV)           nn.Linear at a batch-1 decode
+    commit.py                    accept_tokens, commit_rows,        core/engine.py: COMMIT, the fast engine's
+                                 commit_draft_state                   host row and draft state
+    draft_level.py               select_level, DraftBuffers         core/drafters/eagle_worker.py: a level of
+                                                                      the greedy draft loop (its top K)
     backend.py                   install(): the twins under --backend triton
 
 A twin batches what its explicit function does for one request (one program per request), with
 SGLang's in-place layouts; SGLang's and vLLM's names for them are spectrace/compat/triton.py's.
 They run on CUDA tensors compiled, and on CPU tensors under Triton's interpreter: set
 TRITON_INTERPRET=1 before importing a kernel module (tests/conftest.py does so without a GPU).
-Triton is a Linux-only dependency; nothing outside this package, spectrace/fast/ and
-spectrace/compat/triton.py imports it.
+Triton is a Linux-only dependency; nothing outside this package, spectrace/fast/,
+spectrace/compat/triton.py and `spectrace bench kernels` (bench_kernels.py) imports it.
 """
 from __future__ import annotations
 
