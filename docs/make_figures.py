@@ -6,7 +6,10 @@ docs/tree.png is `spectrace render`'s own output. docs/tui.png is Textual's SVG 
 walkthrough at 110x32, turned into PNG by `rsvg-convert` (Debian's librsvg2-bin), needed only here.
 """
 import asyncio
+import shutil
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 from spectrace.cli import main
@@ -26,14 +29,18 @@ async def screenshot() -> str:
         return app.export_screenshot(title="spectrace replay")
 
 
-def run() -> None:
-    svg = DOCS / "tui.svg"
-    svg.write_text(asyncio.run(screenshot()), encoding="utf-8")
-    subprocess.run(["rsvg-convert", "-z", "1.5", "-o", str(DOCS / "tui.png"), str(svg)], check=True)
-    svg.unlink()
+def run() -> int:
+    if shutil.which("rsvg-convert") is None:
+        print("make_figures: needs rsvg-convert (Debian: apt install librsvg2-bin) to turn the screen into PNG",
+              file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as tmp:  # the screen's SVG never lands in docs/
+        svg = Path(tmp) / "tui.svg"
+        svg.write_text(asyncio.run(screenshot()), encoding="utf-8")
+        subprocess.run(["rsvg-convert", "-z", "1.5", "-o", str(DOCS / "tui.png"), str(svg)], check=True)
     step = TraceFile(TRACE).step(STEP)["step"]
-    assert main(["render", str(TRACE), "--step", str(step), "--request", "0", "-o", str(DOCS / "tree.png")]) == 0
+    return main(["render", str(TRACE), "--step", str(step), "--request", "0", "-o", str(DOCS / "tree.png")])
 
 
 if __name__ == "__main__":
-    run()
+    sys.exit(run())
