@@ -35,6 +35,7 @@ ALGOS: dict[str, Algo] = {a.name: a for a in (
     Algo("dflash", "DFLASH", "a block drafted in one non-causal pass", "dflash", "tiny-dflash", drafts="fixed"),
 )}
 
+DEFAULT_ALGO = "standalone"  # what a run drafts with when --algo is not given
 LLAMA_TREE = (5, 4, 8)  # (num_steps, topk, num_draft_tokens)
 CHAIN = (3, 1, 4)
 

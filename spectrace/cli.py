@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 
-from spectrace.algos import ALGOS
+from spectrace.algos import ALGOS, DEFAULT_ALGO
 from spectrace.cli_measure import add_measure_commands, cmd_bench, cmd_tune
 from spectrace.errors import Interrupted, SpectraceError
 from spectrace.progress import Progress
@@ -201,9 +201,7 @@ def _check_supported(args) -> None:
         # SGLang: topk 1 forces num_draft_tokens = num_steps + 1, with a warning
         print(f"spectrace: warning: topk 1 forces --num-draft-tokens to num_steps + 1 = {args.num_steps + 1}",
               file=sys.stderr)
-    from spectrace.run import RunConfig
-
-    algos = args.algos if args.command in ("bench", "tune") else [args.algo or RunConfig.algo]
+    algos = args.algos if args.command in ("bench", "tune") else [args.algo or DEFAULT_ALGO]
     for flags, algo, what, others in ALGORITHM_OPTIONS:  # refused where no algorithm reads them, as SGLang refuses
         named = sorted(flag for flag in args.given if flag in flags)  # mismatched flags
         if named and not any(algo(a) for a in algos):
@@ -218,7 +216,7 @@ def _run_config(args, **over):
     from spectrace.core.ngram.trie import TrieConfig
     from spectrace.run import RunConfig
 
-    kw = dict(record_probs=getattr(args, "record_probs", False), algo=args.algo or "standalone",
+    kw = dict(record_probs=getattr(args, "record_probs", False), algo=args.algo or DEFAULT_ALGO,
               num_steps=args.num_steps, topk=args.topk,
               num_draft_tokens=args.num_draft_tokens,
               max_new_tokens=args.max_new_tokens, acceptance=args.acceptance, temperature=args.temperature,
@@ -253,13 +251,12 @@ def cmd_run(args) -> int:
         on_step = progress.step if progress.live and args.backend != "fast" else None
         result = run(_run_config(args, prompts=args.prompt, batch=args.batch, trace=args.trace), on_step,
                      progress.say)
-        from spectrace.viz.tui.app import on_a_terminal
+        if result.trace_path is not None and not args.no_tui:  # --no-tui never imports the walkthrough
+            from spectrace.viz.tui.app import on_a_terminal, replay
 
-        if result.trace_path is not None and not args.no_tui and on_a_terminal():
-            progress.say("opening the walkthrough")
-            from spectrace.viz.tui.app import replay
-
-            replay(result.trace_path)
+            if on_a_terminal():
+                progress.say("opening the walkthrough")
+                replay(result.trace_path)
     finally:
         progress.done()
     print(run_summary(result, result.spec.algo, args.backend))

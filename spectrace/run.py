@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from spectrace import batch_policy
-from spectrace.algos import ALGOS, auto_shape
+from spectrace.algos import ALGOS, DEFAULT_ALGO, auto_shape
 from spectrace.core.adaptive import AdaptiveConfig
 from spectrace.core.config import read_config_json
 from spectrace.core.drafters.medusa import DEFAULT_CHOICES, MC_SIM_7B_63, MedusaTree, load_choices
@@ -55,7 +55,7 @@ class RunConfig:
     shares with SpecConfig keep their names and pass to it as they are (`resolve`), except the
     shape, which may be None here for SGLang's automatic choice: that needs the models' configs."""
 
-    algo: str = "standalone"
+    algo: str = DEFAULT_ALGO
     num_steps: int | None = None  # None: SGLang's automatic choice (see resolve_shape)
     topk: int | None = None
     num_draft_tokens: int | None = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from spectrace.algos import ALGOS
+from spectrace.algos import ALGOS, DEFAULT_ALGO
 from spectrace.core import acceptance
 from spectrace.core.acceptance import RuleParams
 from spectrace.core.adaptive import AdaptiveConfig
@@ -19,7 +19,7 @@ class SpecConfig:
     Checked once, when made. Drafter-only options (n-gram lookup, Medusa choices) belong to the
     drafters (spectrace/engines.py builds them)."""
 
-    algo: str = "standalone"
+    algo: str = DEFAULT_ALGO
     num_steps: int = 3  # SGLang's STANDALONE default (steps 3, topk 1, 4 draft tokens)
     topk: int = 1
     num_draft_tokens: int | None = None  # tree size incl. the root; topk 1 forces num_steps + 1
