@@ -113,6 +113,25 @@ def test_every_draft_level_shows_with_the_dropped_candidates_faded(tmp_path):
     assert shallow  # some step's tree stopped above the last level it drafted
 
 
+def test_keys_in_a_burst_close_the_help_once():
+    """A terminal delivers keys in bursts: several can reach the help before its dismissal has run.
+    The first closes it; the rest must not pop the walkthrough's own screen (a ScreenStackError)."""
+    from textual import events
+
+    async def go():
+        app = Walkthrough(TraceFile(TRACE))
+        async with app.run_test(size=(100, 30)) as pilot:
+            await pilot.press("question_mark")
+            await pilot.pause()
+            help_screen = app.screen
+            for key in "abc":
+                help_screen.on_key(events.Key(key, key))
+            await pilot.pause()
+            return app.is_running, app.screen
+    running, screen = asyncio.run(go())
+    assert running and not isinstance(screen, HelpScreen)
+
+
 def test_request_switch_and_help_and_quit():
     app, text = drive(["r"])
     assert app.request == app.requests[1] and f"request {app.request} (2/2)" in text

@@ -56,9 +56,13 @@ class HelpScreen(ModalScreen):
     def compose(self) -> ComposeResult:
         yield Static(HELP)
 
+    closing = False
+
     def on_key(self, event) -> None:
         event.stop()
-        self.dismiss()
+        if not self.closing:  # keys in a burst: the first closes the help, the rest find it closing
+            self.closing = True
+            self.dismiss()
 
 
 class Panel(VerticalScroll, can_focus=False):
@@ -325,4 +329,7 @@ def replay(path: str | Path) -> None:
     if not on_a_terminal():
         raise SpectraceError("the walkthrough needs a terminal on stdin, stdout and stderr (it draws through "
                              f"stderr); without one, draw a step with: spectrace render {path} --step N -o tree.svg")
-    Walkthrough(trace).run()
+    app = Walkthrough(trace)
+    app.run()
+    if app.return_code:  # Textual has drawn what went wrong; the command fails with it
+        raise SpectraceError(f"the walkthrough stopped on an error (exit code {app.return_code})")
