@@ -18,10 +18,11 @@ class Algo:
     #                          sample); static: a tree fixed before the run (Medusa's top-k per head)
     eagle_worker: bool = False  # SGLang's EAGLE worker: rejection sampling and adaptive steps apply
     llama_tree: bool = True  # SGLang's automatic shape on a Llama target is the (5, 4, 8) tree
+    shaped: bool = True  # its draft loop takes (num_steps, topk, num_draft_tokens): a batch policy chooses them
 
 
 ALGOS: dict[str, Algo] = {a.name: a for a in (
-    Algo("none", "NONE", "plain autoregressive decoding", None, None, llama_tree=False),
+    Algo("none", "NONE", "plain autoregressive decoding", None, None, llama_tree=False, shaped=False),
     Algo("standalone", "STANDALONE", "a draft LM", "lm", "tiny-draft", llama_tree=False),
     Algo("eagle", "EAGLE", "EAGLE-1 head drafting EAGLE-2 trees", "eagle", "tiny-eagle", eagle_worker=True),
     Algo("eagle3", "EAGLE3", "EAGLE-3 head", "eagle3", "tiny-eagle3", eagle_worker=True),
@@ -30,9 +31,10 @@ ALGOS: dict[str, Algo] = {a.name: a for a in (
     Algo("frozen_kv_mtp", "FROZEN_KV_MTP", "MTP assistant reading the target's KV", "frozen_kv_mtp",
          "tiny-frozen-kv-mtp"),
     Algo("ngram", "NGRAM", "vLLM's prompt lookup or SGLang's trie, no model", None, None, drafts="fixed",
-         llama_tree=False),
-    Algo("medusa", "MEDUSA", "Medusa heads, static tree", "medusa", "tiny-medusa", drafts="static"),
-    Algo("dflash", "DFLASH", "a block drafted in one non-causal pass", "dflash", "tiny-dflash", drafts="fixed"),
+         llama_tree=False, shaped=False),
+    Algo("medusa", "MEDUSA", "Medusa heads, static tree", "medusa", "tiny-medusa", drafts="static", shaped=False),
+    Algo("dflash", "DFLASH", "a block drafted in one non-causal pass", "dflash", "tiny-dflash", drafts="fixed",
+         shaped=False),
 )}
 
 DEFAULT_ALGO = "standalone"  # what a run drafts with when --algo is not given

@@ -23,6 +23,7 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from spectrace.algos import ALGOS
 from spectrace.core.tree import tree_capacity
 from spectrace.errors import SpectraceError
 
@@ -36,7 +37,7 @@ EMBEDDED = {"cuda": {1: (4, 2, 6), 2: (2, 1, 3)},
             "cpu": {1: (1, 1, 2)}}
 
 # the algorithms whose shape is (num_steps, topk, num_draft_tokens); the others' drafters fix theirs
-APPLIES_TO = ("standalone", "eagle", "eagle3", "mtp", "nextn", "frozen_kv_mtp")
+APPLIES_TO = tuple(name for name, algo in ALGOS.items() if algo.shaped)
 
 
 @dataclass(frozen=True)
