@@ -150,16 +150,20 @@ lm = lt.summary["metrics"]
 
 def counting_holds(t, m) -> bool:
     """Every step: accept_len = correct + 1, the tokens are the correct drafts then the bonus; the
-    run: τ = completion / verify_ct, α = correct / proposed, vLLM's counters from the same steps."""
+    run: τ = completion / verify_ct, α = correct / proposed, vLLM's counters (its per-position one
+    too) from the same steps."""
     steps_ok = all(r["accept_len"] == len(r["correct_drafts"]) + 1 and
                    r["accept_tokens"] == r["correct_drafts"] + [r["bonus_token"]] for r in t.steps)
     completion = len(t.prefills) + sum(len(r["committed_tokens"]) for r in t.steps)
     proposed = sum(len(r["draft"]["tokens"]) for r in t.steps if r["draft"])
     correct = sum(len(r["correct_drafts"]) for r in t.steps)
+    per_pos = m["vllm"]["num_accepted_tokens_per_pos"]  # position i: the steps that accepted more than i drafts
+    by_position = [sum(len(r["correct_drafts"]) > i for r in t.steps) for i in range(len(per_pos))]
     return (steps_ok and m["completion_tokens"] == completion and m["verify_ct"] == len(t.steps)
             and m["accept_length"] == completion / len(t.steps) and m["num_correct_drafts"] == correct
             and m["accept_rate"] == correct / proposed and m["vllm"]["num_accepted_tokens"] == correct
-            and m["vllm"]["mean_acceptance_length"] == 1 + correct / m["vllm"]["num_drafts"])
+            and m["vllm"]["mean_acceptance_length"] == 1 + correct / m["vllm"]["num_drafts"]
+            and per_pos == by_position)
 
 
 print(f"live: verify_ct {lm['verify_ct']}  τ {lm['accept_length']:.4f}  α {lm['accept_rate']:.4f}  "

@@ -30,6 +30,7 @@ import torch
 os.environ.setdefault("TRITON_INTERPRET", "1")  # the fast engine's kernels, interpreted on this CPU's tensors
 from _lib import ROOT, run, show  # noqa: E402
 
+from spectrace.core.acceptance import RULES
 from spectrace.core.engine import Request
 from spectrace.core.trace import read_trace
 from spectrace.fast.graphs import BUCKETS, bucket
@@ -76,8 +77,16 @@ for name, model in (("target", target), ("draft", draft)):
 engine = build_engine(target, draft, spec, prompts, [], backend="fast")
 engine.prefill([Request(i, p) for i, p in enumerate(prompts)])
 rows.clear()
-engine.step(engine.tier)  # one step's DRAFT, VERIFY + ACCEPT + COMMIT and EXTEND, eagerly
+out = engine.step(engine.tier)  # one step's DRAFT, VERIFY + ACCEPT + COMMIT and EXTEND, eagerly
 print("bucket for 3 requests:", engine.bs, " forwards of one step (model, rows):", rows)
+# what the batched walk accepted, request by request, beside the explicit greedy walk over the same trees
+fast_accepted = out.verdict.accept_num.tolist()[:3]
+tree, n_nodes = out.tree, out.tree.num_nodes
+explicit_accepted = [len(RULES["greedy"].walk(
+    tree.draft_tokens[b].tolist(), tree.retrive_next_token[b].tolist(), tree.retrive_next_sibling[b].tolist(),
+    out.target_predict.view(-1, n_nodes)[b].tolist(), None, None, None, spec.num_steps, spec.rule_params).correct_drafts)
+    for b in range(3)]
+print("correct drafts, fast walk:", fast_accepted, " explicit walk:", explicit_accepted)
 
 # %% [markdown]
 # ## Wasted verify rows (002 §12.6, §12.6.3)
@@ -205,6 +214,8 @@ assert bucket(3) == 4 and engine.bs == 4 and BUCKETS[-1] == 64
 # the step's forwards: 4 draft levels of bs x topk rows, one verify of bs x n, one extend of bs x (S + 1)
 S, K, n = shapes["eagle"]
 assert rows == [("draft", 4 * K)] * (S - 1) + [("target", 4 * n), ("draft", 4 * (S + 1))]
+# the batched walk accepts what the explicit walk accepts over the same trees, and something at all
+assert fast_accepted == explicit_accepted and sum(fast_accepted) > 0
 # a request reserves more KV under speculation: room for the tree's nodes and the accepted tail
 assert columns["eagle"] > columns["none"]
 # --batch-policy: the tree at batch 1, plain decoding (no drafts) at batch 3
