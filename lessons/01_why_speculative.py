@@ -122,6 +122,15 @@ print(f"τ {model['tau']:.2f}, r {model['r']:.2f}; a speculative step {t_spec:.1
 # (3, 1, 4), whose draft is a whole small LM, stayed near 1.0x; on the development CPU the
 # explicit engine's standalone chain and plain decoding both made about 90 tokens/s. Lesson 04
 # turns this into the formula and its best k.
+#
+# > **Erratum (004 §6).** Among the conditions against a gain the ModelRunner text lists
+# > 「Batch size 很大时，K 个 draft forward 的总计算量接近跑 K 次 target forward。」 A draft forward
+# > does not become a target forward at any batch: an EAGLE-3 head is one layer at the target's
+# > width, so at Llama-3.1-8B's shape its five draft levels cost 1.59 ms against 5.78 ms for one
+# > decode at batch 1, and 2.47 against 9.43 ms at batch 64 (an H100, docs/benchmarks.md). What the
+# > batch changes is the verify: its n rows a request are nearly free at batch 1 (6.35 ms, 1.10x a
+# > decode) and not at batch 64 (16.40 ms, 1.74x), once the matrix products stop waiting on memory
+# > (lesson 16 counts the rows).
 
 # %% [markdown]
 # ## Check yourself

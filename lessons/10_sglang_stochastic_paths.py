@@ -7,7 +7,7 @@
 # chi-square test, and run both stochastic paths (trees: target_only; chains: rejection sampling)
 # live.
 #
-# **Chapter sections.** SGLang end to end (`000`) §7.2, §7.3, §7.4, §7.5, §16 (FAQ 2 and 3).
+# **Chapter sections.** SGLang end to end (`000`) §7.1, §7.2, §7.3, §7.4, §7.5, §16 (FAQ 2 and 3).
 #
 # > 默认双阈值=1.0：本层按 target 概率做累积抽样；抽中某个 draft sibling 就下钻，一个都抽不中就停。
 # > draft_probs 常被置零占位——主要看 target 概率，不是完整 draft-vs-target 比值。 (《投机解码（Speculative Decoding）端到端深挖》§7.2)
@@ -139,10 +139,12 @@ print(f"tau: target_only tree (5,4,8) {tau_tree:.3f}, rejection chain (5,1,6) {t
 # > spectrace's `tree_rejection` rule (lesson 12) is the tree rule that does read q.
 #
 # > **Erratum (this lesson, on a CPU).** These live runs sample at T = 1 on the CPU. SGLang itself
-# > would not: its `_verify_uses_greedy` is true when `is_all_greedy or CPU or XPU or (HIP and
-# > not rejection_sampling)`, so off CUDA it verifies greedily at any temperature (sgl-kernel's
-# > sampling kernels are CUDA's). spectrace runs the rule on any device; what you see here is what
-# > SGLang does on an NVIDIA GPU.
+# > would not: its `_verify_uses_greedy` (speculative/eagle_utils.py) is true when the batch is all
+# > greedy or the platform has no sampling verify kernel, CPU, NPU or XPU, so there it verifies
+# > greedily at any temperature. The text names the same platforms (000 §7.1):
+# > 「条件：is_all_greedy，或 NPU/HIP/XPU 等走 greedy 实现。」 HIP was one of them until ROCm got
+# > Triton sampling kernels, and in some versions only without rejection sampling. spectrace runs
+# > the rule on any device; what you see here is what SGLang does on an NVIDIA or AMD GPU.
 #
 # ## Check yourself
 

@@ -15,10 +15,11 @@
 # **Time.** About 15 minutes.
 
 # %% [markdown]
-# ## What 000 §7 says, and what is true
+# ## What 000 §7.2 and §7.4 say, and what is true
 #
-# 《投机解码（Speculative Decoding）端到端深挖》(000) §7 is right about SGLang: its trees are the draft's deterministic top k, and rejection
-# sampling needs each draft to be a sample of q. So SGLang verifies sampled trees with
+# 《投机解码（Speculative Decoding）端到端深挖》(000) §7.2 and §7.4 are right about SGLang: its
+# trees are the draft's deterministic top k, and rejection sampling needs each draft to be a
+# sample of q. So SGLang verifies sampled trees with
 # target_only, which ignores q and (lesson 10) is still exact at thresholds 1. But a tree *can*
 # be verified by rejection sampling if its children are drawn from q without replacement and
 # each rejected sibling's q is removed from the residual (SpecInfer's multi-draft rule);
@@ -75,8 +76,9 @@ show(fig, "12_tau_vs_temperature")
 # "Acceptance rules" table is the same measurement at 64 tokens and 4 seeds.
 #
 # > **Erratum (000 §7.2, on a CPU).** SGLang itself would run all of these greedily on this CPU:
-# > its `_verify_uses_greedy` holds off CUDA at any temperature (lesson 10). The curves are what
-# > SGLang's rules do on an NVIDIA GPU, run here by spectrace on any device.
+# > its `_verify_uses_greedy` holds at any temperature on a CPU, NPU or XPU (lesson 10), the
+# > platforms without a sampling verify kernel. The curves are what SGLang's rules do on an NVIDIA
+# > or AMD GPU, run here by spectrace on any device.
 #
 # ## A sampled tree (000 §6.3)
 #

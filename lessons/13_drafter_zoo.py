@@ -64,7 +64,9 @@ show(fig, "13_drafters")
 # > **Erratum (004 §3, §2: 「speculative decoding 怎样进入 ModelRunner」, 「一张图先看整体结构」).** The
 # > ModelRunner text lists SGLang's modes as 「EAGLE / EAGLE2」, 「DRAFT_MODEL」 and 「MEDUSA」.
 # > SGLang's `SpeculativeAlgorithm` has none of the last three: its members are EAGLE, EAGLE3,
-# > STANDALONE, NGRAM, DFLASH and FROZEN_KV_MTP (and NONE), NEXTN resolving to EAGLE. EAGLE-2 is
+# > STANDALONE, NGRAM, DFLASH and FROZEN_KV_MTP (and NONE), NEXTN resolving to EAGLE, or to
+# > FROZEN_KV_MTP on a Gemma 4 target (server_args' `_resolve_speculative_algorithm`), as 000 §2's
+# > table has it: 「别名→多为 EAGLE；Gemma4→FROZEN_KV_MTP」. EAGLE-2 is
 # > not a mode but EAGLE drafting a tree (topk > 1, lesson 06); a separate small LM is
 # > STANDALONE; Medusa heads are vLLM's (V0), which spectrace also runs, under its own name. The
 # > text places the acceptance in `speculative_algorithm.verify_step(...)`; SGLang verifies in the
