@@ -113,6 +113,28 @@ def test_every_draft_level_shows_with_the_dropped_candidates_faded(tmp_path):
     assert shallow  # some step's tree stopped above the last level it drafted
 
 
+def test_at_80x24_the_tree_comes_first_and_follows_the_selection(tmp_path):
+    """A small terminal gets the compact layout (no step strip, the tree wider and taller), every
+    node one line, and moving the selection down a 16-node tree scrolls the tree to it."""
+    trace = tmp_path / "t.jsonl"
+    assert main(["run", "--no-tui", "--algo", "eagle", "--topk", "4", "--num-steps", "5", "--num-draft-tokens", "16",
+                 "--max-new-tokens", "8", "--trace", str(trace)]) == 0
+
+    async def go():
+        app = Walkthrough(TraceFile(trace))
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.press(*["right_square_bracket"] * 9, *["down"] * 15)
+            await pilot.pause()
+            tree = app.query_one("#tree")
+            line = panels.tree_line(app.nodes, app.phase_name, app.node)
+            return (app.screen.has_class("compact"), app.node, tree.scroll_y, tree.scrollable_content_region.height,
+                    line, tree.virtual_size.height)
+    compact, node, top, height, line, lines = asyncio.run(go())
+    assert compact and lines == 17  # the root, 15 drafts and the bonus, a line each
+    assert line == lines - 1 and node != 0  # the selection went down to the tree's last line
+    assert 0 < top <= line < top + height  # and the view scrolled to show it
+
+
 def test_keys_in_a_burst_close_the_help_once():
     """A terminal delivers keys in bursts: several can reach the help before its dismissal has run.
     The first closes it; the rest must not pop the walkthrough's own screen (a ScreenStackError)."""

@@ -109,7 +109,14 @@ class Walkthrough(App):
     #tree, #inspector, #stream, #kv { border: round $secondary; padding: 0 1; width: 1fr; }
     #metrics { height: 4; border: round $secondary; padding: 0 1; }
     Panel { scrollbar-size-vertical: 1; }
+    /* a small terminal (80x24): the tree first; the step strip goes, the tokens and KV shrink */
+    .compact #timeline { display: none; }
+    .compact #middle { height: 1fr; }
+    .compact #bottom { height: 6; }
+    .compact #tree { width: 3fr; }
+    .compact #inspector { width: 2fr; }
     """
+    COMPACT_ROWS = 26  # a terminal this high or lower (80x24, 80x25) shows the compact layout
     BINDINGS = [
         Binding("left", "step(-1)", "step", priority=True),
         Binding("right", "step(1)", "step", show=False, priority=True),
@@ -187,6 +194,9 @@ class Walkthrough(App):
             self.notify(shown(f"re-judged from {rejudged.get('from')}: {rejudged.get('step_local')}"),
                         title="re-judged trace", timeout=10)
 
+    def on_resize(self, event) -> None:
+        self.screen.set_class(event.size.height <= self.COMPACT_ROWS, "compact")
+
     @guarded
     def refresh_panels(self) -> None:
         cfg = self.trace.header.get("config", {})
@@ -197,8 +207,10 @@ class Walkthrough(App):
         width = max(10, self.size.width - 6)
         self.query_one("#timeline", Panel).show(panels.timeline(self.trace, self.request, self.position, width))
         dropped = dropped_candidates(rec, self.trace.token_text)
-        self.query_one("#tree", Panel).show(panels.tree_panel(nodes, self.phase_name, self.node, dropped),
-                                            f"draft tree · {self.phase_name}")
+        tree = self.query_one("#tree", Panel)
+        tree.show(panels.tree_panel(nodes, self.phase_name, self.node, dropped), f"draft tree · {self.phase_name}")
+        line = panels.tree_line(nodes, self.phase_name, self.node, dropped)  # keep the selection in view
+        tree.scroll_to(y=max(0, line - tree.scrollable_content_region.height // 2), animate=False)
         self.query_one("#inspector", Panel).show(
             panels.inspector_panel(self.trace, rec, nodes, self.phase_name, self.node), f"node {self.node}")
         self.query_one("#stream", Panel).show(panels.stream_panel(self.trace, self.request, self.position,

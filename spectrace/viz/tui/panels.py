@@ -74,11 +74,26 @@ def node_label(n: ViewNode, phase: str, selected: bool) -> Text:
         t.append("  bonus", style=color)
     if selected:
         t.stylize("reverse")
+    t.no_wrap, t.overflow = True, "ellipsis"  # one line a node: a narrow panel cuts the numbers, not the tree
     return t
 
 
 def dropped_label(c: Candidate) -> Text:
-    return Text(f"✂ {tok(c.text)}  q {c.q:.2f}  s {c.score:.3g}  dropped", style="dim strike")
+    return Text(f"✂ {tok(c.text)}  q {c.q:.2f}  s {c.score:.3g}  dropped", style="dim strike", no_wrap=True,
+                overflow="ellipsis")
+
+
+def tree_line(nodes: list[ViewNode], phase: str, selected: int, dropped: list[Candidate] = ()) -> int:
+    """The line of tree_panel's output the selected node is drawn on (the view scrolls to it)."""
+    shown = set(visible_nodes(nodes, phase))
+    order = [i for i in preorder(nodes) if i in shown]
+    line = order.index(selected) if selected in order else 0
+    if phase.startswith("DRAFT") and dropped:  # the cut's line first; a faded candidate is drawn after its parent
+        depth = int(phase.split()[1])
+        before = set(order[:line + 1])
+        line += 1 + sum(c.depth <= depth and c.parent_node is not None and c.parent_node in before
+                        and c.parent_node != selected for c in dropped)
+    return line
 
 
 def tree_panel(nodes: list[ViewNode], phase: str, selected: int, dropped: list[Candidate] = ()) -> Tree | Group:
@@ -339,13 +354,13 @@ def running_metrics(trace: TraceFile, request: int, position: int) -> Text:
              style="bold")
     if not proposed_per_step:
         return t
-    t.append(f"\nα {correct / (steps * proposed_per_step):.2f}   ", style="bold")
+    t.append(f"\nα {correct / (steps * proposed_per_step):.2f}  ", style="bold")
     draft_ms = sum(m.timing.get("draft", 0) + m.timing.get("extend", 0) for m in metas)
     verify_ms = sum(m.timing.get("verify", 0) for m in metas)
     if verify_ms:
         r = draft_ms / verify_ms
-        t.append(f"speed-up ≈ accept_len/(1+r) = {per_step:.2f}/(1+{r:.2f}) = {per_step / (1 + r):.2f}", style="bold")
-        t.append("  (r = draft ÷ verify time)", style="dim")
+        t.append(f"speed-up ≈ accept_len/(1+r) = {per_step / (1 + r):.2f}", style="bold")  # fits 80 columns
+        t.append(f" (r = draft÷verify time = {r:.2f})", style="dim")
     depth = max((m.accept_len for m in metas), default=1) - 1
     rates = [sum(m.accept_len - 1 > k for m in metas) / steps for k in range(max(depth, 0))]
     if rates:
