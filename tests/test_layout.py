@@ -3,6 +3,7 @@ in core or fast, no long file, imports that point down, backends installed by a 
 import), one list of the algorithms, no comment pointing outside the repository.
 `pytest tests/test_layout.py -s` prints the longest functions."""
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -117,6 +118,19 @@ def test_one_module_lists_the_algorithms():
                 found = {e.value for e in elts if isinstance(e, ast.Constant) and e.value in names}
                 assert len(found) < 0.8 * len(names) or path.name == "algos.py", \
                     f"{path.relative_to(PACKAGE)}:{node.lineno} lists {sorted(found)}"
+
+
+def test_nothing_speaks_of_how_it_was_made():
+    """Code, tests, lessons and docs say what a thing is, not which issue, seed or old error it came
+    from (a seed is cited by its title and section, as the lessons cite them)."""
+    pattern = re.compile("|".join(["[Tt]he seed.s ", "[Tt]he seed (says|is)", "[Tt]he " + "issue",
+                                   r"\(was a [A-Za-z]+" + "Error"]))
+    root = PACKAGE.parent
+    for folder in ("spectrace", "tests", "lessons", "docs"):
+        for path in (root / folder).rglob("*"):
+            if path.suffix in (".py", ".md") and "_out" not in path.parts:
+                found = pattern.search(path.read_text(encoding="utf-8"))
+                assert found is None, f"{path.relative_to(root)}: {found.group(0)!r}"
 
 
 def test_comments_point_inside_the_repository():

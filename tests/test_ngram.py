@@ -1,4 +1,5 @@
-"""vLLM's n-gram proposers against brute-force references and the seed's worked example; n-gram
+"""vLLM's n-gram proposers against brute-force references and the vLLM chapter's worked example
+(《第12章 投机解码：以小博大》§12.4.4: context [1,2,3,4,2,3], min_n 2, max_n 3, k 4); n-gram
 runs through the engine equal autoregressive decoding."""
 import numpy as np
 import pytest
@@ -38,7 +39,7 @@ def brute_longest(ctx, min_n, max_n, k, max_len):
     return None
 
 
-def test_the_seed_example():
+def test_the_vllm_chapters_worked_example():
     """[1, 2, 3, 4, 2, 3], min 2, max 3, k 4: [4, 2, 3] never occurred, [2, 3] did; what followed
     it is the proposal, 3 tokens because the context ends."""
     ctx = np.array([1, 2, 3, 4, 2, 3])
