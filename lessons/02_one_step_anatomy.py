@@ -184,6 +184,9 @@ assert all((ROOT / path).exists() for path in route)
 # every step of the committed run and of the live one: the path, the greedy verdicts, the KV
 assert all(map(step_is_sound, t.steps)) and all(map(step_is_sound, live_steps))
 assert live.texts == plain.texts  # speculation changed no token
+# live: COMMIT keeps exactly the accepted path, so the target's KV grows by accept_len a step
+assert all(s["kv"]["target_seq_len"][1] - s["kv"]["target_seq_len"][0] == s["accept_len"]
+           for s in live_steps if not s["finish_reason"])
 # the fixture's step 0 (a committed trace: these move only when it is remade)
 expect("02", "step0_correct_drafts", rec["correct_drafts"])
 expect("02", "step0_bonus_token", rec["bonus_token"])

@@ -155,6 +155,9 @@ for n in range(1, 9):
     expectation = sum(a ** i * (1 - a) * i for i in range(n)) + a ** n * n + 1  # accepted drafts + bonus
     assert expectation == (1 - a ** (n + 1)) / (1 - a)
 assert budget // (k + 1) == 682
+# the live chains: a step writes at most k + 1 tokens, and a longer chain writes more a step
+assert all(1 <= measured[k] <= k + 1 for k in measured)
+assert measured[1] < measured[2] < measured[3] <= measured[5]
 # the embedded chains' measured tokens per step (greedy: they repeat)
 for k, tokens in measured.items():
     expect("04", f"chain_k{k}_tokens_per_step", tokens)

@@ -70,6 +70,14 @@ BUGS = [
         "row, prob_acc, coin = cur, F32(0), F32(randoms.coins[cur])",
         "row, prob_acc, coin = cur, prob_acc, F32(randoms.coins[cur])",
         "target_only carries the siblings' accumulated p into the next level"),
+    Bug("per_position_counts_the_last", "spectrace/core/metrics.py",
+        "            self.accepted_per_pos[i] += 1",
+        "            self.accepted_per_pos[n_correct - 1] += 1",
+        "vLLM's per-position counter credits every accepted draft to the last position (its sum stays right)"),
+    Bug("fast_greedy_walk_one_level_short", "spectrace/kernels/acceptance/greedy.py",
+        "    tl.store(accept_token_num + b, num_accepted)",
+        "    tl.store(accept_token_num + b, tl.maximum(num_accepted - 1, 0))",
+        "the fast engine's greedy walk stops one level short of the path it found"),
 ]
 
 
