@@ -298,6 +298,8 @@ def cmd_render(args) -> int:
             raise UsageError(f"{which} in {args.trace} ({where})")
         picked = picked[:1]
     out = Path(args.out)
+    if not out.name:
+        raise UsageError(f"-o {args.out!r} names no file (e.g. -o tree.svg)")
     for i in picked:
         rec = trace.step(i)
         path = out if not args.all else out.with_name(f"{out.stem}-step{rec['step']}-req{rec['request']}{out.suffix}")

@@ -388,3 +388,12 @@ def test_replay_with_stderr_redirected_refuses_instead_of_drawing_into_the_file(
     monkeypatch.setattr(sys, "stderr", Stream(False))
     with pytest.raises(SpectraceError, match="stdin, stdout and stderr"):
         replay(Path(__file__).with_name("data") / "walkthrough.jsonl")
+
+
+def test_render_to_a_path_without_a_file_name_is_one_line(capsys):
+    from pathlib import Path
+
+    trace = str(Path(__file__).parent / "data" / "walkthrough.jsonl")
+    for which in (["--all"], ["--step", "2"]):
+        code, _, err = _run(capsys, "render", trace, *which, "-o", "")
+        assert code == 2 and err.strip().splitlines() == ["spectrace: error: -o '' names no file (e.g. -o tree.svg)"]
