@@ -47,6 +47,12 @@ def best_run(config: Config, repeat: int, loaded: dict | None = None, **kw) -> R
     return best
 
 
+def add_traced(traced: list[float], res: RunResult) -> None:
+    """A traced run's wall time: its loop's, and with the records built after it (records_s)."""
+    traced[0] += res.metrics["wall_s"]
+    traced[1] += res.metrics["wall_s"] + res.metrics.get("records_s", 0.0)
+
+
 def shape_of(algo: str, res: RunResult) -> str:
     sp = res.spec
     return "-" if algo == "none" else f"{sp.num_steps},{sp.topk},{sp.num_draft_tokens}"
@@ -60,24 +66,26 @@ def algos_table(config: Config, algos: list[str], prompts: list[str], repeat: in
     τ / (1 + r) and, with `none` in the table, the realised one (tokens/s over none's) beside the
     whole-step model τ C_AR / (C_draft + C_verify + C_other), C_AR = none's ms per step: the textbook
     formula without its two approximations (C_extend dropped, a verify costing one decode).
-    `config` times runs without a trace; record_level "full" or "steps" adds a column: the wall
-    time of the same runs recording a trace at that level over the untraced one."""
+    `config` times runs without a trace; record_level "full" or "steps" adds two columns (`traced`):
+    the wall time of the same runs recording a trace at that level over the untraced one, and the
+    same with the time the fast engine takes after its loop to build the records."""
     algos = sorted(algos, key=lambda a: a != "none")
     recording = record_level != "off"
     print(f"{'algo':<20} {'steps,topk,n':>12} {'tokens/s':>9} {'tau':>6} {'alpha':>6} {'verify_ct':>9} "
           f"{'draft ms':>8} {'verify ms':>9} {'other ms':>8} {'r':>6} {'tau/(1+r)':>9} {'step model':>10} "
-          f"{'realised':>8}" + (f" {'recording':>9}" if recording else ""))
+          f"{'realised':>8}" + (f" {'recording':>9} {'+records':>8}" if recording else ""))
     outputs, none_tps, c_ar, loaded = {}, None, None, {}
     for algo in algos:
-        tokens = wall = verify = correct = proposed = steps = traced_wall = 0
+        tokens = wall = verify = correct = proposed = steps = 0
+        traced = [0.0, 0.0]  # the loop's wall time, and with the records built after it
         phase_ms = Counter()
         outputs[algo] = []
         for i, prompt in enumerate(prompts):
             progress(f"bench: {algo}, prompt {i + 1} of {len(prompts)}")
             res = best_run(config, repeat, loaded, algo=algo, prompts=[prompt], batch=None, trace=None)
             if recording:
-                traced_wall += best_run(config, repeat, loaded, algo=algo, prompts=[prompt], batch=None,
-                                        trace=f"runs/bench/{algo}-{i}.jsonl", trace_level=record_level).metrics["wall_s"]
+                add_traced(traced, best_run(config, repeat, loaded, algo=algo, prompts=[prompt], batch=None,
+                                            trace=f"runs/bench/{algo}-{i}.jsonl", trace_level=record_level))
             outputs[algo].append(res.requests[0].output_ids)
             m = res.metrics
             tokens += m["completion_tokens"]
@@ -103,7 +111,7 @@ def algos_table(config: Config, algos: list[str], prompts: list[str], repeat: in
             cells += [f"{r:>6.3f}", f"{predicted_speedup(tau, r):>8.2f}x", step_model,
                       f"{tps / none_tps:>7.2f}x" if none_tps else f"{'-':>8}"]
         if recording:
-            cells.append(f"{traced_wall / wall:>8.2f}x")
+            cells += [f"{traced[0] / wall:>8.2f}x", f"{traced[1] / wall:>7.2f}x"]
         progress(None)
         print(f"{algo:<20} {shape_of(algo, res):>12} " + " ".join(cells))
     return outputs
@@ -118,34 +126,45 @@ def batch_runs(prompts: list[str], bs: int) -> list[list[str]]:
 
 
 def batch_table(config: Config, algos: list[str], prompts: list[str], batch_sizes: list[int], repeat: int,
-                progress: Progress = _silent, policy: str | None = None) -> dict[int, dict[str, tuple]]:
+                progress: Progress = _silent, policy: str | None = None,
+                record_level: str = "off") -> dict[int, dict[str, tuple]]:
     """At each batch size, runs of that many requests per algorithm (`batch_runs`): tokens/s
     (every request's tokens over the runs' wall time), τ, and tokens/s over `none`'s at the same
     batch; with `policy` (--batch-policy) each algorithm once more at the shape the policy picks
-    for the batch, or drafting off. Returns {batch: {algo or "algo policy": (tokens/s, τ)}}."""
+    for the batch, or drafting off; with record_level "full" or "steps" the same runs traced, over
+    the untraced: the loop's time, and with the records built after it. Returns {batch: {algo or
+    "algo policy": (tokens/s, τ)}}."""
     algos = ["none"] + [a for a in algos if a != "none"]
     columns = [(a, {}) for a in algos[1:]]
     if policy is not None:
         columns += [(a, {"batch_policy": policy, "num_steps": None, "topk": None, "num_draft_tokens": None})
                     for a in algos[1:]]
     names = [a + (" policy" if over else "") for a, over in columns]
-    print(f"{'batch':>5} {'none tok/s':>10}" + "".join(f" | {n + ' tok/s':>19} {'tau':>6} {'speed-up':>8}" for n in names))
+    cost_head = f" {'recording':>9} {'+records':>8}" if record_level != "off" else ""
+    print(f"{'batch':>5} {'none tok/s':>10}{cost_head}" + "".join(
+        f" | {n + ' tok/s':>19} {'tau':>6} {'speed-up':>8}{cost_head}" for n in names))
     table, loaded = {}, {}
     for bs in batch_sizes:
-        row = {}
+        row, cost = {}, {}
         for name, (algo, over) in zip(["none"] + names, [("none", {})] + columns):
             progress(f"bench: batch {bs}, {name}")
             runs = [best_run(config, repeat, loaded, algo=algo, prompts=group, batch=bs, trace=None, **over)
                     for group in batch_runs(prompts, bs)]
-            tokens = sum(r.metrics["completion_tokens"] for r in runs)
+            tokens, wall = sum(r.metrics["completion_tokens"] for r in runs), sum(r.metrics["wall_s"] for r in runs)
             drafted = runs[0].spec.algo != "none"
-            row[name] = (tokens / sum(r.metrics["wall_s"] for r in runs),
-                         tokens / sum(r.metrics["verify_ct"] for r in runs) if drafted else None)
+            row[name] = (tokens / wall, tokens / sum(r.metrics["verify_ct"] for r in runs) if drafted else None)
+            if cost_head:
+                traced = [0.0, 0.0]
+                for i, group in enumerate(batch_runs(prompts, bs)):
+                    add_traced(traced, best_run(config, repeat, loaded, algo=algo, prompts=group, batch=bs,
+                                                trace=f"runs/bench/{name}-{bs}-{i}.jsonl".replace(" ", "-"),
+                                                trace_level=record_level, **over))
+                cost[name] = f" {traced[0] / wall:>8.2f}x {traced[1] / wall:>7.2f}x"
         table[bs] = row
         progress(None)
-        print(f"{bs:>5} {row['none'][0]:>10.1f}" + "".join(
+        print(f"{bs:>5} {row['none'][0]:>10.1f}{cost.get('none', '')}" + "".join(
             f" | {row[n][0]:>19.1f} {f'{row[n][1]:.3f}' if row[n][1] else '-':>6} {row[n][0] / row['none'][0]:>7.2f}x"
-            for n in names))
+            f"{cost.get(n, '')}" for n in names))
     return table
 
 

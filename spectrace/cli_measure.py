@@ -144,7 +144,8 @@ def cmd_bench(args, run_config) -> int:
         bench.shape_table(config, args.target_shape, args.batch_sizes or [1], args.repeat, prompts=prompts)
         return 0
     if args.batch_sizes:
-        bench.batch_table(config, args.algos, prompts, args.batch_sizes, args.repeat, Progress(0).say, policy)
+        bench.batch_table(config, args.algos, prompts, args.batch_sizes, args.repeat, Progress(0).say, policy,
+                          record_level)
         return 0
     progress = Progress(0).say  # prompts x algorithms on stderr, when it is a terminal
     hf = bench_hf.hf_table(config, prompts, args.repeat, progress) if args.compare_hf else None

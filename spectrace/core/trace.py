@@ -42,6 +42,28 @@ def malformed(path, lineno: int, e: Exception) -> TraceError:
     return TraceError(f"trace {path}: the record at line {lineno} has a field of the wrong shape ({what})")
 
 
+class RecordFormat:
+    """A record as its trace line: JSON with the text of the token ids it mentions first."""
+
+    def __init__(self, token_text: Callable[[int], str], seen: Iterable[int] = ()):
+        self._token_text = token_text
+        self._seen: set[int] = set(seen)
+
+    def _new_tokens(self, ids: Iterable[int]) -> dict[str, str]:
+        new = sorted({int(i) for i in ids} - self._seen)
+        self._seen.update(new)
+        return {str(i): self._token_text(i) for i in new}
+
+    def line(self, record: dict, token_ids: Iterable[int] = ()) -> bytes:
+        record = dict(record)
+        record["tokens"] = self._new_tokens(token_ids)
+        try:
+            text = json.dumps(record, ensure_ascii=False, allow_nan=False)
+        except ValueError:  # NaN or ±inf somewhere (a diverged model's q, a clock): JSON has no such number
+            text = json.dumps(_finite(record), ensure_ascii=False, allow_nan=False)
+        return (text + "\n").encode("utf-8")
+
+
 class TraceWriter:
     """Writes one JSON object per line, and flushes after each record, or after a step's records
     (write(..., flush=False), then flush()), so readers see every finished step."""
@@ -53,25 +75,13 @@ class TraceWriter:
             self._f = open(self.path, "wb")  # UTF-8 lines, written whole
         except OSError as e:
             raise TraceError(f"cannot write trace {self.path}: {e.strerror}") from None
-        self._token_text = token_text
-        self._seen: set[int] = set()
+        self._format = RecordFormat(token_text)
         self._size = 0  # bytes of whole records on disk
         self._pending = 0  # bytes written since the last flush
         self.failed = False  # a write failed: the file ends at the last whole record
 
-    def _new_tokens(self, ids: Iterable[int]) -> dict[str, str]:
-        new = sorted({int(i) for i in ids} - self._seen)
-        self._seen.update(new)
-        return {str(i): self._token_text(i) for i in new}
-
     def write(self, record: dict, token_ids: Iterable[int] = (), flush: bool = True) -> None:
-        record = dict(record)
-        record["tokens"] = self._new_tokens(token_ids)
-        try:
-            text = json.dumps(record, ensure_ascii=False, allow_nan=False)
-        except ValueError:  # NaN or ±inf somewhere (a diverged model's q, a clock): JSON has no such number
-            text = json.dumps(_finite(record), ensure_ascii=False, allow_nan=False)
-        line = (text + "\n").encode("utf-8")
+        line = self._format.line(record, token_ids)
         try:
             self._f.write(line)
         except OSError as e:
@@ -116,6 +126,12 @@ class TraceWriter:
         /dev/null that --trace named."""
         if self.path.is_file():
             self.path.unlink(missing_ok=True)
+
+
+def frames_path(trace: str | Path) -> Path:
+    """Where a fast run keeps its steps' frames until it has built their records (fast/frames.py)."""
+    trace = Path(trace)
+    return trace.with_name(trace.name + ".frames")
 
 
 def _finite(x):
@@ -277,9 +293,38 @@ class TraceFile:
                 self.summary = rec
             else:
                 raise TraceError(f"trace {path} line {lineno}: unknown record kind {kind!r}")
+        if frames_path(path).is_file():
+            self._recover()
         if self.summary is None:
             self.notices.append("the run did not finish: no summary record")
         self._cache: dict[int, dict] = {}
+
+    def _recover(self) -> None:
+        """The step records of a fast run's frames that it never built (killed, or still running),
+        added after the file's own lines, in memory: the file is not touched."""
+        from spectrace.core.step_record import record_token_ids  # torch, only for such a trace
+        from spectrace.errors import SpectraceError
+        from spectrace.fast.records import recovered_records
+        fmt, built = RecordFormat(self._tokenizer_pieces(), self.tokens), 0
+        try:
+            for rec in recovered_records(self.path, set(self._seen_steps)):
+                self._lines.append(fmt.line(rec, record_token_ids(rec)).decode("utf-8").rstrip("\n"))
+                self._index_step(len(self._lines), self._lines[-1])
+                built += 1
+        except SpectraceError as e:  # a step the explicit walk refuses: the steps before it
+            self.notices.append(str(e))
+        if built:
+            self.notices.append(f"{built} step records built from {frames_path(self.path).name}, the frames "
+                                f"the run kept of its steps")
+
+    def _tokenizer_pieces(self) -> Callable[[int], str]:
+        """Token text by the target's tokenizer, where it still loads; else the id in brackets."""
+        from spectrace.errors import SpectraceError
+        from spectrace.tokenizer import load_tokenizer
+        try:
+            return load_tokenizer(self.header["config"]["target_model"]).piece
+        except (SpectraceError, OSError, KeyError, TypeError, ValueError):
+            return lambda token_id: f"<{token_id}>"
 
     def _add_tokens(self, tokens, lineno: int = 1) -> None:
         if not isinstance(tokens, dict) or not all(isinstance(v, str) and k.isdigit() for k, v in tokens.items()):

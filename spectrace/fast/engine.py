@@ -7,7 +7,7 @@ captures them. `step` is core's speculative_step, each phase's output an argumen
     ACCEPT   the rule walks every tree at once (fast/acceptance/): the verdict, and the host row
     COMMIT   the accepted path's KV slots first in each request's row (fast/kv.py), the next roots
     EXTEND   the drafter catches up on the accepted tokens (DRAFT_EXTEND)
-    RECORD   on the host, after the step's one sync: EOS and lengths, metrics, the trace
+    RECORD   on the host, after the step's one sync: EOS and lengths, metrics, the step's trace frame
 
 A step's state is tensors over the batch bucket, (bs, ...), on the device. DRAFT, VERIFY + ACCEPT +
 COMMIT and EXTEND are each a CUDA graph captured from `step` (fast/graphs.py: launch_groups), as
@@ -34,10 +34,10 @@ from spectrace.fast.acceptance import FAST_RULES, Verdict, greedy, host_row, pla
 from spectrace.fast.batch import PromptBuffers, decode_rows_batch, extend_batch, features
 from spectrace.fast.acceptance.tree_rejection import SiblingRanks
 from spectrace.fast.graphs import (Launched, PhaseClock, PhaseGroups, StepOutputs, Tier, capture,
-                                   capture_step, launch_groups)
+                                   capture_step, launch_groups, to_host)
 from spectrace.fast.kv import StaticKV
 from spectrace.fast.sampling import DeviceRandoms, next_tokens
-from spectrace.fast.step_record import StepRecorder
+from spectrace.fast.step_record import Kept, StepRecorder
 from spectrace.fast.tree import DeviceTree, root_tree
 from spectrace.kernels.fused import is_fused
 
@@ -50,13 +50,11 @@ class FastEngine:
         build_engine); drafter: a fast/drafters/ drafter or None (--algo none); graphs: capture CUDA
         graphs (default: on a GPU); probe: bench --profile's, each phase then a launch of its own."""
         self.target, self.kv, self.spec, self.drafter = target, kv, spec, drafter
-        self.eos = set(eos_token_ids)
-        self.device, self.bs = kv.seq_lens.device, kv.seq_lens.shape[0]
+        self.eos, self.device, self.bs = set(eos_token_ids), kv.seq_lens.device, kv.seq_lens.shape[0]
         # the rule's walk over every tree; plain decoding (no drafter): the root's argmax, or a sample of p
         self.rule = (FAST_RULES[spec.acceptance] if drafter else
                      greedy if spec.sampling.greedy else plain_sample)
-        recording = trace is not None or on_step is not None
-        self.recorder = StepRecorder(spec, drafter, probs, trace, on_step) if recording else None
+        self.recorder = StepRecorder(spec, drafter, kv, probs, trace, on_step) if trace or on_step else None
         self.adaptive = AdaptiveSpeculativeParams(spec.num_steps) if spec.adaptive else None
         randoms = DeviceRandoms(RULES[spec.acceptance], self.bs, spec.topk, target.config.vocab_size,
                                 drafter is not None and drafter.samples_drafts, self.device)
@@ -68,8 +66,7 @@ class FastEngine:
         self.roots = torch.zeros(self.bs, dtype=torch.int64, device=self.device)  # each request's last token
         self.live = torch.zeros(self.bs, dtype=torch.bool, device=self.device)
         self.metrics = SpecMetrics(spec.max_steps if drafter else 0, spec.num_draft_tokens)
-        self.step_count, self.clock = 0, PhaseClock(self.device, probe)
-        self.sibling_ranks = None
+        self.step_count, self.clock, self.sibling_ranks = 0, PhaseClock(self.device, probe), None
         self.launches = launch_groups(drafter, probe is not None)
         self.capture_layers = drafter.capture_layers if drafter is not None else ()
         self.host_drafts = drafter is not None and drafter.drafts_on_host  # DRAFT on the host first (n-gram)
@@ -82,6 +79,8 @@ class FastEngine:
         self.prompts.graph = capture(self.prefill_forward)
         for tier in self.tiers.values():
             tier.graphs, tier.outputs = capture_step(lambda phases: self.step(tier, phases), self.launches)
+            if self.recorder:
+                self.recorder.capture(tier)
         self.reset()
 
     def reset(self) -> None:
@@ -98,18 +97,21 @@ class FastEngine:
         reqs = [Request(i, list(p), gen=request_generator(self.spec.seed, i)) for i, p in enumerate(prompts)]
         self.sibling_ranks = SiblingRanks.of(reqs, self.spec, self.drafter)
         t0 = time.perf_counter()
-        self.prefill(reqs)
-        pending = self.launch(reqs) if any(not r.finish_reason for r in reqs) else None
-        overlap = not self.adaptive and not self.sibling_ranks and not self.host_drafts
-        while pending is not None:
-            ahead = self.launch(reqs) if overlap else None
-            self.finish_step(reqs, pending)
-            pending = None if all(r.finish_reason for r in reqs) else ahead or self.launch(reqs)
-        if self.device.type == "cuda":  # a step launched ahead of the end finishes inside the measured time
-            torch.cuda.synchronize()
-        metrics = self.metrics.summary(time.perf_counter() - t0)
-        metrics["per_request"] = [self.metrics.per_request(r.req_pool_idx) for r in reqs]
-        return reqs, metrics
+        try:
+            self.prefill(reqs)
+            pending = self.launch(reqs) if any(not r.finish_reason for r in reqs) else None
+            overlap = not self.adaptive and not self.sibling_ranks and not self.host_drafts
+            while pending is not None:
+                ahead = self.launch(reqs) if overlap else None
+                self.finish_step(reqs, pending)
+                pending = None if all(r.finish_reason for r in reqs) else ahead or self.launch(reqs)
+            if self.device.type == "cuda":  # a step launched ahead finishes inside the measured time
+                torch.cuda.synchronize()
+            wall = time.perf_counter() - t0
+        finally:  # also when interrupted: the records of the steps kept so far (records_s: their time)
+            built = self.recorder.finish() if self.recorder else {}
+        return reqs, {**self.metrics.summary(wall), "per_request": [self.metrics.per_request(r.req_pool_idx)
+                                                                    for r in reqs], **built}
 
     @torch.no_grad()
     def prefill(self, reqs: list[Request]) -> None:
@@ -138,9 +140,9 @@ class FastEngine:
         is the next token after its last real row; then the drafter aligns itself with the prompt
         (SGLang's forward_draft_extend)."""
         bs, L = self.prompts.ids.shape
-        rows = torch.arange(L, device=self.device)
-        out = self.target(extend_batch(self.kv, self.prompts.ids.flatten(), rows.repeat(bs), L), self.kv,
-                          self.capture_layers)
+        rows = torch.arange(L, device=self.device).repeat(bs)  # each prompt's positions
+        batch = extend_batch(self.kv, self.prompts.ids.flatten(), rows, L)
+        out = self.target(batch, self.kv, self.capture_layers)
         last = torch.arange(bs, device=self.device) * L + self.prompts.lens - 1
         self.roots.copy_(next_tokens(out.logits[last], self.spec.sampling, self.tier.randoms.coin64))
         self.kv.seq_lens.copy_(self.prompts.lens)
@@ -151,7 +153,8 @@ class FastEngine:
         """Enqueue one step: its host inputs staged (n-gram's trees, the random numbers), its launch
         groups (graph replays, or the step eagerly), then its host row's copy to the host."""
         tier, marks = self.tier, {}
-        before = self.kv.seq_lens.clone() if self.recorder else None  # on the device: nothing waits
+        if self.recorder:
+            self.recorder.mark()
         if self.host_drafts:
             with self.clock.timed(marks, "draft"):
                 self.drafter.host_draft(reqs)
@@ -165,55 +168,42 @@ class FastEngine:
             out = tier.outputs
         else:
             out = self.step(tier, PhaseGroups(self.launches, lambda name: self.clock.timed(marks, name)))
-        copied = self.recorder.copy_step(out, tier.randoms, self.kv, before) if self.recorder else None
-        if self.device.type != "cuda":
-            return Launched(marks, out.host_row.clone(), None, copied, sizes, randoms)
-        row = torch.empty(out.host_row.shape, dtype=out.host_row.dtype, pin_memory=True)
-        row.copy_(out.host_row, non_blocking=True)  # without waiting: finish_step waits for `done`
-        done = torch.cuda.Event()
-        done.record()
-        return Launched(marks, row, done, copied, sizes, randoms)
+        copied = self.recorder.copy_step(tier, out) if self.recorder else None
+        return Launched(marks, *to_host(out.host_row), copied, sizes, randoms)
 
     @torch.no_grad()
     def finish_step(self, reqs: list[Request], launched: Launched) -> None:
         """RECORD: the host's part of a launched step, once its tokens have arrived (the step's one
-        sync): EOS and max_new_tokens, metrics, sibling worth, the trace."""
+        sync): EOS and max_new_tokens, metrics, sibling worth, the step's frame for the trace."""
         if launched.done is not None:
             launched.done.synchronize()
         rows = launched.row.tolist()  # (bs, num_steps + 2 [+ 2 topk]): accept_tokens, [counts,] accept_num
         timing = {**self.clock.read(launched.marks), "batch_size": sum(not r.finish_reason for r in reqs)}
-        host = self.recorder.host_tensors(launched.copied) if self.recorder else None
         adaptive = self.adaptive.step([row[-1] for row, r in zip(rows, reqs) if not r.finish_reason]) \
             if self.adaptive else None  # the explicit engine's adapt: the EMA over this step's requests
-        finished = False
-        for b, r in enumerate(reqs):
-            if not r.finish_reason:
-                self.finish_request(b, r, rows[b], launched, host, timing, adaptive)
-                finished |= r.finish_reason is not None
+        ran = [self.finish_request(b, r, rows[b], launched, timing, adaptive)
+               for b, r in enumerate(reqs) if not r.finish_reason]
         if self.recorder:
-            self.recorder.flush()
+            self.recorder.keep(self.step_count, launched.copied, ran, timing, adaptive, self.tier.num_steps)
         if self.host_drafts:  # the histories of the requests still running
             self.drafter.host_extend(reqs, rows)
-        if finished:
+        if any(kept.finish_reason for kept in ran):
             self.set_live(reqs)
         if adaptive and adaptive["switched_to"]:  # the next step runs the new tier's graphs
             self.tier = self.tiers[adaptive["switched_to"]]
         self.step_count += 1
 
-    def finish_request(self, b: int, r: Request, row: list[int], launched: Launched, host, timing: dict,
-                       adaptive) -> None:
-        """One unfinished request's tokens, metrics, sibling worth and step record."""
-        num, tier = row[-1], self.tier
+    def finish_request(self, b: int, r: Request, row: list[int], launched: Launched, timing: dict,
+                       adaptive) -> Kept:
+        """One unfinished request's tokens, metrics and sibling worth; what the recorder keeps of it."""
+        num, tier, root = row[-1], self.tier, r.output_ids[-1]
         committed = append_tokens(r, row[:num + 1], self.eos, self.spec.max_new_tokens)
-        drafts = launched.sizes[b] - 1
-        self.metrics.observe(b, self.step_count, timing, len(committed), num, drafts or None, num + 1,
-                             adaptive and adaptive["num_steps"])
+        self.metrics.observe(b, self.step_count, timing, len(committed), num, launched.sizes[b] - 1 or None,
+                             num + 1, adaptive and adaptive["num_steps"])
         if self.sibling_ranks:  # the walk's tries and acceptances by sibling rank rank the next trees
             self.sibling_ranks.add(r, row[tier.num_steps + 1:-1])
-        if self.recorder:
-            randoms = launched.randoms[b] if launched.randoms else None
-            self.recorder.write_step(self.step_count, b, r, host, row[:num + 1], randoms, committed, timing,
-                                     adaptive, tier.num_steps)
+        draws = launched.randoms[b] if launched.randoms else None
+        return Kept(b, r.req_pool_idx, root, row[:num + 1], committed, r.finish_reason, draws)
 
     def set_live(self, reqs: list[Request]) -> None:
         """Which bucket rows still commit; copied without waiting for the steps already enqueued."""

@@ -169,6 +169,18 @@ class PhaseClock:
         return {k: round((e - s) * 1000, 3) for k, (s, e) in marks.items()}
 
 
+def to_host(t: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """t on its way to the host without waiting: a pinned copy and the event after which it has
+    landed (on a CPU: a clone, there at once)."""
+    if not t.is_cuda:
+        return t.clone(), None
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    return host, done
+
+
 @dataclass
 class Launched:
     """A step on its way (FastEngine.launch), what finish_step reads once it has arrived."""
@@ -176,7 +188,7 @@ class Launched:
     marks: dict  # launch group -> its clock marks
     row: torch.Tensor  # the host row, on the host (pinned; filled once `done` has passed)
     done: torch.cuda.Event | None  # None on a CPU: the row is there already
-    copied: object | None  # the recorder's PackedCopy of the step's tensors
+    copied: object | None  # the recorder's Pack of the step's tensors (fast/frames.py)
     sizes: list[int]  # nodes of each request's tree (n-gram's vary; 1: plain decoding)
     randoms: list | None  # each request's draws (None: greedy)
 

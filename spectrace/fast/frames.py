@@ -1,0 +1,128 @@
+"""Step frames: what a fast run keeps of each step while it decodes, beside its trace.
+
+Building a step's JSON records costs the host about half a millisecond a request, more than a
+whole decode step of the embedded pair, so a run that records a trace does not build them in its
+decode loop: each step it appends one frame to TRACE.frames, the step's tensors as they came off
+the device (one packed copy) with a small JSON head, and the records are built from the frames
+once the loop is over (fast/step_record.py: StepRecorder.finish), as profilers record raw events
+and format them later. Then the sidecar is removed. A run killed before that leaves its frames:
+TraceFile builds their records when it opens the trace (`recovered_lines`).
+
+    spectrace.frames/1\\n                                     the file's first line
+    per frame: <u64 head bytes><u64 blob bytes> head blob   head: UTF-8 JSON; blob: raw tensors
+
+The first frame's head is the recorder's context (fast/step_record.py: RecordContext); every
+later one is a step's, its "packs" naming where each tensor lies in the blob (`Pack`). A frame is
+written whole and flushed, so a torn last frame is one that never finished: readers stop before it.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import struct
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from spectrace.core.trace import TraceError
+
+MAGIC = b"spectrace.frames/1\n"
+_LENGTHS = struct.Struct("<QQ")
+
+
+class Pack:
+    """Tensors as one byte buffer, `flat` (each viewed as bytes, concatenated, 8-aligned: one
+    kernel on a GPU), and the layout that reads them back: {name: [offset, bytes, dtype, shape]
+    or None}. `to_host` copies the bytes into `host` without waiting (pinned memory); the caller
+    reads them once the step's event has passed. Made inside a CUDA graph, `flat` is rewritten by
+    every replay and its layout stays."""
+    ALIGN = 8
+
+    def __init__(self, tensors: dict):
+        self.layout, chunks, at = {}, [], 0
+        for name, t in tensors.items():
+            if t is None:
+                self.layout[name] = None
+                continue
+            size = t.numel() * t.element_size()
+            self.layout[name] = [at, size, str(t.dtype).removeprefix("torch."), list(t.shape)]
+            pad = -size % self.ALIGN
+            chunks += [t.contiguous().view(-1).view(torch.uint8)] + [t.new_zeros(pad, dtype=torch.uint8)] * (pad > 0)
+            at += size + pad
+        self.flat = torch.cat(chunks) if chunks else torch.empty(0, dtype=torch.uint8)
+        self.host = self.flat
+
+    def to_host(self) -> Pack:
+        """This pack with `host` a fresh copy of `flat` on its way to the host (on a CPU: flat)."""
+        landed = copy.copy(self)
+        if self.flat.is_cuda:
+            landed.host = torch.empty(self.flat.shape, dtype=torch.uint8, pin_memory=True)
+            landed.host.copy_(self.flat, non_blocking=True)
+        return landed
+
+    def tensors(self) -> dict:
+        return unpack(self.host, self.layout)
+
+
+def unpack(buffer: torch.Tensor, layout: dict) -> dict:
+    """A Pack's tensors, as views of `buffer` (uint8) by its layout."""
+    return {name: None if at is None else
+            buffer[at[0]:at[0] + at[1]].view(getattr(torch, at[2])).view(at[3]) for name, at in layout.items()}
+
+
+def split(obj) -> tuple[dict, dict]:
+    """A dataclass of tensors and JSON values (a host DraftTree, a request's Randoms) as its JSON
+    fields and its tensors; `join` puts it back together."""
+    fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    tensors = {k: v for k, v in fields.items() if isinstance(v, torch.Tensor)}
+    return {k: v for k, v in fields.items() if k not in tensors}, tensors
+
+
+def join(cls, fields: dict, tensors: dict):
+    return cls(**fields, **tensors)
+
+
+class FrameWriter:
+    """Appends frames to a sidecar, each written whole and flushed."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            self._f = open(path, "wb")
+            self._f.write(MAGIC)
+        except OSError as e:
+            raise TraceError(f"cannot write {path}: {e.strerror}") from None
+
+    def write(self, head: dict, *blobs: torch.Tensor) -> None:
+        """One frame: `head` and the bytes of blobs (uint8 tensors on the host), back to back."""
+        text = json.dumps(head, separators=(",", ":")).encode("utf-8")
+        try:
+            self._f.write(_LENGTHS.pack(len(text), sum(b.numel() for b in blobs)) + text)
+            for b in blobs:
+                self._f.write(b.numpy().data)
+            self._f.flush()
+        except OSError as e:  # a full disk: the frames so far stay readable, a torn last one is skipped
+            raise TraceError(f"cannot write {self.path}: {e.strerror}") from None
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def read_frames(path: Path) -> Iterator[tuple[dict, torch.Tensor]]:
+    """Each whole frame of a sidecar: its head and its blob (uint8, on the host). A file that is
+    not a sidecar yields nothing; a torn last frame ends the frames."""
+    with open(path, "rb") as f:
+        if f.read(len(MAGIC)) != MAGIC:
+            return
+        while len(lengths := f.read(_LENGTHS.size)) == _LENGTHS.size:
+            head_size, blob_size = _LENGTHS.unpack(lengths)
+            head, blob = f.read(head_size), bytearray(f.read(blob_size))
+            if len(head) < head_size or len(blob) < blob_size:
+                return
+            try:
+                head = json.loads(head)
+            except ValueError:
+                return
+            yield head, torch.frombuffer(blob, dtype=torch.uint8) if blob_size else torch.empty(0, dtype=torch.uint8)

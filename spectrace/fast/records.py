@@ -1,0 +1,199 @@
+"""A fast run's step records, built from its frames (fast/frames.py) as the explicit engine
+writes them (core/step_record.py).
+
+A frame holds a step's tensors as they came off the device and, per request, what the host knew
+(its root, accept tokens, committed tokens, finish reason, draws). `RecordBuilder.records` rebuilds
+each request's draft tree and StepRow from it, and the explicit rule's walk runs over the same
+tree with the same p and random numbers: its per-node decisions are what the trace records, and
+a step whose kernel path or bonus differs from the explicit walk's is refused with one line. The
+KV part records lengths and the req_to_token pointers; the static KV has no allocator, so it has
+no events.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from spectrace.core.acceptance import RULES, AcceptResult, Randoms, RuleParams, bonus_from
+from spectrace.core.drafters.eagle_worker import draft_candidates
+from spectrace.core.engine import Request, StepRow
+from spectrace.core.probs import ProbsRecorder
+from spectrace.core.sampling import as_pairs
+from spectrace.core.spec import SpecConfig
+from spectrace.core.step_record import step_record
+from spectrace.core.trace import frames_path
+from spectrace.core.tree import DraftTree
+from spectrace.errors import SpectraceError
+from spectrace.fast.frames import Pack, join, read_frames, unpack
+
+
+@dataclass(frozen=True)
+class RecordContext:
+    """What building a step's records reads besides its frame: the run's rule and sampling and
+    the kind of drafter (none for --algo none). The sidecar's first frame, so that a reader can
+    build the records of a run that was killed before it did."""
+    acceptance: str
+    greedy: bool  # temperature 0
+    topk: int
+    trace_topk: int
+    threshold_single: float
+    threshold_acc: float
+    drafted: bool  # a drafter ran
+    drafts_on_host: bool  # n-gram: its trees are the host's, in the frame
+    samples_drafts: bool
+
+    @classmethod
+    def of(cls, spec: SpecConfig, drafter) -> RecordContext:
+        return cls(spec.acceptance, spec.sampling.greedy, spec.topk, spec.trace_topk, spec.threshold_single,
+                   spec.threshold_acc, drafter is not None, drafter is not None and drafter.drafts_on_host,
+                   drafter is not None and drafter.samples_drafts)
+
+    @property
+    def rule_params(self) -> RuleParams:
+        return RuleParams(self.threshold_single, self.threshold_acc, self.trace_topk)
+
+    @property
+    def reduces_p(self) -> bool:
+        """The greedy walk reads no p: a record keeps only p's top-k after each node and p of each
+        node's token, which the device picks out, so the step's copy to the host is (bs, n, k + n)
+        floats, not (bs, n, V): with Llama 3's 128k-token vocabulary, at batch 64, 33 MB a step of
+        plain decoding and 263 MB a step of trees of 8."""
+        return self.acceptance == "greedy" and self.greedy
+
+
+class RecordBuilder:
+    """The step records of frames (fast/frames.py), as the explicit engine writes them."""
+
+    def __init__(self, context: RecordContext, probs: ProbsRecorder | None = None):
+        self.context, self.probs = context, probs
+        self.walk = RULES[context.acceptance].walk
+
+    def frame_records(self, path: Path, skip=frozenset()) -> Iterator[list[dict]]:
+        """The records of each whole frame of a sidecar, in order; skip: (step, request) pairs to
+        leave out (those a trace holds already)."""
+        for head, blob in itertools.islice(read_frames(path), 1, None):
+            size = blob_bytes(head["packs"]["device"])
+            head["requests"] = [e for e in head["requests"] if (head["step"], e[1]) not in skip]
+            yield self.records(head, blob[:size], blob[size:])
+
+    def records(self, head: dict, device_blob: torch.Tensor, host_blob: torch.Tensor) -> list[dict]:
+        """A frame's records, one per request that ran."""
+        host = self.host_tensors(unpack(device_blob, head["packs"]["device"]))
+        frame = unpack(host_blob, head["packs"]["host"])
+        if "host_tree" in head:  # n-gram's trees as the host drafted them, and each row's index in them
+            host["host_tree"] = join(DraftTree, head["host_tree"], prefixed(frame, "tree."))
+            host["index"] = dict(map(tuple, head["index"]))
+        out = []
+        for b, rid, root, tokens, committed, finish_reason, draw in head["requests"]:
+            if isinstance(draw, dict):
+                draw = join(Randoms, draw["randoms"], prefixed(frame, f"draw{b}."))
+            r = Request(rid, [], [root] + committed, finish_reason)  # the request as the step left it
+            out.append(self.record(head["step"], b, r, host, tokens, draw, committed, head["timing"],
+                                   head["adaptive"], head["max_depth"]))
+        return out
+
+    def host_tensors(self, host: dict) -> dict:
+        """The step's tensors on the host as the records read them."""
+        if "target_topk_values" in host:
+            host["target_topk"] = as_pairs(host.pop("target_topk_indices").tolist(),
+                                           host.pop("target_topk_values").tolist())
+            host["p_tokens"] = host["p_tokens"].tolist()
+        if "draft_top_values" in host:
+            host["draft_topk"] = [as_pairs(ib, vb) for ib, vb in zip(host.pop("draft_top_indices").tolist(),
+                                                                    host.pop("draft_top_values").tolist())]
+            candidates = [host.pop(k) for k in sorted(k for k in host if k.startswith("candidates"))]
+            host["candidates"] = draft_candidates(*candidates, self.context.topk) if candidates else None
+        return host
+
+    def draft_tree(self, host: dict, b: int) -> tuple[DraftTree | None, int, int]:
+        """The step's trees as core's DraftTree, request b's index in them, and its size."""
+        if not self.context.drafted:
+            return None, b, 1
+        if self.context.drafts_on_host:
+            tree, i = host["host_tree"], host["index"][b]
+            return tree, i, tree.size(i)
+        tree = DraftTree(
+            draft_tokens=host["draft_tokens"], tree_mask=host["tree_mask"], positions=host["positions"],
+            retrive_index=host["retrive_index"], retrive_next_token=host["retrive_next_token"],
+            retrive_next_sibling=host["retrive_next_sibling"], q=host["q"], scores=host["scores"],
+            draft_topk=host["draft_topk"], candidates=host["candidates"], sibling_worth=host["worth"])
+        return tree, b, host["draft_tokens"].shape[1]
+
+    def record(self, step: int, b: int, r: Request, host: dict, tokens: list[int], randoms, committed: list[int],
+               timing: dict, adaptive: dict | None, max_depth: int) -> dict:
+        """Request b's step record (tokens: the step's accept tokens, the bonus last)."""
+        context, seq_before = self.context, int(host["seq_lens_before"][b])
+        tree, i, size = self.draft_tree(host, b)
+        row = StepRow(r, seq_before, None, None, b=i, drafted=size > 1, committed=committed)
+        row.target_predict = host["target_predict"][b, :size].tolist()
+        if context.reduces_p:
+            row.target_topk = host["target_topk"][b][:size]
+            row.p_tokens = [r[:size] for r in host["p_tokens"][b][:size]]
+        else:
+            row.target_probs = host["target_probs"][b, :size]
+        if size == 1:  # plain decoding, or an n-gram request that drafted nothing: core's plain_result
+            row.candidates, row.positions = [r.output_ids[-len(committed) - 1]], [seq_before]
+            row.result = AcceptResult([], tokens[-1], [0], [], None if context.greedy else
+                                      bonus_from("target", 0, row.target_probs[0], context.trace_topk))
+        else:
+            self.walk_explicitly(step, b, row, host, tokens, randoms, max_depth)
+        return step_record(step, row, tree, context.acceptance, self.kv_record(b, host, seq_before), timing,
+                           context.trace_topk, adaptive)
+
+    def walk_explicitly(self, step: int, b: int, row: StepRow, host: dict, tokens: list[int], randoms,
+                        max_depth: int) -> None:
+        """The explicit rule's walk over request b's tree, which must reach the kernels' path and bonus."""
+        size, n = len(row.target_predict), host["draft_tokens"].shape[1]
+        draft_probs = host.get("draft_probs")
+        if self.probs is not None:  # the walk's inputs, for spectrace rejudge
+            self.probs.add(step, row.req.req_pool_idx, host["logits"][b, :size],
+                           draft_probs[b] if draft_probs is not None else None, randoms or Randoms())
+        row.candidates = host["draft_tokens"][b, :size].tolist()
+        row.positions = host["positions"][b, :size].tolist()
+        sampled = self.context.samples_drafts
+        row.result = self.walk(row.candidates, host["retrive_next_token"][b, :size].tolist(),
+                               host["retrive_next_sibling"][b, :size].tolist(), row.target_predict, row.target_probs,
+                               draft_probs[b] if sampled else None, randoms, max_depth, self.context.rule_params)
+        num = int(host["accept_num"][b])
+        kernel_path = (host["accept_index"][b, :num + 1] - b * n).tolist()
+        if (kernel_path, tokens[-1]) != (row.result.accept_nodes, row.result.bonus_token):
+            raise SpectraceError(
+                f"--backend fast: the {self.context.acceptance} kernel walked {kernel_path} with bonus {tokens[-1]} "
+                f"where the explicit walk walked {row.result.accept_nodes} with bonus {row.result.bonus_token} "
+                f"(request {b}, step {step})")
+
+    def kv_record(self, b: int, host: dict, seq_before: int) -> dict:
+        after = int(host["seq_lens"][b])
+        kv = {"style": "sglang", "target_seq_len": [seq_before, after],
+              "req_to_token_tail": {"start": max(0, after - 16),
+                                    "slots": host["req_to_token"][b, max(0, after - 16):after].tolist()},
+              "events": [], "free_slots": None}
+        if host.get("draft_seq_lens") is not None:
+            d_after, num = int(host["draft_seq_lens"][b]), int(host["accept_num"][b])
+            kv["draft_seq_len"] = [d_after - num - 1, d_after]  # EXTEND ran over every accepted token
+        return kv
+
+
+def prefixed(tensors: dict, prefix: str) -> dict:
+    return {k.removeprefix(prefix): t for k, t in tensors.items() if k.startswith(prefix)}
+
+
+def blob_bytes(layout: dict) -> int:
+    """The bytes of a Pack by its layout (its last tensor's end, 8-aligned)."""
+    ends = [at + -(-size // Pack.ALIGN) * Pack.ALIGN for at, size, *_ in filter(None, layout.values())]
+    return max(ends, default=0)
+
+
+def recovered_records(trace: Path, skip) -> Iterator[dict]:
+    """The records of a killed run's frames (TraceFile, when it finds the sidecar), but those
+    the trace holds already (skip: their (step, request)); --record-probs' sidecar is not rebuilt."""
+    path = frames_path(trace)
+    first = next(read_frames(path), None)
+    if first is None or "context" not in first[0]:
+        return iter(())
+    builder = RecordBuilder(RecordContext(**first[0]["context"]))
+    return (rec for records in builder.frame_records(path, skip) for rec in records)

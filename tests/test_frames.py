@@ -1,0 +1,85 @@
+"""The fast engine's frames sidecar (fast/frames.py): a run keeps each step's tensors there while it
+decodes and builds the records after its loop; a run killed before that leaves the frames, and
+TraceFile builds the same records from them up to the last whole frame."""
+import json
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from spectrace.cli import main
+from spectrace.core.trace import TraceFile, frames_path
+from spectrace.fast import step_record
+from spectrace.fast.frames import FrameWriter, Pack, read_frames
+from spectrace.run import RunConfig, run
+
+
+def without_timing(rec: dict) -> dict:
+    return {k: v for k, v in rec.items() if k not in ("timing", "tokens")}
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 255), max_size=40), min_size=1, max_size=5), st.data())
+def test_a_torn_sidecar_reads_up_to_its_last_whole_frame(tmp_path_factory, blobs, data):
+    path = tmp_path_factory.mktemp("frames") / "t.jsonl.frames"
+    writer = FrameWriter(path)
+    for i, blob in enumerate(blobs):
+        writer.write({"step": i}, torch.tensor(blob, dtype=torch.uint8))
+    writer.close()
+    whole = path.read_bytes()
+    cut = data.draw(st.integers(0, len(whole)))
+    path.write_bytes(whole[:cut])
+    frames = list(read_frames(path))
+    assert [h["step"] for h, _ in frames] == list(range(len(frames)))  # a prefix, in order
+    assert [b.tolist() for _, b in frames] == blobs[:len(frames)]
+    assert len(frames) == len(blobs) or cut < len(whole)
+
+
+def test_a_pack_reads_back_every_tensor_and_none():
+    tensors = {"a": torch.arange(6).view(2, 3), "none": None, "b": torch.tensor([0.5, -1.0], dtype=torch.float64),
+               "c": torch.tensor([[True, False]]), "d": torch.randn(3, 1, 2)}
+    pack = Pack(tensors)
+    back = Pack(tensors).tensors()
+    assert back["none"] is None and pack.host.numel() % Pack.ALIGN == 0
+    for name, t in tensors.items():
+        if t is not None:
+            assert back[name].dtype == t.dtype and torch.equal(back[name], t), name
+    assert json.loads(json.dumps(pack.layout)) == pack.layout  # it travels in a frame's JSON head
+
+
+@pytest.mark.parametrize("options", [dict(algo="eagle", topk=4), dict(algo="ngram")], ids=["eagle", "ngram"])
+def test_a_fast_run_that_never_built_its_records_opens_from_its_frames(tmp_path, monkeypatch, options):
+    """A run killed between its loop and its records: the trace holds header and prefills, the
+    sidecar every step. TraceFile builds the same records the finished run writes; a torn last
+    frame costs that step only; records the trace holds already are not built twice; render opens
+    the last step."""
+    done = tmp_path / "done.jsonl"
+    run(RunConfig(backend="fast", batch=2, max_new_tokens=4, trace=str(done), **options))
+    assert not frames_path(done).exists()  # built and removed
+    want = [TraceFile(done).step(i) for i in range(len(TraceFile(done)))]
+
+    killed = tmp_path / "killed.jsonl"
+    monkeypatch.setattr(step_record.StepRecorder, "finish", lambda self: self.frames.close())
+    run(RunConfig(backend="fast", batch=2, max_new_tokens=4, trace=str(killed), **options))
+    lines = killed.read_text().splitlines(keepends=True)
+    killed.write_text("".join(line for line in lines if '"kind": "summary"' not in line))
+    got = TraceFile(killed)
+    assert len(got) == len(want) and any("built from killed.jsonl.frames" in n for n in got.notices)
+    assert [without_timing(got.step(i)) for i in range(len(got))] == [without_timing(r) for r in want]
+    assert got.tokens.keys() >= {t for r in want for t in r["accept_tokens"]}  # their text came along
+    last = got.index[-1]
+    assert main(["render", str(killed), "--step", str(last.step), "--request", str(last.request),
+                 "-o", str(tmp_path / "t.dot")]) == 0
+
+    frames = frames_path(killed).read_bytes()
+    last_frame_requests = sum(1 for meta in got.index if meta.step == last.step)
+    frames_path(killed).write_bytes(frames[:-3])  # the last frame torn
+    assert len(TraceFile(killed)) == len(want) - last_frame_requests
+    frames_path(killed).write_bytes(frames)
+
+    steps = [line for line in lines if line.startswith('{"kind": "step"')]
+    assert not steps  # the loop wrote none: each is in the frames
+    prefix = TraceFile(killed)._lines[:len(lines) - 1 + 2]  # killed while building: two records made
+    killed.write_text("\n".join(prefix) + "\n")
+    again = TraceFile(killed)
+    assert [without_timing(again.step(i)) for i in range(len(again))] == [without_timing(r) for r in want]
