@@ -252,11 +252,12 @@ def cmd_run(args) -> int:
         result = run(_run_config(args, prompts=args.prompt, batch=args.batch, trace=args.trace), on_step,
                      progress.say)
         if result.trace_path is not None and not args.no_tui:  # --no-tui never imports the walkthrough
+            from spectrace.recovery import open_trace
             from spectrace.viz.tui.app import on_a_terminal, replay
 
             if on_a_terminal():
                 progress.say("opening the walkthrough")
-                replay(result.trace_path)
+                replay(open_trace(result.trace_path))
     finally:
         progress.done()
     print(run_summary(result, result.spec.algo, args.backend))
@@ -266,11 +267,12 @@ def cmd_run(args) -> int:
 def cmd_replay(args) -> int:
     progress = Progress(0)  # a large trace takes a moment to index: say so instead of a blank terminal
     progress.say("loading the walkthrough")
+    from spectrace.recovery import open_trace
     from spectrace.viz.tui.app import replay
 
     progress.say(f"reading {args.trace}")
     try:
-        replay(args.trace)
+        replay(open_trace(args.trace))
     finally:
         progress.done()
     return 0
@@ -280,10 +282,10 @@ def cmd_render(args) -> int:
     """One figure (--step N [--request R]) or one per step (--all)."""
     from pathlib import Path
 
-    from spectrace.core.trace import TraceFile
+    from spectrace.recovery import open_trace
     from spectrace.viz.graph import step_graph, write_figure
 
-    trace = TraceFile(args.trace)
+    trace = open_trace(args.trace)
     for notice in trace.notices:
         print(f"spectrace: note: {notice}", file=sys.stderr)
     picked = [i for i, m in enumerate(trace.index)
@@ -311,10 +313,11 @@ def cmd_export(args) -> int:
     """spectrace/timeline.py: the trace's phases for Perfetto, or a CSV for pandas."""
     from pathlib import Path
 
-    from spectrace.core.trace import MALFORMED, TraceError, read_trace
+    from spectrace.core.trace import MALFORMED, TraceError
+    from spectrace.recovery import read_whole
     from spectrace.timeline import export
 
-    trace = read_trace(args.trace)
+    trace = read_whole(args.trace)
     try:
         print(export(trace, args.format, Path(args.out)))  # built whole, then written: never half a file
     except OSError as e:

@@ -36,7 +36,8 @@ from spectrace.core.metrics import SpecMetrics
 from spectrace.core.probs import RecordedProbs, sha256
 from spectrace.core.sampling import SamplingParams, probs_from_logits, request_generator, topk_pairs
 from spectrace.core.step_record import fates, record_token_ids
-from spectrace.core.trace import TraceWriter, read_trace
+from spectrace.core.trace import TraceWriter
+from spectrace.recovery import read_whole
 from spectrace.errors import SpectraceError
 
 TRACE_TOPK = {"full": 5, "steps": 0}  # run.py's TRACE_LEVELS, without importing the models
@@ -51,7 +52,7 @@ class Rejudge:
     def __init__(self, trace_path: str | Path, rule: str, threshold_single: float | None = None,
                  threshold_acc: float | None = None, temperature: float | None = None, seed: int | None = None):
         self.path = Path(trace_path)
-        self.trace = read_trace(self.path)
+        self.trace = read_whole(self.path)
         cfg = self.cfg = self.trace.header["config"]
         self.probs = RecordedProbs(self.path, self.trace.header)
         self.recorded = cfg["acceptance"]

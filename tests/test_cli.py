@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from spectrace.cli import main
-from spectrace.core.trace import read_trace
+from spectrace.core.trace import TraceFile, read_trace
 
 
 def _run(capsys, *args):
@@ -387,7 +387,7 @@ def test_replay_with_stderr_redirected_refuses_instead_of_drawing_into_the_file(
     monkeypatch.setattr(sys, "stdout", Stream(True))
     monkeypatch.setattr(sys, "stderr", Stream(False))
     with pytest.raises(SpectraceError, match="stdin, stdout and stderr"):
-        replay(Path(__file__).with_name("data") / "walkthrough.jsonl")
+        replay(TraceFile(Path(__file__).with_name("data") / "walkthrough.jsonl"))
 
 
 def test_render_to_a_path_without_a_file_name_is_one_line(capsys):

@@ -21,11 +21,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
+from spectrace.errors import SpectraceError
+
 SCHEMA = "spectrace.trace/1"
 SCHEMA_PREFIX = "spectrace.trace/"
 STEP_FIELDS = {"step": int, "request": int, "correct_drafts": list, "bonus_token": int,
                "accept_tokens": list, "accept_len": int, "draft": (dict, type(None)),
                "verify": dict, "accept": dict, "kv": dict, "timing": dict}
+
+
+# (trace, its header, the (step, request) pairs it holds) -> (the records of its frames but those,
+# each with the token ids it mentions; the text of a token id)
+Recover = Callable[[Path, dict, set], tuple[Iterable[tuple[dict, Iterable[int]]], Callable[[int], str]]]
 
 
 class TraceError(Exception):
@@ -236,7 +243,9 @@ class TraceFile:
     summary records and a small index of the steps (`StepMeta`) are read at open, and each step
     record is parsed and validated when asked for (`step(i)`)."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, recover: Recover | None = None):
+        """recover: builds the records of the frames a fast run left beside the trace
+        (spectrace/recovery.py); without it they are named in a notice."""
         self.path = path = Path(path)
         try:
             raw = path.read_bytes()
@@ -294,37 +303,30 @@ class TraceFile:
             else:
                 raise TraceError(f"trace {path} line {lineno}: unknown record kind {kind!r}")
         if frames_path(path).is_file():
-            self._recover()
+            self._recover(recover)
         if self.summary is None:
             self.notices.append("the run did not finish: no summary record")
         self._cache: dict[int, dict] = {}
 
-    def _recover(self) -> None:
+    def _recover(self, recover: Recover | None) -> None:
         """The step records of a fast run's frames that it never built (killed, or still running),
         added after the file's own lines, in memory: the file is not touched."""
-        from spectrace.core.step_record import record_token_ids  # torch, only for such a trace
-        from spectrace.errors import SpectraceError
-        from spectrace.fast.records import recovered_records
-        fmt, built = RecordFormat(self._tokenizer_pieces(), self.tokens), 0
+        sidecar = frames_path(self.path).name
+        if recover is None:
+            self.notices.append(f"the run kept steps in {sidecar} that this reader does not build: open the "
+                                "trace with spectrace's commands (replay, render, export)")
+            return
+        records, token_text = recover(self.path, self.header, set(self._seen_steps))
+        fmt, built = RecordFormat(token_text, self.tokens), 0
         try:
-            for rec in recovered_records(self.path, set(self._seen_steps)):
-                self._lines.append(fmt.line(rec, record_token_ids(rec)).decode("utf-8").rstrip("\n"))
+            for rec, token_ids in records:
+                self._lines.append(fmt.line(rec, token_ids).decode("utf-8").rstrip("\n"))
                 self._index_step(len(self._lines), self._lines[-1])
                 built += 1
         except SpectraceError as e:  # a step the explicit walk refuses: the steps before it
             self.notices.append(str(e))
         if built:
-            self.notices.append(f"{built} step records built from {frames_path(self.path).name}, the frames "
-                                f"the run kept of its steps")
-
-    def _tokenizer_pieces(self) -> Callable[[int], str]:
-        """Token text by the target's tokenizer, where it still loads; else the id in brackets."""
-        from spectrace.errors import SpectraceError
-        from spectrace.tokenizer import load_tokenizer
-        try:
-            return load_tokenizer(self.header["config"]["target_model"]).piece
-        except (SpectraceError, OSError, KeyError, TypeError, ValueError):
-            return lambda token_id: f"<{token_id}>"
+            self.notices.append(f"{built} step records built from {sidecar}, the frames the run kept of its steps")
 
     def _add_tokens(self, tokens, lineno: int = 1) -> None:
         if not isinstance(tokens, dict) or not all(isinstance(v, str) and k.isdigit() for k, v in tokens.items()):
@@ -384,9 +386,9 @@ class TraceFile:
         return self.tokens.get(token_id, f"<{token_id}>")
 
 
-def read_trace(path: str | Path) -> Trace:
+def read_trace(path: str | Path, recover: Recover | None = None) -> Trace:
     """Read and validate a whole trace; raise TraceError with a one-line reason if it is unusable."""
-    f = TraceFile(path)
+    f = TraceFile(path, recover)
     steps = [f.step(i) for i in range(len(f))]
     return Trace(header=f.header, prefills=f.prefills, steps=steps, summary=f.summary, tokens=f.tokens,
                  notices=f.notices)

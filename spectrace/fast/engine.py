@@ -129,8 +129,8 @@ class FastEngine:
         for r, t in zip(reqs, first):
             append_tokens(r, [t], self.eos, self.spec.max_new_tokens)
             self.metrics.observe_prefill(r.req_pool_idx, ms)
-            if self.recorder:
-                self.recorder.write_prefill(r, t, ms)
+        if self.recorder:
+            self.recorder.write_prefill(reqs, first, ms)
         self.set_live(reqs)
         if self.host_drafts:
             self.drafter.host_prefill(reqs)
@@ -153,8 +153,6 @@ class FastEngine:
         """Enqueue one step: its host inputs staged (n-gram's trees, the random numbers), its launch
         groups (graph replays, or the step eagerly), then its host row's copy to the host."""
         tier, marks = self.tier, {}
-        if self.recorder:
-            self.recorder.mark()
         if self.host_drafts:
             with self.clock.timed(marks, "draft"):
                 self.drafter.host_draft(reqs)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import json
 import struct
 from pathlib import Path
@@ -35,10 +36,12 @@ _LENGTHS = struct.Struct("<QQ")
 class Pack:
     """Tensors as one byte buffer, `flat` (each viewed as bytes, concatenated, 8-aligned: one
     kernel on a GPU), and the layout that reads them back: {name: [offset, bytes, dtype, shape]
-    or None}. `to_host` copies the bytes into `host` without waiting (pinned memory); the caller
-    reads them once the step's event has passed. Made inside a CUDA graph, `flat` is rewritten by
-    every replay and its layout stays."""
+    or None}, which a frame names by `key`. `to_host` copies the bytes into `host` without waiting
+    (pinned memory); the caller reads them once the step's event has passed. Made inside a CUDA
+    graph, `flat` is rewritten by every replay, its layout and key stay, and its copies take turns
+    in two pinned buffers: a step's are read before the step after next is launched."""
     ALIGN = 8
+    _keys = itertools.count()
 
     def __init__(self, tensors: dict):
         self.layout, chunks, at = {}, [], 0
@@ -52,14 +55,16 @@ class Pack:
             chunks += [t.contiguous().view(-1).view(torch.uint8)] + [t.new_zeros(pad, dtype=torch.uint8)] * (pad > 0)
             at += size + pad
         self.flat = torch.cat(chunks) if chunks else torch.empty(0, dtype=torch.uint8)
-        self.host = self.flat
+        self.host, self.key, self.ring = self.flat, next(self._keys), []
 
     def to_host(self) -> Pack:
-        """This pack with `host` a fresh copy of `flat` on its way to the host (on a CPU: flat)."""
+        """This pack with `host` a copy of `flat` on its way to the host (on a CPU: flat itself)."""
         landed = copy.copy(self)
         if self.flat.is_cuda:
-            landed.host = torch.empty(self.flat.shape, dtype=torch.uint8, pin_memory=True)
-            landed.host.copy_(self.flat, non_blocking=True)
+            if not self.ring:
+                self.ring += [torch.empty(self.flat.shape, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
+            self.ring.reverse()
+            landed.host = self.ring[0].copy_(self.flat, non_blocking=True)
         return landed
 
     def tensors(self) -> dict:

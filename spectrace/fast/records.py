@@ -71,19 +71,20 @@ class RecordBuilder:
     def __init__(self, context: RecordContext, probs: ProbsRecorder | None = None):
         self.context, self.probs = context, probs
         self.walk = RULES[context.acceptance].walk
+        self.layouts: dict[str, dict] = {}  # a Pack's key -> its layout, from the frame that first used it
 
     def frame_records(self, path: Path, skip=frozenset()) -> Iterator[list[dict]]:
         """The records of each whole frame of a sidecar, in order; skip: (step, request) pairs to
         leave out (those a trace holds already)."""
         for head, blob in itertools.islice(read_frames(path), 1, None):
-            size = blob_bytes(head["packs"]["device"])
+            size = blob_bytes(self.layout(head, "device"))
             head["requests"] = [e for e in head["requests"] if (head["step"], e[1]) not in skip]
             yield self.records(head, blob[:size], blob[size:])
 
     def records(self, head: dict, device_blob: torch.Tensor, host_blob: torch.Tensor) -> list[dict]:
         """A frame's records, one per request that ran."""
-        host = self.host_tensors(unpack(device_blob, head["packs"]["device"]))
-        frame = unpack(host_blob, head["packs"]["host"])
+        host = self.host_tensors(unpack(device_blob, self.layout(head, "device")))
+        frame = unpack(host_blob, self.layout(head, "host"))
         if "host_tree" in head:  # n-gram's trees as the host drafted them, and each row's index in them
             host["host_tree"] = join(DraftTree, head["host_tree"], prefixed(frame, "tree."))
             host["index"] = dict(map(tuple, head["index"]))
@@ -95,6 +96,11 @@ class RecordBuilder:
             out.append(self.record(head["step"], b, r, host, tokens, draw, committed, head["timing"],
                                    head["adaptive"], head["max_depth"]))
         return out
+
+    def layout(self, head: dict, pack: str) -> dict:
+        """The layout of a frame's pack (device or host), kept from the frame that first used it."""
+        self.layouts.update(head.get("layouts", {}))
+        return self.layouts[str(head["packs"][pack])]
 
     def host_tensors(self, host: dict) -> dict:
         """The step's tensors on the host as the records read them."""

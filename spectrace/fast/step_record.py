@@ -51,25 +51,24 @@ class StepRecorder:
                  on_step):
         self.spec, self.drafter, self.kv, self.trace, self.on_step = spec, drafter, kv, trace, on_step
         self.keeps_logits = probs is not None
-        self.before = torch.zeros_like(kv.seq_lens)  # the target's lengths before the step (`mark`)
+        self.before = torch.zeros_like(kv.seq_lens)  # the target's lengths as the step found them
         self.graphs: dict[int, tuple] = {}  # a tier's num_steps -> its pack's graph and the Pack it rewrites
+        self.no_host, self.layouts_kept = Pack({}), set()  # Pack keys whose layout a frame holds
         self.builder = RecordBuilder(RecordContext.of(spec, drafter), probs)
         self.frames = None
         if trace is not None and on_step is None:  # records after the loop, from the sidecar
             self.frames = FrameWriter(frames_path(trace.path))
             self.frames.write({"context": asdict(self.builder.context)})
 
-    def write_prefill(self, r: Request, first_token: int, ms: float) -> None:
-        if self.trace:
-            self.trace.write(self.prefill_record(r, first_token, ms), r.prompt_ids + r.output_ids)
+    def write_prefill(self, reqs: list[Request], first: list[int], ms: float) -> None:
+        """The prefill records; the target's lengths, which the first step finds."""
+        self.before.copy_(self.kv.seq_lens)
+        for r, t in zip(reqs, first) if self.trace else ():
+            self.trace.write(self.prefill_record(r, t, ms), r.prompt_ids + r.output_ids)
 
     def prefill_record(self, r: Request, first_token: int, ms: float) -> dict:
         kv = {"style": "sglang", "target_seq_len": [0, len(r.prompt_ids)], "events": [], "free_slots": None}
         return prefill_record(StepRow(r, 0, None, None), first_token, kv, {"prefill": ms})
-
-    def mark(self) -> None:
-        """Before a step is launched: the target's lengths as the step finds them."""
-        self.before.copy_(self.kv.seq_lens)
 
     def capture(self, tier) -> None:
         """The pack of a captured tier's outputs, a graph of its own, replayed after the step's."""
@@ -87,9 +86,12 @@ class StepRecorder:
         return self.pack(PhaseGroups((), nullcontext), out, tier.randoms).to_host()
 
     def pack(self, phase, out, randoms) -> Pack:
-        """The tensors a step's records read (randoms: the tier's DeviceRandoms), as one Pack."""
+        """The tensors a step's records read (randoms: the tier's DeviceRandoms), as one Pack;
+        then the target's lengths, which the next step finds."""
         with phase("record"):
-            return Pack(self.step_tensors(out, randoms))
+            pack = Pack(self.step_tensors(out, randoms))
+            self.before.copy_(self.kv.seq_lens)
+            return pack
 
     def step_tensors(self, out, randoms) -> dict:
         kv, tree, verdict, bs, n = self.kv, out.tree, out.verdict, *out.tree.draft_tokens.shape
@@ -131,8 +133,12 @@ class StepRecorder:
             head["host_tree"], tensors = split(self.drafter.tree)
             head["index"] = [[b, i] for b, i in self.drafter.index.items()]
             host.update({f"tree.{k}": t for k, t in tensors.items()})
-        host = Pack(host)  # on the host already
-        head.update(requests=requests, packs={"device": copied.layout, "host": host.layout})
+        host = Pack(host) if host else self.no_host  # on the host already
+        head.update(requests=requests, packs={"device": copied.key, "host": host.key})
+        for pack in (copied, host):  # a captured pack's layout, once
+            if pack.key not in self.layouts_kept:
+                head.setdefault("layouts", {})[str(pack.key)] = pack.layout
+                self.layouts_kept.add(pack.key)
         if self.frames:
             self.frames.write(head, copied.host, host.host)
             return

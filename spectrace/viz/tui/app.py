@@ -330,10 +330,10 @@ def on_a_terminal() -> bool:
     return sys.stdin.isatty() and sys.stdout.isatty() and sys.stderr.isatty()
 
 
-def replay(path: str | Path) -> None:
-    """Open the walkthrough on a trace file (raises TraceError / SpectraceError for bad input,
+def replay(trace: TraceFile) -> None:
+    """Open the walkthrough on an opened trace (raises TraceError / SpectraceError for bad input,
     SpectraceError without a terminal: Textual would wait for one forever)."""
-    trace = TraceFile(path)
+    path = trace.path
     if not trace.index:
         raise TraceError(f"trace {path} holds no decode steps to replay")
     first = min(range(len(trace.index)), key=lambda i: (trace.index[i].request, i))  # where it opens
