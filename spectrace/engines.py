@@ -159,8 +159,8 @@ def fast_drafter(target, draft, spec: SpecConfig, kv, committed: int, ngram: Ngr
     n, num_steps, topk = spec.num_draft_tokens, spec.max_steps, spec.topk
     trace_topk = spec.trace_topk if recording else None
     # the fused draft loop (kernels/draft_level.py) breaks near-ties in q its own way, so it drafts
-    # only where the tree cannot change the output (greedy decoding) and nothing records the loop
-    fused = spec.sampling.greedy and not (rule.samples_drafts or record_probs or recording)
+    # only where the tree cannot change the output (greedy decoding); a trace records the tree it drew
+    fused = spec.sampling.greedy and not (rule.samples_drafts or record_probs)
     sampling = dict(sampled=rule.samples_drafts, keep_q=rule.samples_drafts or record_probs, trace_topk=trace_topk,
                     temperature=spec.temperature if rule.samples_drafts else 1.0, fused=fused)
     if spec.algo == "ngram":

@@ -5,7 +5,7 @@ EAGLE-3 and NEXTN/MTP heads and the standalone draft LM, drafting over a draft K
                    i's K paths each write scratch column k * (num_steps - 1) + i after the
                    committed draft KV and read that KV and their own path's columns; then
                    build_draft_tree (organize_draft_results, the Triton build_tree, what the
-                   sampling rules and the trace keep). Greedy runs that record nothing run
+                   sampling rules and the trace keep). Greedy runs without --record-probs run
                    fused_draft_forward instead: each level's selection is one Triton program per
                    request (kernels/draft_level.py), and the tree two (build_fused_tree)
     DRAFT_EXTEND   the step's accept_tokens padded to num_steps + 1 per request (causal: a real
@@ -57,34 +57,56 @@ def build_draft_tree(levels: DraftLevels, roots: torch.Tensor, seq_lens: torch.T
 
 
 def fused_draft_forward(forward, first: torch.Tensor, hidden_states, num_steps: int, topk: int,
-                        probs: bool, token_map: torch.Tensor | None = None) -> DraftBuffers:
+                        probs: bool, token_map: torch.Tensor | None = None,
+                        trace_topk: int | None = None) -> tuple[DraftBuffers, list | None]:
     """core's draft_forward for greedy runs that record nothing: every level's softmax, top-K,
     path scores, K-of-K*K select and path bookkeeping as one Triton program per request
     (kernels/draft_level.py), its candidates written straight into one step's DraftBuffers.
     first (bs, V): the draft's q after each root (probs=True) or its logits; forward(i, input_ids,
     hidden_states, paths) runs the draft model over level i's kept paths (paths (bs, K, i + 1):
     their scratch columns) and returns (logits (bs*K, V), hidden_states or None); token_map: the
-    target token of each column of those logits, where the draft has its own vocabulary (EAGLE-3)."""
+    target token of each column of those logits, where the draft has its own vocabulary (EAGLE-3).
+    trace_topk (a recording run): also the top max(topk, trace_topk) of q after every path each
+    level extends, (values, target ids), what the trace keeps of the distributions."""
     buffers = DraftBuffers.empty(first.shape[0], topk, num_steps, first.device)
+    k, tops = max(topk, trace_topk or 0), [] if trace_topk is not None else None
+    if tops is not None:
+        tops.append(torch.topk(first if probs else torch.softmax(first.float(), dim=-1), k))
     scores, input_ids, hidden_states, paths = select_level(first, None, None, hidden_states, 0, num_steps, buffers,
                                                            probs)
     for i in range(num_steps - 1):
         logits, h = forward(i, input_ids, hidden_states, paths)
+        if tops is not None:
+            values, ids = torch.topk(torch.softmax(logits.float(), dim=-1), k)
+            tops.append((values, token_map[ids] if token_map is not None else ids))
         scores, input_ids, hidden_states, paths = select_level(logits, scores, paths, h, i + 1, num_steps, buffers,
                                                                token_map=token_map)
-    return buffers
+    return buffers, tops
 
 
 def build_fused_tree(buffers: DraftBuffers, roots: torch.Tensor, seq_lens: torch.Tensor, topk: int,
-                     n: int) -> DeviceTree:
+                     n: int, tops: list | None = None) -> DeviceTree:
     """build_draft_tree over fused_draft_forward's buffers: organize_draft_results and build_tree,
-    two Triton programs per request."""
+    two Triton programs per request; with `tops` (a recording run) what the trace keeps, as
+    build_draft_tree keeps it. A candidate's q is its parent's k-th best: the first topk of each
+    row of `tops`, in the loop's candidate order."""
     bs = roots.shape[0]
     top_scores_index, draft_tokens = organize_buffers(buffers.scores, buffers.tokens, roots, n)
     tree_mask, positions, retrive_index, retrive_next_token, retrive_next_sibling = build_tree(
         buffers.parents, top_scores_index, seq_lens, topk, n, TreeMaskMode.QLEN_ONLY)
-    return DeviceTree(draft_tokens, positions.view(bs, n), tree_mask.view(bs, n, n), retrive_index,
+    tree = DeviceTree(draft_tokens, positions.view(bs, n), tree_mask.view(bs, n, n), retrive_index,
                       retrive_next_token, retrive_next_sibling)
+    if tops is None:
+        return tree
+    values = torch.cat([v.view(bs, -1, v.shape[-1]) for v, _ in tops], dim=1)  # (bs, 1 + (S-1)K, k): a row a parent
+    ids = torch.cat([i.view(bs, -1, i.shape[-1]) for _, i in tops], dim=1)
+    q = values[..., :topk].reshape(bs, -1)  # (bs, C): every candidate's q
+    rows = (top_scores_index // topk)[..., None].expand(-1, -1, values.shape[-1])
+    tree.q, tree.scores = torch.gather(q, 1, top_scores_index), torch.gather(buffers.scores, 1, top_scores_index)
+    tree.draft_top = (torch.gather(values, 1, rows), torch.gather(ids, 1, rows))
+    tree.candidates = (buffers.tokens, q, buffers.scores, buffers.parents[:, :1 + (len(tops) - 1) * topk],
+                       top_scores_index)
+    return tree
 
 
 class EagleWorker:
@@ -152,9 +174,9 @@ class EagleWorker:
                     return self.model.lm_head(h), None
                 return self.model.vocab_logits(h, self.target.lm_head), h
 
-            buffers = fused_draft_forward(logits_forward, self.next_probs, hidden, num_steps, self.topk, probs=True,
-                                          token_map=self.vocab_ids)
-            return build_fused_tree(buffers, roots, seq_lens, self.topk, num_draft_tokens)
+            buffers, tops = fused_draft_forward(logits_forward, self.next_probs, hidden, num_steps, self.topk,
+                                                probs=True, token_map=self.vocab_ids, trace_topk=self.trace_topk)
+            return build_fused_tree(buffers, roots, seq_lens, self.topk, num_draft_tokens, tops)
         levels = self.draft_levels(forward, hidden, num_steps, randoms)
         return build_draft_tree(levels, roots, seq_lens, self.topk, num_draft_tokens, self.keep_q, self.trace_topk)
 

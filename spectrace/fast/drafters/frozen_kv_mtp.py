@@ -59,9 +59,9 @@ class FrozenKVMtp:
         logits, hidden = self.forward(roots, self.root_feature, seq_lens)
         positions = seq_lens.repeat_interleave(K)  # every level's rows sit at their root's position
         if self.fused:  # each level's selection is one kernel
-            buffers = fused_draft_forward(lambda i, input_ids, h, paths: self.forward(input_ids, h, positions),
-                                          logits, hidden, num_steps, K, probs=False)
-            return build_fused_tree(buffers, roots, seq_lens, K, num_draft_tokens)
+            buffers, tops = fused_draft_forward(lambda i, input_ids, h, paths: self.forward(input_ids, h, positions),
+                                                logits, hidden, num_steps, K, probs=False, trace_topk=self.trace_topk)
+            return build_fused_tree(buffers, roots, seq_lens, K, num_draft_tokens, tops)
         sampled = SampledDrafts(None, randoms.worth if K > 1 else None, iter(randoms.noise)) if self.samples_drafts else None
 
         def forward(i, input_ids, h, parents):
