@@ -34,26 +34,23 @@ _LENGTHS = struct.Struct("<QQ")
 
 
 class Pack:
-    """Tensors as one byte buffer, `flat` (each viewed as bytes, concatenated, 8-aligned: one
-    kernel on a GPU), and the layout that reads them back: {name: [offset, bytes, dtype, shape]
-    or None}, which a frame names by `key`. `to_host` copies the bytes into `host` without waiting
-    (pinned memory); the caller reads them once the step's event has passed. Made inside a CUDA
-    graph, `flat` is rewritten by every replay, its layout and key stay, and its copies take turns
-    in two pinned buffers: a step's are read before the step after next is launched."""
-    ALIGN = 8
+    """Tensors as one byte buffer, `flat` (each viewed as bytes and concatenated: one kernel on a
+    GPU, widest elements first, so each starts at a multiple of its element size without padding),
+    and the layout that reads them back: {name: [offset, bytes, dtype, shape] or None}, which a
+    frame names by `key`. `to_host` copies the bytes into `host` without waiting (pinned memory);
+    the caller reads them once the step's event has passed. Made inside a CUDA graph, `flat` is
+    rewritten by every replay, its layout and key stay, and its copies take turns in two pinned
+    buffers: a step's are read before the step after next is launched."""
     _keys = itertools.count()
 
     def __init__(self, tensors: dict):
-        self.layout, chunks, at = {}, [], 0
-        for name, t in tensors.items():
-            if t is None:
-                self.layout[name] = None
-                continue
+        self.layout, chunks, at = {name: None for name, t in tensors.items() if t is None}, [], 0
+        present = [(name, t) for name, t in tensors.items() if t is not None]
+        for name, t in sorted(present, key=lambda item: -item[1].element_size()):
             size = t.numel() * t.element_size()
             self.layout[name] = [at, size, str(t.dtype).removeprefix("torch."), list(t.shape)]
-            pad = -size % self.ALIGN
-            chunks += [t.contiguous().view(-1).view(torch.uint8)] + [t.new_zeros(pad, dtype=torch.uint8)] * (pad > 0)
-            at += size + pad
+            chunks.append(t.contiguous().view(-1).view(torch.uint8))
+            at += size
         self.flat = torch.cat(chunks) if chunks else torch.empty(0, dtype=torch.uint8)
         self.host, self.key, self.ring = self.flat, next(self._keys), []
 

@@ -28,7 +28,7 @@ from spectrace.core.step_record import step_record
 from spectrace.core.trace import frames_path
 from spectrace.core.tree import DraftTree
 from spectrace.errors import SpectraceError
-from spectrace.fast.frames import Pack, join, read_frames, unpack
+from spectrace.fast.frames import join, read_frames, unpack
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class RecordBuilder:
         for head, blob in itertools.islice(read_frames(path), 1, None):
             size = blob_bytes(self.layout(head, "device"))
             head["requests"] = [e for e in head["requests"] if (head["step"], e[1]) not in skip]
-            yield self.records(head, blob[:size], blob[size:])
+            yield self.records(head, blob[:size], blob[size:].clone())  # clone: its own aligned buffer
 
     def records(self, head: dict, device_blob: torch.Tensor, host_blob: torch.Tensor) -> list[dict]:
         """A frame's records, one per request that ran."""
@@ -189,9 +189,8 @@ def prefixed(tensors: dict, prefix: str) -> dict:
 
 
 def blob_bytes(layout: dict) -> int:
-    """The bytes of a Pack by its layout (its last tensor's end, 8-aligned)."""
-    ends = [at + -(-size // Pack.ALIGN) * Pack.ALIGN for at, size, *_ in filter(None, layout.values())]
-    return max(ends, default=0)
+    """The bytes of a Pack by its layout: where its last tensor ends."""
+    return max((at + size for at, size, *_ in filter(None, layout.values())), default=0)
 
 
 def recovered_records(trace: Path, skip) -> Iterator[dict]:
