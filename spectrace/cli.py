@@ -20,6 +20,7 @@ import sys
 
 from spectrace.algos import ALGOS, DEFAULT_ALGO
 from spectrace.cli_measure import add_measure_commands, cmd_bench, cmd_tune
+from spectrace.core.ranges import RANGES, check_ranges
 from spectrace.errors import Interrupted, SpectraceError
 from spectrace.progress import Progress
 
@@ -212,6 +213,17 @@ def _check_supported(args) -> None:
         args.acceptance = "rejection"
 
 
+def _check_ranges(args) -> None:
+    """The numbers a run takes, before torch loads (SpecConfig and RunConfig check them again when
+    made); the tree's, where an algorithm drafts."""
+    if args.command not in ("run", "bench", "tune"):
+        return
+    algos = args.algos if args.command in ("bench", "tune") else [args.algo or DEFAULT_ALGO]
+    tree = ("num_steps", "topk") if any(a != "none" for a in algos) else ()
+    check_ranges(**{name: getattr(args, name) for name in RANGES if hasattr(args, name)
+                    and (name in tree or name not in ("num_steps", "topk"))})
+
+
 def _run_config(args, **over):
     from spectrace.core.ngram.trie import TrieConfig
     from spectrace.run import RunConfig
@@ -333,8 +345,7 @@ def cmd_rejudge(args) -> int:
 
     from spectrace.rejudge import Rejudge, report
 
-    if args.seed is not None and not 0 <= args.seed < 2 ** 32:
-        raise UsageError(f"--seed must lie in [0, 2**32), got {args.seed}")
+    check_ranges(seed=args.seed)
     if Path(args.out).resolve() == Path(args.trace).resolve():
         raise UsageError("-o would overwrite the trace being re-judged: give another path")
     job = Rejudge(args.trace, args.acceptance, args.threshold_single, args.threshold_acc, args.temperature, args.seed)
@@ -365,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "speculative_config", None) is not None:
             _apply_speculative_config(args)
         _check_supported(args)
+        _check_ranges(args)
         if args.command in ("bench", "tune"):
             return (cmd_bench if args.command == "bench" else cmd_tune)(args, _run_config)
         return {"run": cmd_run, "replay": cmd_replay, "render": cmd_render, "export": cmd_export,

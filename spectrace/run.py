@@ -30,6 +30,7 @@ from spectrace.core.engine import Request
 from spectrace.core.model import CausalLM
 from spectrace.core.ngram.trie import TrieConfig
 from spectrace.core.probs import UNSEALED, ProbsRecorder, seal, sidecar_path
+from spectrace.core.ranges import check_ranges
 from spectrace.core.spec import SpecConfig
 from spectrace.core.trace import SCHEMA, TraceError, TraceWriter
 from spectrace.engines import build_engine, context, kv_bytes, lookahead
@@ -116,19 +117,12 @@ class RunConfig:
             raise SpectraceError(f"--record-probs: {why}")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise SpectraceError(f"unknown --dtype {self.dtype!r} (choose from {', '.join(DTYPES)})")
-        if not 0 <= self.seed < 2 ** 32:
-            raise SpectraceError(f"--seed must lie in [0, 2**32), got {self.seed}")
-        if self.top_k < -1:
-            raise SpectraceError(f"--top-k must be a count, or 0 or -1 for off (the peers' spelling), got {self.top_k}")
+        check_ranges(seed=self.seed, top_k=self.top_k, batch=self.batch, mem_fraction_static=self.mem_fraction_static)
         for i, p in enumerate(self.prompts):
             try:
                 p.encode("utf-8")
             except UnicodeEncodeError:
                 raise SpectraceError(f"--prompt {i} is not valid UTF-8 text") from None
-        if self.batch is not None and self.batch < 1:
-            raise SpectraceError("--batch must be at least 1")
-        if not 0 < self.mem_fraction_static <= 1:
-            raise SpectraceError(f"--mem-fraction-static must lie in (0, 1], got {self.mem_fraction_static}")
         if self.batch_policy is not None:
             batch_policy.check(self)
         if self.batch is not None and self.batch < len(self.prompts):

@@ -397,3 +397,14 @@ def test_render_to_a_path_without_a_file_name_is_one_line(capsys):
     for which in (["--all"], ["--step", "2"]):
         code, _, err = _run(capsys, "render", trace, *which, "-o", "")
         assert code == 2 and err.strip().splitlines() == ["spectrace: error: -o '' names no file (e.g. -o tree.svg)"]
+
+
+@pytest.mark.parametrize("argv", [["run", "--max-new-tokens", "0"], ["run", "--topk", "0"], ["run", "--batch", "0"],
+                                  ["run", "--temperature", "nan"], ["bench", "--top-p", "0"],
+                                  ["bench", "--algos", "none", "eagle", "--num-steps", "0"]])
+def test_a_number_out_of_range_is_refused_before_torch_loads(argv):
+    """core/ranges.py's table, checked by the CLI first: the error comes at once, torch never loaded."""
+    code = f"import sys; from spectrace.cli import main; rc = main({argv!r}); print(rc, 'torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout.split() == ["2", "False"], done.stderr
+    assert done.stderr.startswith("spectrace: error: --") and len(done.stderr.splitlines()) == 1

@@ -8,6 +8,7 @@ from spectrace.algos import ALGOS, DEFAULT_ALGO
 from spectrace.core import acceptance
 from spectrace.core.acceptance import RuleParams
 from spectrace.core.adaptive import AdaptiveConfig
+from spectrace.core.ranges import check_ranges
 from spectrace.core.sampling import SamplingParams
 from spectrace.core.tree import tree_capacity
 from spectrace.errors import SpectraceError
@@ -47,10 +48,7 @@ class SpecConfig:
     def __post_init__(self):
         if self.algo not in ALGOS:
             raise SpectraceError(f"unknown --algo {self.algo!r} (available: {', '.join(ALGOS)})")
-        if self.max_new_tokens < 1:
-            raise SpectraceError(f"--max-new-tokens must be at least 1, got {self.max_new_tokens}")
-        if not 0 < self.top_p <= 1:
-            raise SpectraceError(f"--top-p must lie in (0, 1], got {self.top_p}")
+        check_ranges(max_new_tokens=self.max_new_tokens, top_p=self.top_p)
         if self.acceptance is None:
             self.acceptance = acceptance.default_rule(self.temperature)
         acceptance.check(self.acceptance, self.algo, self.topk, self.temperature, self.threshold_single,
@@ -58,10 +56,7 @@ class SpecConfig:
         if self.algo == "none":  # plain decoding: one token a step, nothing to adapt
             self.num_draft_tokens, self.adaptive = 1, False
             return
-        if self.num_steps < 1:
-            raise SpectraceError(f"--num-steps must be at least 1, got {self.num_steps}")
-        if self.topk < 1:
-            raise SpectraceError(f"--topk must be at least 1, got {self.topk}")
+        check_ranges(num_steps=self.num_steps, topk=self.topk)
         if self.adaptive:
             self._check_adaptive()
         cap = tree_capacity(self.topk, self.num_steps)

@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from spectrace.algos import ALGOS
+from spectrace.core.ranges import check_ranges
 from spectrace.core.sampling import topk_pairs
 from spectrace.errors import SpectraceError
 
@@ -124,11 +125,7 @@ def check(rule: str, algo: str, topk: int, temperature: float, threshold_single:
     """One clear line for a combination the engines refuse (or that would silently do nothing)."""
     if rule not in RULES:
         raise SpectraceError(f"unknown --acceptance {rule!r} (choose from {', '.join(RULES)})")
-    for name, t in (("single", threshold_single), ("acc", threshold_acc)):
-        if not 0.0 <= t <= 1.0:
-            raise SpectraceError(f"--speculative-accept-threshold-{name} must lie in [0, 1], got {t}")
-    if not temperature >= 0 or temperature == float("inf"):  # nan fails the comparison
-        raise SpectraceError(f"--temperature must be a finite number >= 0, got {temperature}")
+    check_ranges(threshold_single=threshold_single, threshold_acc=threshold_acc, temperature=temperature)
     if algo == "none":
         return
     r, a = RULES[rule], ALGOS[algo]
