@@ -46,9 +46,24 @@ DEEP = "[" * 5000 + "]" * 5000  # nested past the parser's recursion limit, spli
 
 
 def mutate(data: st.DataObject) -> str:
-    """The committed walkthrough trace with one thing changed, as file text."""
+    """The committed walkthrough trace with one thing changed, as file text: a value, a key, a cut,
+    a tree's parents (any ints, a node its own or a later node's parent included), or the order of
+    the step records (shuffled, one repeated)."""
     lines = list(LINES)
-    kind = data.draw(st.sampled_from(["value", "value", "value", "duplicate key", "cut", "delete key"]))
+    kind = data.draw(st.sampled_from(["value", "value", "value", "duplicate key", "cut", "delete key", "tree",
+                                      "order"]))
+    if kind == "order":
+        steps = [line for line in lines if line.startswith('{"kind": "step"')]
+        steps = data.draw(st.permutations(steps)) + data.draw(st.lists(st.sampled_from(steps), max_size=1))
+        return "".join(lines[:FIRST_STEP] + steps + [line for line in lines[FIRST_STEP:] if line not in steps])
+    if kind == "tree":
+        drafted = [j for j in range(FIRST_STEP, len(lines)) if '"parents": [' in lines[j]]
+        j = data.draw(st.sampled_from(drafted))
+        rec = json.loads(lines[j])
+        n = len(rec["draft"]["parents"])
+        rec["draft"]["parents"] = data.draw(st.lists(st.integers(-2, n + 1), min_size=n, max_size=n))
+        lines[j] = json.dumps(rec) + "\n"
+        return "".join(lines)
     i = data.draw(st.integers(0, len(lines) - 1) if kind == "cut" else st.integers(FIRST_STEP, FIRST_STEP + 3))
     if kind == "cut":
         return "".join(lines[:i]) + lines[i][:data.draw(st.integers(0, len(lines[i]) - 1))]
