@@ -90,3 +90,9 @@ def test_a_fast_run_that_never_built_its_records_opens_from_its_frames(tmp_path,
     killed.write_text("\n".join(prefix) + "\n")
     again = open_trace(killed)
     assert [without_timing(again.step(i)) for i in range(len(again))] == [without_timing(r) for r in want]
+
+
+def test_a_trace_that_is_a_device_gets_its_records_as_the_run_goes():
+    """--trace /dev/null: no sidecar beside a device (none could be made there); the run finishes."""
+    result = run(RunConfig(backend="fast", algo="none", max_new_tokens=2, trace="/dev/null"))
+    assert result.requests[0].output_ids and not frames_path("/dev/null").exists()

@@ -133,6 +133,7 @@ class TraceWriter:
         /dev/null that --trace named."""
         if self.path.is_file():
             self.path.unlink(missing_ok=True)
+            frames_path(self.path).unlink(missing_ok=True)
 
 
 def frames_path(trace: str | Path) -> Path:

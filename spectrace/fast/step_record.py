@@ -56,7 +56,9 @@ class StepRecorder:
         self.no_host, self.layouts_kept = Pack({}), set()  # Pack keys whose layout a frame holds
         self.builder = RecordBuilder(RecordContext.of(spec, drafter), probs)
         self.frames = None
-        if trace is not None and on_step is None:  # records after the loop, from the sidecar
+        # records after the loop, from the sidecar; for a live view, or a trace that is a device
+        # (--trace /dev/null), as the run goes
+        if trace is not None and on_step is None and trace.path.is_file():
             self.frames = FrameWriter(frames_path(trace.path))
             self.frames.write({"context": asdict(self.builder.context)})
 
@@ -121,8 +123,8 @@ class StepRecorder:
 
     def keep(self, step: int, copied: Pack, requests: list[Kept], timing: dict, adaptive: dict | None,
              max_depth: int) -> None:
-        """A step's frame, once `copied` has landed: to the sidecar, or into records at once for
-        on_step."""
+        """A step's frame, once `copied` has landed: to the sidecar, or into records at once (for
+        on_step, or a trace that is a device)."""
         host, head = {}, {"step": step, "timing": timing, "adaptive": adaptive, "max_depth": max_depth}
         for i, kept in enumerate(requests):
             if isinstance(kept.draws, Randoms):
@@ -145,7 +147,8 @@ class StepRecorder:
         for rec in self.builder.records(head, copied.host, host.host):
             if self.trace:
                 self.trace.write(rec, record_token_ids(rec), flush=False)
-            self.on_step(rec)
+            if self.on_step:
+                self.on_step(rec)
         if self.trace:
             self.trace.flush()
 
