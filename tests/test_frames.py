@@ -2,6 +2,7 @@
 decodes and builds the records after its loop; a run killed before that leaves the frames, and
 TraceFile builds the same records from them up to the last whole frame."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -96,3 +97,23 @@ def test_a_trace_that_is_a_device_gets_its_records_as_the_run_goes():
     """--trace /dev/null: no sidecar beside a device (none could be made there); the run finishes."""
     result = run(RunConfig(backend="fast", algo="none", max_new_tokens=2, trace="/dev/null"))
     assert result.requests[0].output_ids and not frames_path("/dev/null").exists()
+
+
+@pytest.mark.parametrize("heads", [[{"context": {"bogus": 1}}],
+                                   [{"context": dict(acceptance="greedy", greedy=True, topk=1, trace_topk=5,
+                                                     threshold_single=1.0, threshold_acc=1.0, drafted=False,
+                                                     drafts_on_host=False, samples_drafts=False)},
+                                    {"step": 0, "requests": [[0, 0, 1, [2], [2], None, None]]}]],
+                         ids=["context", "step head"])
+def test_a_sidecar_that_is_not_spectraces_is_a_notice(tmp_path, heads):
+    """An edited or foreign sidecar: the trace opens with what it holds, and a notice says why
+    the frames stop."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(line for line in (Path(__file__).with_name("data") / "walkthrough.jsonl")
+                             .read_text().splitlines(keepends=True) if '"kind": "summary"' not in line))
+    writer = FrameWriter(frames_path(trace))
+    for head in heads:
+        writer.write(head)
+    writer.close()
+    opened = open_trace(trace)
+    assert len(opened) == len(TraceFile(trace).index) and any("frames" in n or "readable" in n for n in opened.notices)

@@ -317,15 +317,18 @@ class TraceFile:
             self.notices.append(f"the run kept steps in {sidecar} that this reader does not build: open the "
                                 "trace with spectrace's commands (replay, render, export)")
             return
-        records, token_text = recover(self.path, self.header, set(self._seen_steps))
-        fmt, built = RecordFormat(token_text, self.tokens), 0
+        built = 0
         try:
+            records, token_text = recover(self.path, self.header, set(self._seen_steps))
+            fmt = RecordFormat(token_text, self.tokens)
             for rec, token_ids in records:
                 self._lines.append(fmt.line(rec, token_ids).decode("utf-8").rstrip("\n"))
                 self._index_step(len(self._lines), self._lines[-1])
                 built += 1
         except SpectraceError as e:  # a step the explicit walk refuses: the steps before it
             self.notices.append(str(e))
+        except (*MALFORMED, RuntimeError) as e:  # an edited or foreign sidecar: the steps before it
+            self.notices.append(f"{sidecar} stops being readable after {built} records ({str(e)[:80]})")
         if built:
             self.notices.append(f"{built} step records built from {sidecar}, the frames the run kept of its steps")
 

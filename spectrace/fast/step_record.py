@@ -28,6 +28,7 @@ from spectrace.fast.frames import FrameWriter, Pack, split
 from spectrace.fast.graphs import PhaseGroups, capture_step
 from spectrace.fast.records import RecordBuilder, RecordContext
 
+
 class Kept(NamedTuple):
     """What a step's frame keeps of a request that ran, beside the step's tensors (a JSON list)."""
     b: int  # its row in the bucket
