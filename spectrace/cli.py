@@ -22,7 +22,7 @@ from spectrace.algos import ALGOS, DEFAULT_ALGO
 from spectrace.cli_measure import add_measure_commands, cmd_bench, cmd_tune
 from spectrace.core.ranges import RANGES, check_ranges
 from spectrace.errors import Interrupted, SpectraceError
-from spectrace.progress import Progress
+from spectrace.progress import WRITTEN, Progress, on_a_terminal, start_run
 
 
 class _Parser(argparse.ArgumentParser):
@@ -253,6 +253,18 @@ def _run_config(args, **over):
 
 def cmd_run(args) -> int:
     progress = Progress(args.max_new_tokens * max(len(args.prompt), args.batch or 1))
+    if not (args.no_tui or args.trace_level == "off" or progress.lines) and on_a_terminal():
+        progress.say("opening the walkthrough")  # the app first; the run loads in a child behind it
+        from spectrace.core.trace import default_trace_path
+
+        trace = args.trace or str(default_trace_path(args.algo or DEFAULT_ALGO))
+        child = start_run(args.argv, trace)
+        from spectrace.viz.tui.live import walk_a_live_run
+
+        try:
+            return walk_a_live_run(child, trace, "run " + " ".join(args.argv))
+        finally:
+            progress.done()
     progress.say("loading torch")
     from spectrace.run import run
     from spectrace.viz.text import run_summary
@@ -263,13 +275,7 @@ def cmd_run(args) -> int:
         on_step = progress.step if progress.live and args.backend != "fast" else None
         result = run(_run_config(args, prompts=args.prompt, batch=args.batch, trace=args.trace), on_step,
                      progress.say)
-        if result.trace_path is not None and not args.no_tui:  # --no-tui never imports the walkthrough
-            from spectrace.recovery import open_trace
-            from spectrace.viz.tui.app import on_a_terminal, replay
-
-            if on_a_terminal():
-                progress.say("opening the walkthrough")
-                replay(open_trace(result.trace_path))
+        progress.say(WRITTEN)
     finally:
         progress.done()
     print(run_summary(result, result.spec.algo, args.backend))
@@ -370,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    args.given = {a.split("=")[0] for a in (sys.argv[1:] if argv is None else argv) if a.startswith("--")}
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    args.given = {a.split("=")[0] for a in args.argv if a.startswith("--")}
     try:
         _check_one_spelling(parser, args)
         if getattr(args, "speculative_config", None) is not None:

@@ -32,7 +32,7 @@ from spectrace.core.ngram.trie import TrieConfig
 from spectrace.core.probs import UNSEALED, ProbsRecorder, seal, sidecar_path
 from spectrace.core.ranges import check_ranges
 from spectrace.core.spec import SpecConfig
-from spectrace.core.trace import SCHEMA, TraceError, TraceWriter
+from spectrace.core.trace import SCHEMA, TraceError, TraceWriter, default_trace_path
 from spectrace.engines import build_engine, context, kv_bytes, lookahead
 from spectrace.errors import Interrupted, SpectraceError
 from spectrace.loading import check_fits, find_model, load_models, model_identity
@@ -272,7 +272,7 @@ def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = N
     if cfg.backend == "fast":  # before any model is loaded
         from spectrace.fast.graphs import check_batch
         check_batch(len(prompts))
-    trace_path = Path(cfg.trace or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{cfg.algo}.jsonl")
+    trace_path = Path(cfg.trace) if cfg.trace else default_trace_path(cfg.algo)
     tok = load_tokenizer(cfg.target_model)
     writer = None
     if cfg.trace_level != "off":

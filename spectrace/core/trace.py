@@ -17,6 +17,7 @@ import json
 import math
 import os
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
@@ -134,6 +135,11 @@ class TraceWriter:
         if self.path.is_file():
             self.path.unlink(missing_ok=True)
             frames_path(self.path).unlink(missing_ok=True)
+
+
+def default_trace_path(algo: str) -> Path:
+    """Where a run writes its trace when --trace is not given."""
+    return Path(f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{algo}.jsonl")
 
 
 def frames_path(trace: str | Path) -> Path:

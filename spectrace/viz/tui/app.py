@@ -9,7 +9,6 @@ node) and the layout. Records are read from the trace lazily, one step at a time
 from __future__ import annotations
 
 import functools
-import sys
 
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Static
 
 from spectrace.errors import SpectraceError
+from spectrace.progress import on_a_terminal
 from spectrace.core.trace import MALFORMED, TraceError, TraceFile, malformed
 from spectrace.viz import graph
 from spectrace.viz.steptree import ViewNode, dropped_candidates, step_tree
@@ -87,6 +87,8 @@ def guarded(handler):
     shape: an edited or a foreign trace) says why in the inspector instead of ending the app."""
     @functools.wraps(handler)
     def run(self, *args):
+        if self.trace is None:  # a run still making its trace: nothing to move through yet
+            return None
         try:
             return handler(self, *args)
         except (TraceError, *MALFORMED) as e:
@@ -132,8 +134,17 @@ class Walkthrough(App):
         Binding("ctrl+c", "quit", show=False, priority=True),  # as in every terminal program (Textual copies)
     ]
 
-    def __init__(self, trace: TraceFile, export_dir: Path | None = None):
+    def __init__(self, trace: TraceFile | None, export_dir: Path | None = None):
+        """trace: None while a run is still making it (live.py); `take` gives it later."""
         super().__init__()
+        self.trace: TraceFile | None = None
+        self.export_dir = export_dir
+        self._timer = None
+        if trace is not None:
+            self.take(trace)
+
+    def take(self, trace: TraceFile) -> None:
+        """Show `trace` from its first step (its first request's), DRAFT 1."""
         self.trace = trace
         self.algo = trace.header.get("config", {}).get("algo", "?")
         self.requests = sorted({m.request for m in trace.index})
@@ -142,9 +153,7 @@ class Walkthrough(App):
         self.position = 0  # index into the request's steps
         self.phase_name = "DRAFT 1"  # the step from its start: drafting, then the verdict (_clamp fixes it)
         self.node = 1
-        self.export_dir = export_dir or Path(trace.path).parent
-        self._timer = None
-        self.error: str | None = None
+        self.export_dir = self.export_dir or Path(trace.path).parent
 
     # ---- state ---------------------------------------------------------------------------
     @property
@@ -183,11 +192,16 @@ class Walkthrough(App):
         yield Panel("metrics", "metrics")
         yield Footer()
 
-    @guarded
     def on_mount(self) -> None:
+        if self.trace is not None:
+            self.opened()
+
+    @guarded
+    def opened(self, notices: bool = True) -> None:
+        """The first screen of the trace, and what the reader should know of it."""
         self._clamp()
         self.refresh_panels()
-        for notice in self.trace.notices:
+        for notice in self.trace.notices if notices else ():
             self.notify(notice, title="trace", timeout=6)
         rejudged = self.trace.header.get("rejudged")
         if isinstance(rejudged, dict):  # spectrace rejudge: say what the verdicts are
@@ -324,20 +338,20 @@ class Walkthrough(App):
         self.push_screen(HelpScreen())
 
 
-def on_a_terminal() -> bool:
-    """Textual reads keys from stdin and draws through stderr (sys.__stderr__); stdout is where a
-    run's summary goes."""
-    return sys.stdin.isatty() and sys.stdout.isatty() and sys.stderr.isatty()
+def check_opens(trace: TraceFile) -> None:
+    """Raises TraceError where the walkthrough could not draw its first screen: no step, or a first
+    step it cannot read (refused before the UI)."""
+    if not trace.index:
+        raise TraceError(f"trace {trace.path} holds no decode steps to replay")
+    first = min(range(len(trace.index)), key=lambda i: (trace.index[i].request, i))  # where it opens
+    trace.view(first, lambda rec: step_tree(rec, trace.token_text))
 
 
 def replay(trace: TraceFile) -> None:
     """Open the walkthrough on an opened trace (raises TraceError / SpectraceError for bad input,
     SpectraceError without a terminal: Textual would wait for one forever)."""
     path = trace.path
-    if not trace.index:
-        raise TraceError(f"trace {path} holds no decode steps to replay")
-    first = min(range(len(trace.index)), key=lambda i: (trace.index[i].request, i))  # where it opens
-    trace.view(first, lambda rec: step_tree(rec, trace.token_text))  # the first screen's step: refused before the UI
+    check_opens(trace)
     if not on_a_terminal():
         raise SpectraceError("the walkthrough needs a terminal on stdin, stdout and stderr (it draws through "
                              f"stderr); without one, draw a step with: spectrace render {path} --step N -o tree.svg")
