@@ -65,12 +65,12 @@ def run(name: str, **options) -> tuple[RunResult, TraceFile]:
 
 def screen(trace: TraceFile | str, keys=(), size=(110, 32), name: str = "screen") -> str:
     """The walkthrough's screen after `keys` as text; its SVG goes to OUT/<name>.svg."""
-    from spectrace.viz.tui.snapshot import snapshot
+    from spectrace.viz.tui.snapshot import text_and_svg
 
-    path = trace.path if isinstance(trace, TraceFile) else trace
+    text, svg = text_and_svg(trace.path if isinstance(trace, TraceFile) else trace, keys, size)
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / f"{name}.svg").write_text(snapshot(path, keys, size, svg=True))
-    return snapshot(path, keys, size)
+    (OUT / f"{name}.svg").write_text(svg)
+    return text
 
 
 def at(phase: str) -> list[str]:

@@ -1,9 +1,15 @@
-"""Every lesson runs top to bottom two ways, in the lessons' CI mode, its figures and traces in a
-temporary folder, its "check yourself" cells the assertions: as a script from the repository
-(`python lessons/NN_x.py`; in this one process, so torch and the models warm once), and as a
-notebook (jupytext's conversion, executed by nbclient in a kernel started inside lessons/, where
-Jupyter starts; one kernel per worker, its namespace cleared before each lesson), its figures
-inline."""
+"""Every lesson runs top to bottom, in the lessons' CI mode, its figures and traces in a temporary
+folder, its "check yourself" cells the assertions, in one of its two forms: as a script from the
+repository (`python lessons/NN_x.py`; in this one process, so torch and the models warm once), or
+as a notebook (jupytext's conversion, executed by nbclient in a kernel started inside lessons/,
+where Jupyter starts; one kernel per worker, its namespace cleared before each lesson), its figures
+inline. The forms take turns (01 a script, 02 a notebook, ...): both forms are one code, which
+test_a_lesson_is_one_code_in_both_forms proves, so each form's surroundings (working directory,
+sys.path, matplotlib's backend, the kernel) are proven on half the lessons and every lesson's
+code once. SPECTRACE_LESSONS_EVERY_FORM=1 runs every lesson in both forms (the planted-bug
+harness runs every lesson as a script)."""
+import ast
+import builtins
 import os
 import runpy
 import subprocess
@@ -14,6 +20,41 @@ import pytest
 
 LESSONS = Path(__file__).resolve().parent.parent / "lessons"
 ALL = sorted(LESSONS.glob("[0-9][0-9]_*.py"))
+EVERY_FORM = os.environ.get("SPECTRACE_LESSONS_EVERY_FORM") == "1"
+SCRIPTS = ALL if EVERY_FORM else ALL[0::2]
+NOTEBOOKS = ALL if EVERY_FORM else ALL[1::2]
+
+
+def bound_and_read(tree: ast.AST) -> tuple[set, set]:
+    """The names a module binds anywhere (assignments, imports, definitions, arguments, loop and
+    comprehension targets, `as` names) and the names it reads."""
+    bound, read = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+    return bound, read
+
+
+@pytest.mark.parametrize("lesson", ALL, ids=lambda p: p.stem)
+def test_a_lesson_is_one_code_in_both_forms(lesson):
+    """The notebook is jupytext's reading of the script, cell for cell; and the lesson reads no name
+    that only one form has (IPython's `display` or `get_ipython`, a script's `__file__`), no magic
+    or shell line: what it reads it defines, imports, or takes from Python's builtins."""
+    jupytext = pytest.importorskip("jupytext")
+    code = "\n".join(c.source for c in jupytext.read(lesson).cells if c.cell_type == "code")
+    assert not [line for line in code.splitlines() if line.lstrip().startswith(("%", "!"))]
+    script = ast.parse(lesson.read_text(encoding="utf-8"))
+    assert ast.dump(ast.parse(code)) == ast.dump(script), "the notebook's code is the script's"
+    bound, read = bound_and_read(script)
+    assert read - bound - set(dir(builtins)) == set()
 
 
 @pytest.fixture
@@ -24,7 +65,7 @@ def lesson_env(tmp_path, monkeypatch):
     return tmp_path
 
 
-@pytest.mark.parametrize("lesson", ALL, ids=lambda p: p.stem)
+@pytest.mark.parametrize("lesson", SCRIPTS, ids=lambda p: p.stem)
 def test_lesson_runs_as_a_script(lesson, lesson_env, monkeypatch):
     monkeypatch.setenv("MPLBACKEND", "Agg")
     monkeypatch.syspath_prepend(str(LESSONS))  # what `python lessons/NN_x.py` puts first on sys.path
@@ -57,7 +98,7 @@ def kernel(tmp_path_factory):
     km.shutdown_kernel(now=True)
 
 
-@pytest.mark.parametrize("lesson", ALL, ids=lambda p: p.stem)
+@pytest.mark.parametrize("lesson", NOTEBOOKS, ids=lambda p: p.stem)
 def test_lesson_runs_as_a_notebook(lesson, kernel):
     jupytext = pytest.importorskip("jupytext")
     nbclient = pytest.importorskip("nbclient")

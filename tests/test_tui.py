@@ -21,7 +21,7 @@ from spectrace.viz.tui import panels
 from spectrace.viz.tui.kv_panel import kv_panel
 from spectrace.viz.tui.app import HelpScreen, Walkthrough
 from spectrace.viz.tui.snapshot import drive as snapshot_drive
-from spectrace.viz.tui.snapshot import snapshot
+from spectrace.viz.tui.snapshot import snapshot, text_and_svg
 
 DATA = Path(__file__).with_name("data")
 TRACE = DATA / "walkthrough.jsonl"
@@ -335,8 +335,12 @@ def test_snapshot_gives_the_screen_as_text_and_as_svg():
     keys = ["right", "down"]
     text = snapshot(TRACE, keys, size=(100, 30))
     assert text == drive(keys)[1] and "phase" in text
-    root = ET.fromstring(snapshot(TRACE, keys, size=(100, 30), svg=True))
+    svg = snapshot(TRACE, keys, size=(100, 30), svg=True)
+    root = ET.fromstring(svg)
     assert root.tag.endswith("svg") and "phase" in "".join(root.itertext())
+    both = text_and_svg(TRACE, keys, size=(100, 30))  # one drive, both forms (the lessons' screen())
+    assert both[0] == text and "".join(ET.fromstring(both[1]).itertext()) == \
+        "".join(root.itertext())
 
 
 def test_ctrl_c_quits_like_any_terminal_program():

@@ -99,7 +99,8 @@ def copy_repository(dest: Path) -> Path:
 def failures(root: Path, tests: list[str]) -> list[str]:
     """The test ids that fail (or error) in `root`, its spectrace first on the import path."""
     report = root / "report.xml"
-    env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1",
+           "SPECTRACE_LESSONS_EVERY_FORM": "1"}  # every lesson as a script, not the suite's half
     workers = ["-n", "2" if len(tests) > 1 else "0"]
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers, "--junitxml",
                     str(report), *tests], cwd=root, env=env, capture_output=True, text=True)

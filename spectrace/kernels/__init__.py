@@ -22,6 +22,7 @@ each mirrors (the twin of core/X.py:f is kernels/X.py:f), with every random numb
     draft_level.py               select_level, DraftBuffers         core/drafters/eagle_worker.py: a level of
                                                                       the greedy draft loop (its top K)
     backend.py                   install(): the twins under --backend triton
+    interpreter.py               Triton's interpreter patched once a launch (TRITON_INTERPRET=1)
 
 A twin batches what its explicit function does for one request (one program per request), with
 SGLang's in-place layouts; SGLang's and vLLM's names for them are spectrace/compat/triton.py's.
@@ -38,6 +39,11 @@ import os
 import torch
 
 from spectrace.errors import SpectraceError
+
+if os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None:
+    from spectrace.kernels.interpreter import patch_once_a_launch
+
+    patch_once_a_launch()
 
 
 def require(device: str) -> None:

@@ -3,6 +3,7 @@ SVG in a notebook) and for the tests that drive the walkthrough with Textual's P
 
     snapshot(trace, keys=["right", "]"], size=(120, 40))           the screen as plain text
     snapshot(trace, keys, size, svg=True)                          the screen as an SVG document
+    text_and_svg(trace, keys, size)                                both, from one drive
 """
 from __future__ import annotations
 
@@ -25,10 +26,10 @@ def screen_text(app) -> str:
     return console.export_text()
 
 
-def drive(trace: str | Path, keys=(), size=(100, 30), export_dir=None, svg: bool = False):
+def drive(trace: str | Path, keys=(), size=(100, 30), export_dir=None, svg: bool | None = False):
     """Open the walkthrough on `trace`, press `keys`, return (app, screen): the screen as text,
-    or as SVG with svg=True ("" if a key quit the app). `app.top_screen` keeps the screen on top
-    at the end, read before the app shuts down."""
+    as SVG with svg=True, or as both (a pair) with svg=None ("" if a key quit the app).
+    `app.top_screen` keeps the screen on top at the end, read before the app shuts down."""
     async def go():
         app = Walkthrough(TraceFile(trace), export_dir=export_dir)
         async with app.run_test(size=size) as pilot:
@@ -39,6 +40,8 @@ def drive(trace: str | Path, keys=(), size=(100, 30), export_dir=None, svg: bool
             app.top_screen = app.screen if app.is_running else None
             if not app.is_running:
                 return app, ""
+            if svg is None:
+                return app, (screen_text(app), app.export_screenshot())
             return app, app.export_screenshot() if svg else screen_text(app)
     try:
         asyncio.get_running_loop()
@@ -53,3 +56,8 @@ def snapshot(trace: str | Path, keys=(), size=(100, 30), svg: bool = False) -> s
     """The walkthrough's screen after `keys` (Textual key names: "right", "left_square_bracket",
     "down", ...), as text or as SVG."""
     return drive(trace, keys, size, svg=svg)[1]
+
+
+def text_and_svg(trace: str | Path, keys=(), size=(100, 30)) -> tuple[str, str]:
+    """The walkthrough's screen after `keys`, as text and as SVG, from one drive."""
+    return drive(trace, keys, size, svg=None)[1]

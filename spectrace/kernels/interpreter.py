@@ -1,0 +1,56 @@
+"""Triton's interpreter (TRITON_INTERPRET=1, the kernels on a CPU), patched once a launch.
+
+The interpreter makes triton.language run on numpy by patching the language's modules (tl and
+tl.core, where a function's globals name them) for the time of a launch. It patches them again on
+every call of a @triton.jit helper inside the kernel (a walk over three modules' members, about
+1 ms), though the launch's patch is still in place: our kernels call a helper per tile, so
+interpreted runs spent about half their time there. Here a helper's call inside a launch patches
+only a module the launch has not patched yet (tl.core, for triton's own reductions), and the launch
+restores every patch it made. Applied by spectrace/kernels/__init__.py under TRITON_INTERPRET=1,
+for Triton versions whose interpreter has patch scopes (3.4 and later); older ones run as they are.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+
+
+class _Reused:
+    """A helper call's patch scope inside a launch: restored with the launch's."""
+
+    def restore(self) -> None:
+        pass
+
+
+def patch_once_a_launch() -> None:
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    if not hasattr(interpreter, "_LangPatchScope") or getattr(interpreter, "_spectrace_once", False):
+        return
+    patch_lang, launch = interpreter._patch_lang, interpreter.GridExecutor.__call__
+    launches: list[tuple[set, list]] = []  # per launch in progress: the modules patched, the scopes
+
+    def languages(fn) -> set:
+        return {id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core)}
+
+    def once(fn):
+        if not launches:  # a helper called outside a launch: as the interpreter does it
+            return patch_lang(fn)
+        patched, scopes = launches[-1]
+        if not languages(fn) <= patched:
+            scopes.append(patch_lang(fn))
+            patched |= languages(fn)
+        return _Reused()
+
+    @functools.wraps(launch)
+    def call(self, *args, **kwargs):
+        launches.append((languages(self.fn), [patch_lang(self.fn)]))
+        try:
+            return launch(self, *args, **kwargs)  # its own _patch_lang call is then reused
+        finally:
+            for scope in reversed(launches.pop()[1]):
+                scope.restore()
+
+    interpreter.GridExecutor.__call__, interpreter._patch_lang = call, once
+    interpreter._spectrace_once = True
