@@ -31,8 +31,9 @@ def patch_once_a_launch() -> None:
     patch_lang, launch = interpreter._patch_lang, interpreter.GridExecutor.__call__
     launches: list[tuple[set, list]] = []  # per launch in progress: the modules patched, the scopes
 
-    def languages(fn) -> set:
-        return {id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core)}
+    @functools.lru_cache(maxsize=None)
+    def languages(fn) -> frozenset:
+        return frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core))
 
     def once(fn):
         if not launches:  # a helper called outside a launch: as the interpreter does it
@@ -40,12 +41,12 @@ def patch_once_a_launch() -> None:
         patched, scopes = launches[-1]
         if not languages(fn) <= patched:
             scopes.append(patch_lang(fn))
-            patched |= languages(fn)
+            patched |= languages(fn)  # the launch's own set (below), grown
         return _Reused()
 
     @functools.wraps(launch)
     def call(self, *args, **kwargs):
-        launches.append((languages(self.fn), [patch_lang(self.fn)]))
+        launches.append((set(languages(self.fn)), [patch_lang(self.fn)]))
         try:
             return launch(self, *args, **kwargs)  # its own _patch_lang call is then reused
         finally:
