@@ -273,3 +273,25 @@ def test_bench_kernels_prints_a_row_per_twin(capsys):
                  "chain_speculative_sampling", "vllm RejectionSampler greedy", "vllm sample_recovered_tokens",
                  "extend_attention_fwd", "assign_req_to_token_pool", "move_kv_cache", "gemv linear (one row)"):
         assert name in out
+
+
+def test_the_bonus_draw_is_the_explicit_one_with_coins_on_the_cdf_boundaries():
+    """The twin of sample_from_prob sums in float64, as the explicit function does: coins placed on
+    the CDF's boundaries, and a float32 step either side, draw the explicit token, in both tiles of
+    a 5,000-token row (summed in float32, a coin within float32 rounding of a boundary drew the next
+    token, and a fast run stopped on it)."""
+    from spectrace.core.sampling import sample_from_prob as explicit_draw
+    from spectrace.kernels.sampling import sample_from_prob
+
+    g = torch.Generator().manual_seed(0)
+    V = 5000
+    p = torch.softmax(torch.randn(V, generator=g) * 3, -1)
+    cdf = torch.cumsum(p.double(), 0) / p.double().sum()
+    on = cdf[torch.randint(0, V - 1, (60,), generator=g)].float()
+    coins = torch.cat([on, torch.nextafter(on, torch.ones_like(on)), torch.nextafter(on, torch.zeros_like(on))])
+    bs = len(coins)
+    rows = torch.arange(bs)
+    bonus_draw = torch.stack([rows, rows * V, torch.zeros_like(rows), torch.zeros_like(rows)], 1)  # p alone
+    predicts = torch.full((bs,), -1)
+    sample_from_prob(bonus_draw, p.expand(bs, V).contiguous(), p[None], coins, predicts)
+    assert predicts.tolist() == [explicit_draw(p, float(c)) for c in coins]

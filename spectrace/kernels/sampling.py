@@ -10,9 +10,11 @@ and which rows it is drawn from (`bonus_draw`), and `sample_from_prob` draws all
                total falls; only that tile is scanned, token by token
 
 The explicit function scans the whole vocabulary in one float64 cumsum; here tiles of BLOCK_V tokens
-are summed in float32 and the running sum carries across tiles. The first token whose running sum
-passes coin * total is the same unless the coin lands within float32 rounding of a CDF boundary
-(SGLang's own test of its Triton port allows one such token per row).
+are summed in float64 too (the weights are float32, as there) and the running sum carries across
+tiles. The first token whose running sum passes coin * total is the same unless the coin lands
+within float64 rounding of a CDF boundary: summed in float32, as SGLang's Triton port sums (its own
+test allows one such token per row), a coin within float32 rounding of a boundary came up in a run
+of 24 tokens, and the fast engine, which walks every step again explicitly, stopped on it.
 """
 from __future__ import annotations
 
@@ -52,7 +54,7 @@ def _tile_sums_kernel(bonus_draw, p, d, tile_sums, vocab_size, num_tiles, BLOCK_
     p_row, d_row = p + tl.load(bonus_draw + b * 4 + 1), d + tl.load(bonus_draw + b * 4 + 2)
     idx = tile * BLOCK_V + tl.arange(0, BLOCK_V)
     w = residual_weights(p_row, d_row, tl.load(bonus_draw + b * 4 + 3), idx, vocab_size)
-    tl.store(tile_sums + b * num_tiles + tile, tl.sum(w, axis=0))
+    tl.store(tile_sums + b * num_tiles + tile, tl.sum(w.to(tl.float64), axis=0))
 
 
 @triton.jit
@@ -63,7 +65,7 @@ def _draw_kernel(bonus_draw, p, d, tile_sums, coins, predicts, vocab_size, num_t
     subtract = tl.load(bonus_draw + b * 4 + 3)
     t = tl.arange(0, TILES)
     sums = tl.load(tile_sums + b * num_tiles + t, mask=t < num_tiles, other=0.0)
-    threshold = tl.load(coins + b) * tl.sum(sums, axis=0)
+    threshold = tl.load(coins + b).to(tl.float64) * tl.sum(sums, axis=0)
     cdf = tl.cumsum(sums, axis=0)
     # the tile holding the first token past the threshold; if rounding leaves none, the last tile with weight
     passing = tl.min(tl.where((sums > 0) & (cdf > threshold), t, num_tiles), axis=0)
@@ -72,7 +74,8 @@ def _draw_kernel(bonus_draw, p, d, tile_sums, coins, predicts, vocab_size, num_t
     carry = tl.sum(tl.where(t < tile, sums, 0.0), axis=0)
     idx = tile * BLOCK_V + tl.arange(0, BLOCK_V)
     w = residual_weights(p_row, d_row, subtract, idx, vocab_size)
-    first = tl.min(tl.where((w > 0) & (carry + tl.cumsum(w, axis=0) > threshold), idx, vocab_size), axis=0)
+    first = tl.min(tl.where((w > 0) & (carry + tl.cumsum(w.to(tl.float64), axis=0) > threshold), idx, vocab_size),
+                   axis=0)
     last = tl.max(tl.where(w > 0, idx, -1), axis=0)
     token = tl.where(first < vocab_size, first, tl.where(last != -1, last, vocab_size - 1))
     tl.store(predicts + tl.load(bonus_draw + b * 4), token.to(predicts.dtype.element_ty))
@@ -87,7 +90,7 @@ def sample_from_prob(bonus_draw: torch.Tensor, target_probs: torch.Tensor, draft
         return
     BLOCK_V = block_v(vocab_size)
     num_tiles = triton.cdiv(vocab_size, BLOCK_V)
-    tile_sums = torch.empty(bs, num_tiles, dtype=torch.float32, device=target_probs.device)
+    tile_sums = torch.empty(bs, num_tiles, dtype=torch.float64, device=target_probs.device)
     _tile_sums_kernel[(bs, num_tiles)](bonus_draw, target_probs, draft_probs, tile_sums, vocab_size, num_tiles,
                                        BLOCK_V=BLOCK_V)
     _draw_kernel[(bs,)](bonus_draw, target_probs, draft_probs, tile_sums, coins, predicts, vocab_size, num_tiles,
