@@ -115,7 +115,9 @@ def test_every_draft_level_shows_with_the_dropped_candidates_faded(tmp_path):
 
 def test_at_80x24_the_tree_comes_first_and_follows_the_selection(tmp_path):
     """A small terminal gets the compact layout (no step strip, the tree wider and taller), every
-    node one line, and moving the selection down a 16-node tree scrolls the tree to it."""
+    node one line, and moving the selection down a 16-node tree scrolls the tree to it; at ACCEPT,
+    every step's accepted path and bonus are in view with the selection (moved to where the walk
+    ended when they do not fit together)."""
     trace = tmp_path / "t.jsonl"
     assert main(["run", "--no-tui", "--algo", "eagle", "--topk", "4", "--num-steps", "5", "--num-draft-tokens", "16",
                  "--max-new-tokens", "8", "--trace", str(trace)]) == 0
@@ -133,6 +135,22 @@ def test_at_80x24_the_tree_comes_first_and_follows_the_selection(tmp_path):
     assert compact and lines == 17  # the root, 15 drafts and the bonus, a line each
     assert line == lines - 1 and node != 0  # the selection went down to the tree's last line
     assert 0 < top <= line < top + height  # and the view scrolled to show it
+
+    async def outcomes():  # ACCEPT, reached by phase and then by step: where the walk ended, and what is in view
+        app = Walkthrough(TraceFile(trace))
+        seen = []
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.press(*["right_square_bracket"] * 6)
+            for _ in range(len(app.by_request[app.request])):
+                await pilot.pause()
+                tree = app.query_one("#tree")
+                path = [n.index for n in app.nodes if n.fate in ("correct", "bonus")]
+                seen.append((app.phase_name, tree.scroll_y, tree.scrollable_content_region.height,
+                             [panels.tree_line(app.nodes, app.phase_name, i) for i in [app.node] + path]))
+                await pilot.press("right")
+        return seen
+    for phase, top, height, lines in asyncio.run(outcomes()):  # the selection first, then the path
+        assert phase == "ACCEPT" and all(top <= line < top + height for line in lines), (top, height, lines)
 
 
 def test_keys_in_a_burst_close_the_help_once():

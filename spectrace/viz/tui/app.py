@@ -223,8 +223,7 @@ class Walkthrough(App):
         dropped = dropped_candidates(rec, self.trace.token_text)
         tree = self.query_one("#tree", Panel)
         tree.show(panels.tree_panel(nodes, self.phase_name, self.node, dropped), f"draft tree · {self.phase_name}")
-        line = panels.tree_line(nodes, self.phase_name, self.node, dropped)  # keep the selection in view
-        tree.scroll_to(y=max(0, line - tree.scrollable_content_region.height // 2), animate=False)
+        tree.scroll_to(y=self.tree_top(nodes, dropped, tree.scrollable_content_region.height), animate=False)
         self.query_one("#inspector", Panel).show(
             panels.inspector_panel(self.trace, rec, nodes, self.phase_name, self.node), f"node {self.node}")
         self.query_one("#stream", Panel).show(panels.stream_panel(self.trace, self.request, self.position,
@@ -235,6 +234,21 @@ class Walkthrough(App):
             metrics = panels.adaptive_text(rec["adaptive"]).append("\n").append_text(metrics)
         self.query_one("#metrics", Panel).show(metrics)
         self.query_one("#stream", Panel).scroll_end(animate=False)
+
+    def tree_lines(self, nodes: list[ViewNode], dropped) -> list[int]:
+        """The tree panel's lines to keep in view: the selection's first; from ACCEPT on, the accepted
+        path's and the bonus's."""
+        walked = panels.after(self.phase_name, "ACCEPT")
+        path = [n.index for n in nodes if walked and n.fate in ("correct", "bonus")]
+        return [panels.tree_line(nodes, self.phase_name, i, dropped) for i in [self.node] + path]
+
+    def tree_top(self, nodes: list[ViewNode], dropped, height: int) -> int:
+        """The tree panel's first line in view: the selection always, centred where it can be, with
+        the accepted path and bonus where they fit."""
+        seen = self.tree_lines(nodes, dropped)
+        line = seen[0]
+        top = max(0, max(seen) - height + 1, min(min(seen), line - height // 2))
+        return min(max(top, line - height + 1), line)
 
     def title_bar(self, cfg: dict, rec: dict, n_steps: int) -> Text:
         """What ran, where the cursor is, and this step's accept_len; without the leading
@@ -265,18 +279,36 @@ class Walkthrough(App):
         return bar
 
     # ---- actions -------------------------------------------------------------------------
+    def _to_outcome(self) -> None:
+        """From ACCEPT on, where the selection and the accepted path with its bonus do not fit the tree
+        panel together (a tall tree, a small terminal), the selection moves to where the walk ended:
+        its last correct draft (the bonus hangs under it), else the first draft it refused."""
+        nodes, tree = self.nodes, self.query_one("#tree", Panel)
+        if not panels.after(self.phase_name, "ACCEPT"):
+            return
+        seen = self.tree_lines(nodes, ())  # (the faded candidates are drawn only while drafting)
+        if max(seen) - min(seen) < tree.scrollable_content_region.height:
+            return
+        correct = sorted((n.depth, n.index) for n in nodes if n.fate == "correct")
+        refused = [n.index for n in nodes if n.fate == "rejected"]
+        self.node = correct[-1][1] if correct else refused[0] if refused else self.node
+
     @guarded
     def action_step(self, delta: int) -> None:
         self.position = max(0, min(self.position + delta, len(self.by_request[self.request]) - 1))
         self._clamp()
+        self._to_outcome()
         self.refresh_panels()
 
     @guarded
     def action_phase(self, delta: int) -> None:
         phases = self.phases
         i = max(0, min(phases.index(self.phase_name) + delta, len(phases) - 1))
+        walked = panels.after(self.phase_name, "ACCEPT")
         self.phase_name = phases[i]
         self._clamp()
+        if not walked:  # the walk's outcome comes into view as ACCEPT opens; later phases keep the selection
+            self._to_outcome()
         self.refresh_panels()
 
     @guarded
