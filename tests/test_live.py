@@ -112,3 +112,25 @@ def test_spectrace_run_in_a_terminal_draws_at_once_then_the_run(tmp_path):
     assert first < found[startup.UP] < found[startup.DRAWN]
     assert f"trace: {trace}" in out  # the run's summary, after the app closed
     assert TraceFile(trace).summary is not None
+
+
+def test_a_walkthrough_that_cannot_show_the_run_closes_with_a_line(tmp_path):
+    """A failure while following the run (here: showing its trace) closes the app and says why,
+    instead of leaving it on the loading screen."""
+    child = subprocess.Popen([sys.executable, "-c", f"import sys; print({STATUS + WRITTEN!r}, file=sys.stderr)"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    async def go_on():
+        app = LiveWalkthrough(child, str(TRACE), "run")
+        app.show = lambda *args: 1 / 0
+        async with app.run_test(size=(80, 24)) as pilot:
+            for _ in range(500):
+                if not app.is_running:
+                    break
+                await pilot.pause(0.01)
+            assert not app.is_running
+        return app
+
+    app = asyncio.run(go_on())
+    child.wait()
+    assert app.problem == "the walkthrough stopped following the run: ZeroDivisionError('division by zero')"

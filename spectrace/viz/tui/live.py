@@ -54,7 +54,15 @@ class LiveWalkthrough(Walkthrough):
 
     def follow(self) -> None:
         """A thread of its own: relay the child's status; open its trace at its first steps and again
-        once written (the child's exit, torch's teardown, takes a while more); keep its other lines."""
+        once written (the child's exit, torch's teardown, takes a while more); keep its other lines.
+        Whatever stops it closes the app with a line, rather than leaving it loading for ever."""
+        try:
+            self.relay()
+        except Exception as e:  # noqa: BLE001 (a bug here must not hang the app)
+            self.problem = f"the walkthrough stopped following the run: {e!r}"
+            self.tell(self.exit)
+
+    def relay(self) -> None:
         early = False
         for line in self.child.stderr:
             message = line[len(STATUS):].rstrip("\n")
