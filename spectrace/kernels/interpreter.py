@@ -19,7 +19,7 @@ class _Reused:
     """A helper call's patch scope inside a launch: restored with the launch's."""
 
     def restore(self) -> None:
-        pass
+        """Nothing of its own to restore."""
 
 
 def patch_once_a_launch() -> None:

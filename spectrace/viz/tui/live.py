@@ -8,6 +8,7 @@ without the walkthrough prints them.
 """
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -47,10 +48,8 @@ class LiveWalkthrough(Walkthrough):
 
     def tell(self, method, *args) -> None:
         """Call `method` on the app's thread, unless the app has closed (quit while the run goes)."""
-        try:
+        with contextlib.suppress(RuntimeError):  # raised where there is no event loop any more
             self.call_from_thread(method, *args)
-        except RuntimeError:  # no event loop any more
-            pass
 
     def follow(self) -> None:
         """A thread of its own: relay the child's status; open its trace at its first steps and again
