@@ -45,10 +45,11 @@ from spectrace.core.tree import TreeMaskMode  # noqa: E402
 from spectrace.bench_kernels import attention_inputs, chain_inputs, draft_tree_inputs, walk_outputs  # noqa: E402
 from spectrace.compat import triton as sglang  # noqa: E402  (the twins under SGLang's and vLLM's names)
 from spectrace.core.model import RMSNorm  # noqa: E402
-from spectrace.kernels import attention, commit, draft_level, fused, gemv, kv, matmul  # noqa: E402
+from spectrace.kernels import attention, commit, draft_level, fused, gemv, kv, matmul, pdl  # noqa: E402
 from spectrace.kernels.tree import organize_draft_results  # noqa: E402
 from spectrace.kernels.acceptance.tree_rejection import tree_rejection_walk  # noqa: E402
 
+pdl._supported = lambda device: True  # the kernels as an H100 launches them: programmatic dependent launch on
 gen = torch.Generator().manual_seed(0)
 bs, n, V = 2, 8, 64
 parent_list, sel, draft_tokens = draft_tree_inputs(bs, 4, 3, n, V, gen)
@@ -123,6 +124,8 @@ for dtype in (torch.float32, torch.bfloat16):  # the fast engine's fused layer p
     for bias in (None, torch.zeros(704, dtype=dtype)):
         matmul.invariant_linear(torch.randn(3, 256, dtype=dtype), torch.randn(704, 256, dtype=dtype), bias)
         gemv.linear(torch.randn(1, 256, dtype=dtype), torch.randn(704, 256, dtype=dtype), bias)  # one row
+        half = None if bias is None else bias.half()  # (a CPU tensor of bfloat16 rows takes F.linear)
+        gemv.linear(torch.randn(3, 256, dtype=torch.float16), torch.randn(704, 256).half(), half)  # a few rows
 
 buffers = draft_level.DraftBuffers.empty(bs, 4, 5, "cpu")  # the fused draft loop, K = 4, 5 steps
 for dtype in (torch.float32, torch.bfloat16):

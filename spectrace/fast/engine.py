@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
+from functools import partial
 
 import torch
 
@@ -75,12 +76,13 @@ class FastEngine:
 
     def capture(self) -> None:
         """The prefill graph, then each tier's step, a graph per launch group (one set per adaptive
-        tier). The warm-ups and captures change the KV, so it is reset afterwards."""
-        self.prompts.graph = capture(self.prefill_forward)
+        tier), in one memory pool: they replay one at a time (SGLang and nano-vllm share theirs).
+        The warm-ups and captures change the KV, so it is reset afterwards."""
+        self.prompts.graph = capture(self.prefill_forward, pool=(pool := torch.cuda.graph_pool_handle()))
         for tier in self.tiers.values():
-            tier.graphs, tier.outputs = capture_step(lambda phases: self.step(tier, phases), self.launches)
+            tier.graphs, tier.outputs = capture_step(partial(self.step, tier), self.launches, pool=pool)
             if self.recorder:
-                self.recorder.capture(tier)
+                self.recorder.capture(tier, pool)
         self.reset()
 
     def reset(self) -> None:

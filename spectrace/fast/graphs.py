@@ -9,7 +9,7 @@ their capture, and timing without a sync.
                          first phase and left after its last
     capture_step         the step warmed up on a side stream (Triton compiles there), then run
                          once under capture: a graph per launch group; `capture` likewise for
-                         one function (the prefill)
+                         one function (the prefill); an engine's graphs share one memory pool
     replay_ms            median milliseconds of a captured graph's replays (CUDA events)
     PhaseClock           a group's time without a sync: CUDA events, read once the step is back
     Launched             a step on its way: its clock marks, its host row's copy, its draws
@@ -91,24 +91,25 @@ def place_rotary(model, device) -> None:
             m.inv_freq = m.inv_freq.to(device)
 
 
-def capture(fn: Callable[[], object], warmup: int = 2) -> torch.cuda.CUDAGraph:
+def capture(fn: Callable[[], object], warmup: int = 2, pool=None) -> torch.cuda.CUDAGraph:
     """fn as one graph (the prefill, a benchmark's forward), captured as capture_step captures."""
     def step(phases):
         with phases("fn"):
             fn()
-    return capture_step(step, (("fn", ("fn",)),), warmup)[0]["fn"]
+    return capture_step(step, (("fn", ("fn",)),), warmup, pool)[0]["fn"]
 
 
-def capture_step(step: Callable, groups: tuple, warmup: int = 2):
+def capture_step(step: Callable, groups: tuple, warmup: int = 2, pool=None):
     """step(phases) run `warmup` times eagerly on a side stream, then once under capture with a
     graph per launch group (PhaseGroups): -> (graphs in launch order, what the captured step
-    returned, which its graphs rewrite on every replay)."""
+    returned, which its graphs rewrite on every replay). pool: a memory pool the graphs share
+    (torch.cuda.graph_pool_handle(); None: a private one each)."""
     graphs = {}
 
     @contextmanager
     def captured(name):
         graph = torch.cuda.CUDAGraph()
-        graph.capture_begin()
+        graph.capture_begin(pool=pool)
         try:
             yield
         finally:

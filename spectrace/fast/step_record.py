@@ -73,9 +73,11 @@ class StepRecorder:
         kv = {"style": "sglang", "target_seq_len": [0, len(r.prompt_ids)], "events": [], "free_slots": None}
         return prefill_record(StepRow(r, 0, None, None), first_token, kv, {"prefill": ms})
 
-    def capture(self, tier) -> None:
-        """The pack of a captured tier's outputs, a graph of its own, replayed after the step's."""
-        graphs, pack = capture_step(lambda phases: self.pack(phases, tier.outputs, tier.randoms), RECORD_LAUNCH)
+    def capture(self, tier, pool) -> None:
+        """The pack of a captured tier's outputs, a graph of its own (in the engine's pool),
+        replayed after the step's."""
+        graphs, pack = capture_step(lambda phases: self.pack(phases, tier.outputs, tier.randoms), RECORD_LAUNCH,
+                                    pool=pool)
         self.graphs[tier.num_steps] = graphs["record"], pack
 
     def copy_step(self, tier, out) -> Pack:

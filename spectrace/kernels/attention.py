@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from spectrace.kernels import check
+from spectrace.kernels.pdl import launch_options, wait_first
 
 __all__ = ["extend_attention_fwd", "decode_attention_fwd", "create_kv_indices", "pack_custom_mask"]
 
@@ -62,7 +63,8 @@ def _fwd_kernel(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_i
                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_EXTEND: tl.constexpr, USE_CUSTOM_MASK: tl.constexpr,
                 SKIP_PREFIX_CUSTOM_MASK: tl.constexpr, IEEE: tl.constexpr, SPLITS: tl.constexpr,
                 KV_ROWS: tl.constexpr, QLEN_MASK: tl.constexpr, ROWS_PER_REQ: tl.constexpr, PATH_LEN: tl.constexpr,
-                PATH_LENS: tl.constexpr):
+                PATH_LENS: tl.constexpr, PDL: tl.constexpr):
+    wait_first(PDL)
     b, kvh = tl.program_id(0), tl.program_id(1)
     block, split = tl.program_id(2) // SPLITS, tl.program_id(2) % SPLITS
     if HAS_EXTEND:
@@ -154,7 +156,8 @@ def _fwd_kernel(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_i
 
 @triton.jit
 def _merge_splits_kernel(mid_o, mid_ml, o, stride_ot, stride_oh, NUM_HEADS: tl.constexpr, D: tl.constexpr,
-                         SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+                         SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    wait_first(PDL)
     t, head = tl.program_id(0), tl.program_id(1)  # one (token, head): softmax over all splits' keys at once
     s, d = tl.arange(0, BLOCK_S), tl.arange(0, BLOCK_D)
     mid = (t * NUM_HEADS + head) * SPLITS + s
@@ -221,11 +224,13 @@ def _launch(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr, 
         NUM_HEADS=num_heads, D=head_dim, GROUP=group, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         HAS_EXTEND=has_extend, USE_CUSTOM_MASK=use_mask, SKIP_PREFIX_CUSTOM_MASK=skip_prefix_custom_mask,
         IEEE=q.dtype == torch.float32, SPLITS=splits, KV_ROWS=kv_rows, QLEN_MASK=qlen_mask,
-        ROWS_PER_REQ=rows_per_req, PATH_LEN=0 if paths is None else paths.shape[-1], PATH_LENS=path_lens is not None)
+        ROWS_PER_REQ=rows_per_req, PATH_LEN=0 if paths is None else paths.shape[-1], PATH_LENS=path_lens is not None,
+        **launch_options(q))
     if splits > 1 and q.shape[0]:
         _merge_splits_kernel[(q.shape[0], num_heads)](mid_o, mid_ml, o, o.stride(0), o.stride(1), NUM_HEADS=num_heads,
                                                       D=head_dim, SPLITS=splits,
-                                                      BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d)
+                                                      BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=block_d,
+                                                      **launch_options(q))
 
 
 def _check_attention(q, o, k_buffer, v_buffer, requests: int, kv_indptr, kv_indices, kv_rows=False) -> None:

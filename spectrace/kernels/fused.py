@@ -36,6 +36,7 @@ from spectrace.core.drafters.eagle import DraftHead
 from spectrace.core.model import MLP, Attention, CausalLM, ForwardOutput, RMSNorm, RotaryEmbedding
 from spectrace.kernels.gemv import linear as streaming_linear
 from spectrace.kernels.matmul import invariant_linear
+from spectrace.kernels.pdl import launch_options, wait_first
 
 
 @triton.jit
@@ -51,7 +52,8 @@ def rounded(x, dtype: tl.constexpr):
 
 
 @triton.jit
-def _rms_norm_kernel(x, weight, out, eps, H: tl.constexpr, BLOCK: tl.constexpr):
+def _rms_norm_kernel(x, weight, out, eps, H: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    wait_first(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     ok = offs < H
@@ -68,12 +70,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x = x.reshape(-1, shape[-1]).contiguous()
     out = torch.empty_like(x)
     if x.shape[0]:
-        _rms_norm_kernel[(x.shape[0],)](x, weight, out, eps, H=x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]))
+        _rms_norm_kernel[(x.shape[0],)](x, weight, out, eps, H=x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]),
+                                        **launch_options(x))
     return out.view(shape)
 
 
 @triton.jit
-def _add_rms_norm_kernel(x, delta, weight, total, out, eps, H: tl.constexpr, BLOCK: tl.constexpr):
+def _add_rms_norm_kernel(x, delta, weight, total, out, eps, H: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    wait_first(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     ok = offs < H
@@ -94,14 +98,15 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, norm: RMSNorm) -> 
     total, out = torch.empty_like(x), torch.empty_like(x)
     if x.shape[0]:
         _add_rms_norm_kernel[(x.shape[0],)](x, delta, norm.weight, total, out, norm.eps, H=x.shape[1],
-                                            BLOCK=triton.next_power_of_2(x.shape[1]))
+                                            BLOCK=triton.next_power_of_2(x.shape[1]), **launch_options(x))
     return total, out
 
 
 @triton.jit
 def _split_rope_kernel(qkv, cos, sin, cos_stride, q, k, v, slots, k_cache, v_cache, q_norm, k_norm, eps,
                        NQ: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-                       WRITE_KV: tl.constexpr, QK_NORM: tl.constexpr):
+                       WRITE_KV: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr):
+    wait_first(PDL)
     t, head = tl.program_id(0), tl.program_id(1)  # one token's one head of q, k or v
     j = tl.arange(0, BLOCK)
     ok = j < D
@@ -159,12 +164,14 @@ def split_rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_head
             qkv.contiguous(), cos, sin, cos.stride(0), q, k, v, slots if write else qkv, k_cache if write else qkv,
             v_cache if write else qkv, q_norm.weight if head_norms else qkv, k_norm.weight if head_norms else qkv,
             q_norm.eps if head_norms else 0.0, NQ=num_heads, NKV=num_kv_heads, D=head_dim,
-            BLOCK=triton.next_power_of_2(head_dim), WRITE_KV=write, QK_NORM=head_norms is not None)
+            BLOCK=triton.next_power_of_2(head_dim), WRITE_KV=write, QK_NORM=head_norms is not None,
+            **launch_options(qkv))
     return q, k, v
 
 
 @triton.jit
-def _silu_mul_kernel(gate_up, out, I: tl.constexpr, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gate_up, out, I: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    wait_first(PDL)
     row, block = tl.program_id(0), tl.program_id(1)
     offs = block * BLOCK + tl.arange(0, BLOCK)
     ok = offs < I
@@ -183,7 +190,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     N = gate_up.shape[0]
     out = gate_up.new_empty(N, I)
     if N:
-        _silu_mul_kernel[(N, triton.cdiv(I, 1024))](gate_up, out, I=I, BLOCK=1024)
+        _silu_mul_kernel[(N, triton.cdiv(I, 1024))](gate_up, out, I=I, BLOCK=1024, **launch_options(gate_up))
     return out.view(*lead, I)
 
 

@@ -22,16 +22,25 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from spectrace.kernels.pdl import launch_options, let_next_start, wait_for_inputs
+
 BLOCK_N, BLOCK_K = 4, 512  # best or within 5% of it at every Llama-3.1-8B shape on an H100 (4 warps, 3 stages)
+MAX_ROWS = 16  # a few rows (a draft level of topk, a verify): tensor-core tiles of 16 rows, the rest masked
+ROWS_BLOCK_N, ROWS_BLOCK_K = 16, 256
 
 
 @triton.jit
 def _gemv_kernel(x, w, bias, out, N, K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr):
+                 BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    let_next_start(PDL)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
-    acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    ks = tl.arange(0, BLOCK_K)
+    # the first tile before the wait: weights are written by no kernel of a forward (kernels/pdl.py)
+    weights = tl.load(w + rows[:, None] * K + ks[None, :], mask=row_ok[:, None] & (ks < K)[None, :], other=0.0)
+    wait_for_inputs(PDL)
+    acc = weights.to(tl.float32) * tl.load(x + ks, mask=ks < K, other=0.0).to(tl.float32)[None, :]
+    for k0 in range(BLOCK_K, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         ok = ks < K
         weights = tl.load(w + rows[:, None] * K + ks[None, :], mask=row_ok[:, None] & ok[None, :], other=0.0)
@@ -42,18 +51,54 @@ def _gemv_kernel(x, w, bias, out, N, K: tl.constexpr, HAS_BIAS: tl.constexpr, BL
     tl.store(out + rows, y.to(out.dtype.element_ty), mask=row_ok)
 
 
+@triton.jit
+def _gemv_rows_kernel(x, w, bias, out, M, N, K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    let_next_start(PDL)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # BLOCK_N rows of W: columns of the output
+    rows = tl.arange(0, BLOCK_M)
+    col_ok, row_ok = cols < N, rows < M
+    ks = tl.arange(0, BLOCK_K)
+    weights = tl.load(w + cols[None, :] * K + ks[:, None], mask=col_ok[None, :] & (ks < K)[:, None], other=0.0)
+    wait_for_inputs(PDL)
+    acc = tl.dot(tl.load(x + rows[:, None] * K + ks[None, :], mask=row_ok[:, None] & (ks < K)[None, :], other=0.0),
+                 weights)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        ok = ks < K
+        weights = tl.load(w + cols[None, :] * K + ks[:, None], mask=col_ok[None, :] & ok[:, None], other=0.0)
+        acc += tl.dot(tl.load(x + rows[:, None] * K + ks[None, :], mask=row_ok[:, None] & ok[None, :], other=0.0),
+                      weights)
+    if HAS_BIAS:
+        acc += tl.load(bias + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(out + rows[:, None] * N + cols[None, :], acc.to(out.dtype.element_ty),
+             mask=row_ok[:, None] & col_ok[None, :])
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias): x (..., K), weight (N, K) -> (..., N); one row of 16-bit floats
-    through the GEMV. float32 keeps F.linear: it is the dtype the fast engine is checked in against
-    the explicit one, bit for bit, sampled runs included (a sum in another order moves a logit by
-    an ulp, and a draw that lands there takes another token)."""
-    if x.numel() != x.shape[-1] or x.dtype == torch.float32:
-        return F.linear(x, weight, bias)
+    """F.linear(x, weight, bias): x (..., K), weight (N, K) -> (..., N); up to MAX_ROWS rows of
+    16-bit floats streamed here (one row on the CUDA cores, more on the tensor cores). float32 keeps
+    F.linear: it is the dtype the fast engine is checked in against the explicit one, bit for bit,
+    sampled runs included (a sum in another order moves a logit by an ulp, and a draw that lands
+    there takes another token)."""
     N, K = weight.shape
+    M = x.numel() // K
+    if not 0 < M <= MAX_ROWS or x.dtype == torch.float32 or (M > 1 and not x.is_cuda and x.dtype == torch.bfloat16):
+        return F.linear(x, weight, bias)  # (Triton's interpreter has no bfloat16 products)
+    x = x.contiguous()
     out = x.new_empty(*x.shape[:-1], N)
-    block_n, block_k, config = BLOCK_N, min(BLOCK_K, triton.next_power_of_2(K)), dict(num_warps=4, num_stages=3)
+    args = (x, weight, bias if bias is not None else weight, out)
     if not x.is_cuda:  # interpreted: few, wide programs (the interpreter's cost is per program and per loop trip)
         block_n, block_k, config = 64, min(1024, triton.next_power_of_2(K)), {}
-    _gemv_kernel[(triton.cdiv(N, block_n),)](x.contiguous(), weight, bias if bias is not None else weight, out, N, K=K,
-                                              HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, **config)
+    elif M == 1:
+        block_n, block_k, config = BLOCK_N, min(BLOCK_K, triton.next_power_of_2(K)), dict(num_warps=4, num_stages=3)
+    else:
+        block_n, block_k, config = ROWS_BLOCK_N, min(ROWS_BLOCK_K, triton.next_power_of_2(K)), dict(num_warps=4,
+                                                                                                  num_stages=4)
+    config.update(launch_options(x), HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k)
+    grid = (triton.cdiv(N, block_n),)
+    if M == 1:
+        _gemv_kernel[grid](*args, N, K=K, **config)
+    else:
+        _gemv_rows_kernel[grid](*args, M, N, K=K, BLOCK_M=16, **config)
     return out
