@@ -18,10 +18,12 @@ tree_kernels = pytest.importorskip("spectrace.kernels.tree")
 
 @settings(max_examples=40, deadline=None)
 @given(bs=st.integers(1, 3), K=st.integers(1, 5), level=st.integers(0, 4), V=st.integers(16, 700),
-       seed=st.integers(0, 2**16), vocab=st.sampled_from(["target", "masked", "mapped"]), given_probs=st.booleans())
-def test_a_fused_level_selects_what_core_selects(bs, K, level, V, seed, vocab, given_probs):
+       seed=st.integers(0, 2**16), vocab=st.sampled_from(["target", "masked", "mapped"]), given_probs=st.booleans(),
+       traced=st.sampled_from([None, 0, 2]))
+def test_a_fused_level_selects_what_core_selects(bs, K, level, V, seed, vocab, given_probs, traced):
     """vocab: the draft's logits over the target's vocabulary; EAGLE-3's over it, -inf outside its
-    own (what core's Eagle3Head.compute_logits gives); or over its own only, with the map."""
+    own (what core's Eagle3Head.compute_logits gives); or over its own only, with the map.
+    traced: a recording run's top K + traced of q beside the children (None: not recording)."""
     gen = torch.Generator().manual_seed(seed)
     num_steps, R = level + 2, 1 if level == 0 else K  # R rows of logits a request: the root's, or K paths'
     logits = torch.randn(bs * R, V, generator=gen) * 3
@@ -40,9 +42,15 @@ def test_a_fused_level_selects_what_core_selects(bs, K, level, V, seed, vocab, g
     src = probs if given_probs else logits
     if vocab == "mapped":  # the columns of the draft's own vocabulary only
         src = src[:, token_map].contiguous()
+    trace_top = None if traced is None else (torch.empty(bs * R, K + traced),
+                                             torch.empty(bs * R, K + traced, dtype=torch.int64))
     kept, input_ids, new_hidden, new_paths = draft_level.select_level(
         src, scores, paths, hidden, level, num_steps, buffers, probs=given_probs,
-        token_map=token_map if vocab == "mapped" else None)
+        token_map=token_map if vocab == "mapped" else None, trace_top=trace_top)
+    if traced is not None:  # the recording's top of q: torch.topk's, as target token ids
+        want = torch.topk(probs, K + traced)
+        assert torch.equal(trace_top[1], want.indices)
+        torch.testing.assert_close(trace_top[0], want.values, rtol=1e-6, atol=1e-7)
 
     topk_p, topk_index, _ = propose_children(probs, K, None)
     want_ids, want_hidden, want_scores, want_info = select_top_k_tokens(level, topk_p, topk_index, hidden, scores, K)

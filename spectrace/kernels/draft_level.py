@@ -81,16 +81,17 @@ def _chunk_top_k_kernel(src, keys_out, m_out, s_out, V, NCH, K: tl.constexpr, CH
 @triton.jit
 def _select_level_kernel(part_keys, part_m, part_s, token_map, scores, paths, hidden, score_buf, token_buf, parent_buf,
                          scores_out, input_ids_out, hidden_out, paths_out, stride_pb, stride_pk, V, H, NCH, level,
-                         num_steps, cand_off, C, P, K: tl.constexpr, KB: tl.constexpr, NB: tl.constexpr,
-                         R: tl.constexpr, FIRST: tl.constexpr, PROBS: tl.constexpr, TOKEN_MAP: tl.constexpr,
-                         HAS_HIDDEN: tl.constexpr, BLOCK_H: tl.constexpr, LEVEL_B: tl.constexpr):
+                         num_steps, cand_off, C, P, trace_q, trace_ids, K: tl.constexpr, KT: tl.constexpr,
+                         KB: tl.constexpr, NB: tl.constexpr, R: tl.constexpr, FIRST: tl.constexpr, PROBS: tl.constexpr,
+                         TOKEN_MAP: tl.constexpr, HAS_HIDDEN: tl.constexpr, TRACE: tl.constexpr, BLOCK_H: tl.constexpr,
+                         LEVEL_B: tl.constexpr):
     b = tl.program_id(0)
     k = tl.arange(0, KB)  # rows of src per request: R, the root's (level 0) or the K kept paths'
     k_ok = k < R
-    # each row's top K, from its chunks' top K (n = chunk * K + pick)
+    # each row's top KT (its K children, then the trace's), from its chunks' top KT (n = chunk * KT + pick)
     n = tl.arange(0, NB)[None, :]
-    n_ok = k_ok[:, None] & (n < NCH * K)
-    keys = tl.load(part_keys + (b * R + k)[:, None] * (NCH * K) + n, mask=n_ok, other=NO_KEY)
+    n_ok = k_ok[:, None] & (n < NCH * KT)
+    keys = tl.load(part_keys + (b * R + k)[:, None] * (NCH * KT) + n, mask=n_ok, other=NO_KEY)
     m = tl.zeros((KB,), tl.float32)  # src already holding q: m = 0, s = 1
     s = tl.full((KB,), 1.0, tl.float32)
     if not PROBS:  # the softmax's max and sum over the row, from its chunks'
@@ -104,13 +105,20 @@ def _select_level_kernel(part_keys, part_m, part_s, token_map, scores, paths, hi
     c = tl.arange(0, KB)[None, :]
     top_i = tl.zeros((KB, KB), tl.int32)
     top_q = tl.zeros((KB, KB), tl.float32)
-    for p in tl.static_range(K):
+    for p in tl.static_range(KT):
         best = tl.max(keys, axis=1)
         keys = tl.where(keys == best[:, None], NO_KEY, keys)
         v = _key_value(best)
-        top_i = tl.where(c == p, _key_index(best)[:, None], top_i)
         q = v if PROBS else tl.exp(v - m) / s
-        top_q = tl.where(c == p, q[:, None], top_q)
+        if p < K:
+            top_i = tl.where(c == p, _key_index(best)[:, None], top_i)
+            top_q = tl.where(c == p, q[:, None], top_q)
+        if TRACE:  # what the trace keeps of the row's q: its top KT, as target token ids
+            i = _key_index(best)
+            if TOKEN_MAP:
+                i = tl.load(token_map + i, mask=k_ok & (i < V), other=0)
+            tl.store(trace_q + (b * R + k) * KT + p, q, mask=k_ok)
+            tl.store(trace_ids + (b * R + k) * KT + p, i.to(tl.int64), mask=k_ok)
     if TOKEN_MAP:  # column j of src is the head's own token j, target token token_map[j] (EAGLE-3)
         top_t = tl.load(token_map + top_i, mask=k_ok[:, None] & (c < K) & (top_i < V), other=0)
     else:
@@ -170,14 +178,15 @@ class DraftBuffers:
 
 def select_level(src: torch.Tensor, scores: torch.Tensor | None, paths: torch.Tensor | None,
                  hidden: torch.Tensor | None, level: int, num_steps: int, buffers: DraftBuffers, probs: bool = False,
-                 token_map: torch.Tensor | None = None):
+                 token_map: torch.Tensor | None = None, trace_top: tuple[torch.Tensor, torch.Tensor] | None = None):
     """Level `level` of the draft loop for greedy drafts. src: the draft's logits (or, probs=True,
     its q) after each kept path, (bs*K, V), or after each root at level 0, (bs, V); scores (bs, K)
     the kept paths' path scores and paths (bs, K, level) their scratch columns (None at level 0);
     hidden: the rows the draft forward returned, one per row of src (None: a draft LM); token_map
     (V,): the target token of each column of src, where the draft has a vocabulary of its own
     (EAGLE-3's hot_token_id: its softmax over those columns is the target-vocabulary softmax with
-    every other token at -inf); None: columns are token ids.
+    every other token at -inf); None: columns are token ids. trace_top: (q (bs*R, KT), ids (bs*R,
+    KT)) to fill with each row's top KT >= K of q and their target token ids (a recording run).
     Writes the level's candidates into `buffers`; returns the kept scores (bs, K), the next input
     ids (bs*K,), the hidden rows they continue from (bs*K, H) or None, and the kept paths'
     scratch columns (bs, K, level + 1), each path's own last (p * (num_steps - 1) + level)."""
@@ -204,10 +213,11 @@ def select_level(src: torch.Tensor, scores: torch.Tensor | None, paths: torch.Te
         H = hidden.shape[1] if hidden is not None else 0
         CH = min(2048, max(64, triton.next_power_of_2(triton.cdiv(V, 8))))  # about 8 chunks a row, more past 16 K
         NCH = triton.cdiv(V, CH)
-        part_keys = torch.empty(bs * R, NCH, K, dtype=torch.int64, device=device)
+        KT = trace_top[0].shape[1] if trace_top is not None else K
+        part_keys = torch.empty(bs * R, NCH, KT, dtype=torch.int64, device=device)
         part_m = torch.empty(bs * R, NCH, dtype=torch.float32, device=device)
         part_s = torch.empty_like(part_m)
-        _chunk_top_k_kernel[(bs * R, NCH)](src, part_keys, part_m, part_s, V, NCH, K=K, CH=CH, PROBS=probs)
+        _chunk_top_k_kernel[(bs * R, NCH)](src, part_keys, part_m, part_s, V, NCH, K=KT, CH=CH, PROBS=probs)
         placeholder = buffers.parents  # for the pointers a level does not read
         _select_level_kernel[(bs,)](
             part_keys, part_m, part_s, token_map if token_map is not None else placeholder,
@@ -216,7 +226,8 @@ def select_level(src: torch.Tensor, scores: torch.Tensor | None, paths: torch.Te
             scores_out, input_ids, hidden_out if hidden is not None else placeholder, paths_out,
             paths.stride(0) if level else 0, paths.stride(1) if level else 0, V, H, NCH, level, num_steps,
             0 if level == 0 else K + (level - 1) * K * K, C, buffers.parents.shape[1],
-            K=K, KB=KB, NB=triton.next_power_of_2(NCH * K), R=R, FIRST=level == 0, PROBS=probs,
-            TOKEN_MAP=token_map is not None, HAS_HIDDEN=hidden is not None,
+            *(trace_top if trace_top is not None else (placeholder, placeholder)),
+            K=K, KT=KT, KB=KB, NB=triton.next_power_of_2(NCH * KT), R=R, FIRST=level == 0, PROBS=probs,
+            TOKEN_MAP=token_map is not None, HAS_HIDDEN=hidden is not None, TRACE=trace_top is not None,
             BLOCK_H=min(1024, triton.next_power_of_2(max(H, 1))), LEVEL_B=triton.next_power_of_2(level + 1))
     return scores_out, input_ids, hidden_out, paths_out

@@ -67,20 +67,24 @@ def fused_draft_forward(forward, first: torch.Tensor, hidden_states, num_steps: 
     their scratch columns) and returns (logits (bs*K, V), hidden_states or None); token_map: the
     target token of each column of those logits, where the draft has its own vocabulary (EAGLE-3).
     trace_topk (a recording run): also the top max(topk, trace_topk) of q after every path each
-    level extends, (values, target ids), what the trace keeps of the distributions."""
-    buffers = DraftBuffers.empty(first.shape[0], topk, num_steps, first.device)
+    level extends, (values, target ids), what the trace keeps of the distributions, picked by the
+    same kernels as the children."""
+    bs, device = first.shape[0], first.device
+    buffers = DraftBuffers.empty(bs, topk, num_steps, device)
     k, tops = max(topk, trace_topk or 0), [] if trace_topk is not None else None
-    if tops is not None:
-        tops.append(torch.topk(first if probs else torch.softmax(first.float(), dim=-1), k))
+
+    def trace_top(rows: int):  # the level's top k of q, which select_level fills beside its own top K
+        if tops is None:
+            return None
+        tops.append((torch.empty(rows, k, device=device), torch.empty(rows, k, dtype=torch.int64, device=device)))
+        return tops[-1]
+
     scores, input_ids, hidden_states, paths = select_level(first, None, None, hidden_states, 0, num_steps, buffers,
-                                                           probs)
+                                                           probs, trace_top=trace_top(bs))
     for i in range(num_steps - 1):
         logits, h = forward(i, input_ids, hidden_states, paths)
-        if tops is not None:
-            values, ids = torch.topk(torch.softmax(logits.float(), dim=-1), k)
-            tops.append((values, token_map[ids] if token_map is not None else ids))
         scores, input_ids, hidden_states, paths = select_level(logits, scores, paths, h, i + 1, num_steps, buffers,
-                                                               token_map=token_map)
+                                                               token_map=token_map, trace_top=trace_top(bs * topk))
     return buffers, tops
 
 
