@@ -45,7 +45,7 @@ from spectrace.core.tree import TreeMaskMode  # noqa: E402
 from spectrace.bench_kernels import attention_inputs, chain_inputs, draft_tree_inputs, walk_outputs  # noqa: E402
 from spectrace.compat import triton as sglang  # noqa: E402  (the twins under SGLang's and vLLM's names)
 from spectrace.core.model import RMSNorm  # noqa: E402
-from spectrace.kernels import attention, commit, draft_level, fused, gemv, kv, matmul, pdl  # noqa: E402
+from spectrace.kernels import attention, commit, draft_level, fused, gemv, kv, matmul, pdl, top_k  # noqa: E402
 from spectrace.kernels.tree import organize_draft_results  # noqa: E402
 from spectrace.kernels.acceptance.tree_rejection import tree_rejection_walk  # noqa: E402
 
@@ -127,6 +127,8 @@ for dtype in (torch.float32, torch.bfloat16):  # the fast engine's fused layer p
         half = None if bias is None else bias.half()  # (a CPU tensor of bfloat16 rows takes F.linear)
         gemv.linear(torch.randn(3, 256, dtype=torch.float16), torch.randn(704, 256).half(), half)  # a few rows
 
+for dtype in (torch.float32, torch.bfloat16):
+    top_k.top_k_softmax(torch.randn(6, 300, dtype=dtype), 5)  # the recording's top of the target's p
 buffers = draft_level.DraftBuffers.empty(bs, 4, 5, "cpu")  # the fused draft loop, K = 4, 5 steps
 for dtype in (torch.float32, torch.bfloat16):
     draft_level.select_level(torch.rand(bs, 300), None, None, torch.randn(bs, 64, dtype=dtype), 0, 5, buffers, True)

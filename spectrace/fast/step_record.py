@@ -27,6 +27,7 @@ from spectrace.errors import SpectraceError
 from spectrace.fast.frames import FrameWriter, Pack, split
 from spectrace.fast.graphs import PhaseGroups, capture_step
 from spectrace.fast.records import RecordBuilder, RecordContext
+from spectrace.kernels.top_k import top_k_softmax
 
 
 class Kept(NamedTuple):
@@ -100,19 +101,11 @@ class StepRecorder:
 
     def step_tensors(self, out, randoms) -> dict:
         kv, tree, verdict, bs, n = self.kv, out.tree, out.verdict, *out.tree.draft_tokens.shape
-        sampling = self.spec.sampling  # p as the trace shows it: softmax at temperature 0, else after T, top-k, top-p
-        p = torch.softmax(out.logits, dim=-1) if sampling.greedy else probs_from_logits(out.logits, sampling)
-        p = p.view(bs, n, -1)
         step = {"target_predict": out.target_predict.view(bs, n), "accept_index": verdict.accept_index,
                 "accept_num": verdict.accept_num, "req_to_token": kv.req_to_token, "seq_lens": kv.seq_lens,
                 "seq_lens_before": self.before,
                 "logits": out.logits.float().view(bs, n, -1) if self.keeps_logits else None}
-        if self.builder.context.reduces_p:  # what the record keeps of p: (bs, n, k) and (bs, n, n), not (bs, n, V)
-            values, indices = torch.topk(p, min(self.spec.trace_topk, p.shape[-1]))
-            step.update(target_topk_values=values, target_topk_indices=indices,
-                        p_tokens=p.gather(-1, tree.draft_tokens[:, None, :].expand(bs, n, n)))
-        else:
-            step["target_probs"] = p
+        step.update(self.target_p(out.logits, tree.draft_tokens[:, None, :].expand(bs, n, n)))
         if self.drafter is not None:
             step.update({name: getattr(tree, name) for name in TREE_FIELDS})
             step["draft_seq_lens"] = self.drafter.kv.seq_lens if self.drafter.kv is not None else None
@@ -123,6 +116,24 @@ class StepRecorder:
             for i, t in enumerate(tree.candidates or ()):
                 step[f"candidates{i:02d}"] = t
         return step
+
+    def target_p(self, logits: torch.Tensor, drafts: torch.Tensor) -> dict:
+        """What the record keeps of the target's p (softmax at temperature 0, else after T, top-k,
+        top-p) over logits (bs * n, V), drafts (bs, n, n) each row's tree's tokens: its top
+        trace_topk and p at the drafts (bs, n, k) and (bs, n, n), or the whole of p (bs, n, V). At
+        temperature 0 those come from the row's max and sum, no (bs * n, V) softmax (kernels/top_k.py)."""
+        (bs, n, _), sampling = drafts.shape, self.spec.sampling
+        k = min(self.spec.trace_topk, logits.shape[-1])
+        if self.builder.context.reduces_p and sampling.greedy:
+            values, indices, m, s = top_k_softmax(logits, k)
+            at = torch.exp(logits.view(bs, n, -1).gather(-1, drafts) - m.view(bs, n, 1)) / s.view(bs, n, 1)
+            return dict(target_topk_values=values.view(bs, n, k), target_topk_indices=indices.view(bs, n, k),
+                        p_tokens=at)
+        p = (torch.softmax(logits, dim=-1) if sampling.greedy else probs_from_logits(logits, sampling)).view(bs, n, -1)
+        if not self.builder.context.reduces_p:
+            return dict(target_probs=p)
+        values, indices = torch.topk(p, k)
+        return dict(target_topk_values=values, target_topk_indices=indices, p_tokens=p.gather(-1, drafts))
 
     def keep(self, step: int, copied: Pack, requests: list[Kept], timing: dict, adaptive: dict | None,
              max_depth: int) -> None:

@@ -9,17 +9,15 @@ Explicit counterpart: core/drafters/eagle_worker.py: draft_forward's `probs` -> 
 fast/drafters/eagle_worker.py's path bookkeeping; there they are about sixteen kernels a level.
 Greedy drafts only: q is the draft's softmax at T = 1, and the children are its top K, not draws.
 
-    _chunk_top_k_kernel    grid (rows, chunks): each chunk's top K and its softmax max and sum
+    chunk_top_k            grid (rows, chunks): each chunk's top K and its softmax max and sum
+                           (kernels/top_k.py)
     _select_level_kernel   grid (bs,): each row's top K from its chunks', q, path scores, the K best
 
 Split so a row's V columns are read by many programs at once, where one program a request would
-read the whole row K + 1 times, one after another.
-A value and its index travel as one int64 key (fp32 bits made monotone, then the inverted index),
-so each pick is one max, ties to the lower index as torch.topk's stable order. q = softmax(logits)
-is computed for the K picks only, from the row's max and sum; that sum is reduced in another order
-than torch's softmax, so q and the path scores can differ from the explicit ones in the last bit;
-which nodes a tree keeps can then differ only where two path scores tie to rounding, and greedy
-verification keeps the output lossless.
+read the whole row K + 1 times, one after another. A value and its index travel as one int64 key
+(kernels/top_k.py): ties go to the lower index, as torch.topk's stable order, and q can differ
+from the explicit softmax in the last bit; which nodes a tree keeps can then differ only where
+two path scores tie to rounding, and greedy verification keeps the output lossless.
 """
 from __future__ import annotations
 
@@ -30,52 +28,9 @@ import triton
 import triton.language as tl
 
 from spectrace.kernels import check
+from spectrace.kernels.top_k import NO_KEY, chunk_top_k, key_index, key_value, order_key
 
 __all__ = ["DraftBuffers", "select_level"]
-
-
-NO_KEY = tl.constexpr(-9223372036854775807)  # below every key: a pick already taken, a masked lane
-
-
-@triton.jit
-def _order_key(x, j):
-    """(value, index) as one int64 ordered by value, then by lower index: the largest key is the
-    largest value at the lowest index (fp32 bits made monotone; -0.0 counted as +0.0)."""
-    bits = (x + 0.0).to(tl.int32, bitcast=True)
-    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
-    return (ordered.to(tl.int64) << 32) | (0x7FFFFFFF - j).to(tl.int64)
-
-
-@triton.jit
-def _key_value(key):
-    ordered = (key >> 32).to(tl.int32)
-    return tl.where(ordered >= 0, ordered, ordered ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _key_index(key):
-    return 0x7FFFFFFF - (key & 0x7FFFFFFF).to(tl.int32)
-
-
-@triton.jit
-def _chunk_top_k_kernel(src, keys_out, m_out, s_out, V, NCH, K: tl.constexpr, CH: tl.constexpr,
-                        PROBS: tl.constexpr):
-    """One chunk of CH columns of one row of src: its top K as keys, and (logits) the softmax's
-    max and sum over the chunk."""
-    r = tl.program_id(0)
-    ch = tl.program_id(1)
-    j = ch * CH + tl.arange(0, CH)
-    x = tl.load(src + r * V + j, mask=j < V, other=float("-inf")).to(tl.float32)
-    key = _order_key(x, j)
-    for p in tl.static_range(K):
-        best = tl.max(key, axis=0)
-        tl.store(keys_out + (r * NCH + ch) * K + p, best)
-        key = tl.where(key == best, NO_KEY, key)
-    if not PROBS:
-        m = tl.max(x, axis=0)
-        m_safe = tl.where(m == float("-inf"), 0.0, m)
-        tl.store(m_out + r * NCH + ch, m)
-        tl.store(s_out + r * NCH + ch, tl.sum(tl.exp(x - m_safe), axis=0))
 
 
 @triton.jit
@@ -108,13 +63,13 @@ def _select_level_kernel(part_keys, part_m, part_s, token_map, scores, paths, hi
     for p in tl.static_range(KT):
         best = tl.max(keys, axis=1)
         keys = tl.where(keys == best[:, None], NO_KEY, keys)
-        v = _key_value(best)
+        v = key_value(best)
         q = v if PROBS else tl.exp(v - m) / s
         if p < K:
-            top_i = tl.where(c == p, _key_index(best)[:, None], top_i)
+            top_i = tl.where(c == p, key_index(best)[:, None], top_i)
             top_q = tl.where(c == p, q[:, None], top_q)
         if TRACE:  # what the trace keeps of the row's q: its top KT, as target token ids
-            i = _key_index(best)
+            i = key_index(best)
             if TOKEN_MAP:
                 i = tl.load(token_map + i, mask=k_ok & (i < V), other=0)
             tl.store(trace_q + (b * R + k) * KT + p, q, mask=k_ok)
@@ -135,13 +90,13 @@ def _select_level_kernel(part_keys, part_m, part_s, token_map, scores, paths, hi
     cand = tl.where(ok, expand, float("-inf"))
     tl.store(score_buf + b * C + cand_off + e, expand, mask=ok)
     tl.store(token_buf + b * C + cand_off + e, top_t, mask=ok)
-    key = tl.where(ok, _order_key(cand, e), NO_KEY)
+    key = tl.where(ok, order_key(cand, e), NO_KEY)
     steps = num_steps - 1  # scratch columns per path
     lanes = tl.arange(0, LEVEL_B)
     for p in tl.static_range(K):
         best = tl.max(tl.max(key, axis=1), axis=0)
         key = tl.where(key == best, NO_KEY, key)
-        sel_v, sel_e = _key_value(best), _key_index(best)
+        sel_v, sel_e = key_value(best), key_index(best)
         beam = sel_e // K
         tl.store(scores_out + b * K + p, sel_v)
         tl.store(parent_buf + b * P + 1 + level * K + p, (sel_e + cand_off).to(tl.int64))
@@ -211,13 +166,9 @@ def select_level(src: torch.Tensor, scores: torch.Tensor | None, paths: torch.Te
     if bs:
         KB = triton.next_power_of_2(K)
         H = hidden.shape[1] if hidden is not None else 0
-        CH = min(2048, max(64, triton.next_power_of_2(triton.cdiv(V, 8))))  # about 8 chunks a row, more past 16 K
-        NCH = triton.cdiv(V, CH)
         KT = trace_top[0].shape[1] if trace_top is not None else K
-        part_keys = torch.empty(bs * R, NCH, KT, dtype=torch.int64, device=device)
-        part_m = torch.empty(bs * R, NCH, dtype=torch.float32, device=device)
-        part_s = torch.empty_like(part_m)
-        _chunk_top_k_kernel[(bs * R, NCH)](src, part_keys, part_m, part_s, V, NCH, K=KT, CH=CH, PROBS=probs)
+        part_keys, part_m, part_s = chunk_top_k(src, KT, probs)
+        NCH = part_keys.shape[1]
         placeholder = buffers.parents  # for the pointers a level does not read
         _select_level_kernel[(bs,)](
             part_keys, part_m, part_s, token_map if token_map is not None else placeholder,
