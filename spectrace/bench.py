@@ -219,8 +219,15 @@ def fast_forward_ms(model, kv_len: int, bs: int, rows: int, repeat: int, feature
     """forward_ms as the fast engine runs a forward (fused layers, Triton attention, replayed from a
     CUDA graph, timed with CUDA events): a decode (rows 1), a verify (rows n; a tree mask costs
     about the same) or a draft level. For `spectrace bench --target-shape` with --backend fast."""
+    from spectrace.fast.graphs import replay_ms
+
+    return replay_ms(fast_forward_graph(model, kv_len, bs, rows, features), repeat)
+
+
+def fast_forward_graph(model, kv_len: int, bs: int, rows: int, features: int = 0) -> torch.cuda.CUDAGraph:
+    """fast_forward_ms's forward, captured (its KV lives as long as the graph)."""
     from spectrace.fast.batch import extend_batch
-    from spectrace.fast.graphs import capture, place_rotary, replay_ms
+    from spectrace.fast.graphs import capture, place_rotary
     from spectrace.fast.kv import StaticKV
     from spectrace.kernels import backend
     from spectrace.kernels.fused import fuse
@@ -234,12 +241,12 @@ def fast_forward_ms(model, kv_len: int, bs: int, rows: int, repeat: int, feature
     ids = torch.ones(bs * rows, dtype=torch.int64, device=device)
     positions = (kv_len + torch.arange(rows, device=device)).repeat(bs)
     forward = _step_forward(model, _features(model, bs, rows, features))
-    graph = capture(lambda: forward(extend_batch(kv, ids, positions, rows), kv))
-    return replay_ms(graph, repeat)
+    return capture(lambda: forward(extend_batch(kv, ids, positions, rows), kv))
 
 
 def shape_table(config: Config, shape: str, batch_sizes: list[int], repeat: int, kv_len: int = 1024,
-                tau: float | None = None, prompts: list[str] | None = None) -> dict[int, dict[str, float]]:
+                tau: float | None = None, prompts: list[str] | None = None,
+                profile: bool = False) -> dict[int, dict[str, float]]:
     """A *predicted* speed-up by batch size at a real model shape: the phase costs measured at
     that shape with random weights, the acceptance measured on the embedded pair. An EAGLE-3 step
     (num_steps S, topk K, n verify tokens) costs a draft loop (one row per request from the
@@ -247,7 +254,8 @@ def shape_table(config: Config, shape: str, batch_sizes: list[int], repeat: int,
     one-layer head at the target's width with its own lm_head over a draft vocabulary of 32k
     tokens), a verify of n rows, and a draft extend of about τ rows; plain decoding one row.
     Predicted speed-up = τ * C_AR / (C_draft + C_verify + C_extend); the textbook τ / (1 + r)
-    beside it."""
+    beside it. profile: each batch size's decode forward by kernel group against the roofline
+    (bench_roofline.py)."""
     from spectrace.core.config import ModelConfig
     from spectrace.core.drafters.eagle3 import Eagle3Head
     from spectrace.core.drafters.eagle3_layouts import default_capture_layers
@@ -297,4 +305,7 @@ def shape_table(config: Config, shape: str, batch_sizes: list[int], repeat: int,
         paper = f"{EAGLE3_PAPER_SGLANG[bs]:.2f}x" if bs in EAGLE3_PAPER_SGLANG and shape == "llama-3.1-8b" else "-"
         print(f"{bs:>5} {c_ar:>8.2f} {c_draft:>8.2f} {c_verify:>9.2f} {c_extend:>9.2f} {r:>6.3f} "
               f"{predicted_speedup(tau, r):>8.2f}x {predicted:>8.2f}x {paper:>13}")
+        if profile:
+            from spectrace.bench_roofline import print_roofline
+            print_roofline(target, fast_forward_graph(target, kv_len, bs, 1), bs, kv_len)
     return table

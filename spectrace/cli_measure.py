@@ -48,7 +48,8 @@ def add_measure_commands(sub, add_run_options) -> None:
                             "embedded pair's tau")
     bench.add_argument("--profile", action="store_true",
                        help="kernels per step, phase by phase, and the most frequent ones (--backend fast): measured "
-                            "with torch.profiler on a GPU, counted as the code runs interpreted on a CPU")
+                            "with torch.profiler on a GPU, counted as the code runs interpreted on a CPU; with "
+                            "--target-shape, each batch size's decode forward by kernel group against the roofline")
     bench.add_argument("--json", metavar="FILE", help="with --profile: write its numbers to FILE as JSON")
     tune.add_argument("--shapes", nargs="+", default=None, metavar="S,K,N",
                       help="candidate (num_steps, topk, num_draft_tokens) shapes (default: chains of 1 to 7 steps "
@@ -136,12 +137,15 @@ def cmd_bench(args, run_config) -> int:
 
     def config(**over):
         return run_config(args, **over)
-    if args.profile:
+    if args.profile and args.target_shape and not args.device.startswith("cuda"):
+        raise SpectraceError("--profile at a --target-shape profiles CUDA graphs: add --device cuda")
+    if args.profile and not args.target_shape:
         from spectrace.bench_profile import profile_table
         profile_table(config, args.algos, prompts, args.device, args.json, Progress(0).say)
         return 0
     if args.target_shape:
-        bench.shape_table(config, args.target_shape, args.batch_sizes or [1], args.repeat, prompts=prompts)
+        bench.shape_table(config, args.target_shape, args.batch_sizes or [1], args.repeat, prompts=prompts,
+                          profile=args.profile)
         return 0
     if args.batch_sizes:
         bench.batch_table(config, args.algos, prompts, args.batch_sizes, args.repeat, Progress(0).say, policy,
