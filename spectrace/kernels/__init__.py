@@ -16,7 +16,12 @@ each mirrors (the twin of core/X.py:f is kernels/X.py:f), with every random numb
                                  decode_attention_fwd, create_kv_indices, pack_custom_mask
     fused.py                     rms_norm, split_rope, silu_mul     core/model.py: RMSNorm, Attention, MLP
     matmul.py                    invariant_linear                   nn.Linear, batch-invariant (--deterministic)
-    gemv.py                      linear (one row: a GEMV)           nn.Linear at a batch-1 decode
+    gemv.py                      linear (1-16 rows: weights         nn.Linear at a decode, a draft level,
+                                 streamed)                            a verify of up to 16 tokens
+    top_k.py                     top_k_softmax, chunk_top_k         torch.topk(softmax(x)): the recording's top
+                                                                      tokens, the draft loop's children
+    pdl.py                       launch_options, wait_first         programmatic dependent launch: a forward's
+                                                                      kernels overlap at their seams
     commit.py                    accept_tokens, commit_rows,        core/engine.py: COMMIT, the fast engine's
                                  commit_draft_state                   host row and draft state
     draft_level.py               select_level, DraftBuffers         core/drafters/eagle_worker.py: a level of
