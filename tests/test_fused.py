@@ -127,12 +127,12 @@ def test_a_fused_model_computes_the_explicit_forward(target, drafters, name):
 
 
 @settings(max_examples=10, deadline=None)
-@given(lead=st.sampled_from([(1,), (1, 1), (3,), (2, 5), (16,), (17,)]), k=st.sampled_from([16, 70, 600]),
+@given(lead=st.sampled_from([(1,), (1, 1), (3,), (2, 5)]), k=st.sampled_from([16, 70, 600]),
        n=st.sampled_from([8, 100, 300]),
        bias=st.booleans(), dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**16))
-def test_the_streaming_linear_is_f_linear(lead, k, n, bias, dtype, seed):
-    """kernels/gemv.py: the weight-streaming GEMV at one row, its tensor-core twin at 2-16, F.linear
-    at more; F.linear either way (to the rounding of the order of the float32 sums)."""
+def test_the_one_row_linear_is_f_linear(lead, k, n, bias, dtype, seed):
+    """kernels/gemv.py: at one row the weight-streaming GEMV, at more F.linear; F.linear either way
+    (to the rounding of the order of the float32 sums)."""
     from spectrace.kernels.gemv import linear
 
     torch.manual_seed(seed)

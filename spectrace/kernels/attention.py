@@ -179,15 +179,16 @@ def _block_sizes(tokens: int, group: int) -> tuple[int, int]:
 
 def auto_kv_splits(device: torch.device, programs: int, prefix_tokens: int, bs: int) -> int:
     """How many programs share each request's prefix: a power of two, enough for four programs per
-    SM, each with at least 128 keys on average (the mean prefix is kv_indices' length / bs, known
-    without a sync), at most 16 (on the H200 at bs 1-64 on the embedded pair this picked the
-    fastest of 1-16 splits or one within 15% of it; on an H100 at Llama-3.1-8B's shape, bs 64 and
-    1,024 keys, its 2 splits decode in 9.41 ms where 1 takes 9.69 and 4 take 9.65). One on the
-    CPU, where the interpreter gains nothing from splitting."""
-    if device.type != "cuda" or not bs:
+    SM, at most 32; none for a mean prefix under 256 keys (the mean is kv_indices' length / bs,
+    known without a sync), where a split's own merge kernel costs more than it saves, else at least
+    32 keys a split. On an H100 at Llama-3.1-8B's shape and 1,024 keys: at bs 1 a decode takes
+    5.63 ms with 8 splits, 5.57 with 16, 5.51 with 32 (its 64, 128 or 256 programs); at bs 64 its
+    2 splits decode in 9.41 ms where 1 takes 9.69 and 4 take 9.65. One on the CPU, where the
+    interpreter gains nothing from splitting."""
+    if device.type != "cuda" or not bs or prefix_tokens // bs < 256:
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    splits = max(1, min(16, triton.cdiv(4 * sms, programs), prefix_tokens // bs // 128))
+    splits = max(1, min(32, triton.cdiv(4 * sms, programs), prefix_tokens // bs // 32))
     return 1 << (splits.bit_length() - 1)
 
 

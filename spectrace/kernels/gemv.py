@@ -8,9 +8,16 @@ Llama-3.1-8B's shapes on an H100. Here one program streams BLOCK_N rows of W, BL
 a time, into a float32 (BLOCK_N, BLOCK_K) sum reduced once at the end: 2.5-3.2 TB/s on the same
 shapes, in one kernel (docs/benchmarks.md has the table).
 
-Two things measured and left out:
+On a Hopper GPU it is launched with programmatic dependent launch (kernels/pdl.py) and streams
+its first weight tile before it waits for x: the weights are on their way while the kernel before
+it (a norm, the attention, silu_mul) finishes.
+
+Measured and left out:
   - more rows (a verify of 8 tokens, a draft level of topk): products on the CUDA cores make the
-    kernel compute-bound from 2 rows on, where cuBLAS's tensor-core tiles keep the time of one row
+    kernel compute-bound from 2 rows on, where cuBLAS's tensor-core tiles keep the time of one row;
+    the same stream with tl.dot over tiles of 16 rows (the rows past M masked) was slower than
+    cuBLAS too (H100, Llama-3.1-8B shape: a verify of 8 rows 6.43 ms against 6.26, a draft of
+    5 levels 1.61 against 1.57; launched with PDL 7.34 and 1.71)
   - the op before the GEMV folded into it (the residual add and RMSNorm, or silu_mul): every
     program must recompute it from the whole input row, as much reading (from L2) as its few
     weight rows, and the norm needs a pass of its own before the weights start streaming
@@ -25,8 +32,6 @@ import triton.language as tl
 from spectrace.kernels.pdl import launch_options, let_next_start, wait_for_inputs
 
 BLOCK_N, BLOCK_K = 4, 512  # best or within 5% of it at every Llama-3.1-8B shape on an H100 (4 warps, 3 stages)
-MAX_ROWS = 16  # a few rows (a draft level of topk, a verify): tensor-core tiles of 16 rows, the rest masked
-ROWS_BLOCK_N, ROWS_BLOCK_K = 16, 256
 
 
 @triton.jit
@@ -51,54 +56,19 @@ def _gemv_kernel(x, w, bias, out, N, K: tl.constexpr, HAS_BIAS: tl.constexpr, BL
     tl.store(out + rows, y.to(out.dtype.element_ty), mask=row_ok)
 
 
-@triton.jit
-def _gemv_rows_kernel(x, w, bias, out, M, N, K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-    let_next_start(PDL)
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # BLOCK_N rows of W: columns of the output
-    rows = tl.arange(0, BLOCK_M)
-    col_ok, row_ok = cols < N, rows < M
-    ks = tl.arange(0, BLOCK_K)
-    weights = tl.load(w + cols[None, :] * K + ks[:, None], mask=col_ok[None, :] & (ks < K)[:, None], other=0.0)
-    wait_for_inputs(PDL)
-    acc = tl.dot(tl.load(x + rows[:, None] * K + ks[None, :], mask=row_ok[:, None] & (ks < K)[None, :], other=0.0),
-                 weights)
-    for k0 in range(BLOCK_K, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        ok = ks < K
-        weights = tl.load(w + cols[None, :] * K + ks[:, None], mask=col_ok[None, :] & ok[:, None], other=0.0)
-        acc += tl.dot(tl.load(x + rows[:, None] * K + ks[None, :], mask=row_ok[:, None] & ok[None, :], other=0.0),
-                      weights)
-    if HAS_BIAS:
-        acc += tl.load(bias + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    tl.store(out + rows[:, None] * N + cols[None, :], acc.to(out.dtype.element_ty),
-             mask=row_ok[:, None] & col_ok[None, :])
-
-
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias): x (..., K), weight (N, K) -> (..., N); up to MAX_ROWS rows of
-    16-bit floats streamed here (one row on the CUDA cores, more on the tensor cores). float32 keeps
-    F.linear: it is the dtype the fast engine is checked in against the explicit one, bit for bit,
-    sampled runs included (a sum in another order moves a logit by an ulp, and a draw that lands
-    there takes another token)."""
+    """F.linear(x, weight, bias): x (..., K), weight (N, K) -> (..., N); one row of 16-bit floats
+    through the GEMV. float32 keeps F.linear: it is the dtype the fast engine is checked in against
+    the explicit one, bit for bit, sampled runs included (a sum in another order moves a logit by
+    an ulp, and a draw that lands there takes another token)."""
+    if x.numel() != x.shape[-1] or x.dtype == torch.float32:
+        return F.linear(x, weight, bias)
     N, K = weight.shape
-    M = x.numel() // K
-    if not 0 < M <= MAX_ROWS or x.dtype == torch.float32 or (M > 1 and not x.is_cuda and x.dtype == torch.bfloat16):
-        return F.linear(x, weight, bias)  # (Triton's interpreter has no bfloat16 products)
-    x = x.contiguous()
     out = x.new_empty(*x.shape[:-1], N)
-    args = (x, weight, bias if bias is not None else weight, out)
+    block_n, block_k, config = BLOCK_N, min(BLOCK_K, triton.next_power_of_2(K)), dict(num_warps=4, num_stages=3)
     if not x.is_cuda:  # interpreted: few, wide programs (the interpreter's cost is per program and per loop trip)
         block_n, block_k, config = 64, min(1024, triton.next_power_of_2(K)), {}
-    elif M == 1:
-        block_n, block_k, config = BLOCK_N, min(BLOCK_K, triton.next_power_of_2(K)), dict(num_warps=4, num_stages=3)
-    else:
-        block_n, block_k, config = ROWS_BLOCK_N, min(ROWS_BLOCK_K, triton.next_power_of_2(K)), dict(num_warps=4,
-                                                                                                  num_stages=4)
-    config.update(launch_options(x), HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k)
-    grid = (triton.cdiv(N, block_n),)
-    if M == 1:
-        _gemv_kernel[grid](*args, N, K=K, **config)
-    else:
-        _gemv_rows_kernel[grid](*args, M, N, K=K, BLOCK_M=16, **config)
+    _gemv_kernel[(triton.cdiv(N, block_n),)](x.contiguous(), weight, bias if bias is not None else weight, out, N, K=K,
+                                              HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
+                                              **config, **launch_options(x))
     return out
