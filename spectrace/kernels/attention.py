@@ -179,16 +179,16 @@ def _block_sizes(tokens: int, group: int) -> tuple[int, int]:
 
 def auto_kv_splits(device: torch.device, programs: int, prefix_tokens: int, bs: int) -> int:
     """How many programs share each request's prefix: a power of two, enough for four programs per
-    SM, at most 32; none for a mean prefix under 256 keys (the mean is kv_indices' length / bs,
-    known without a sync), where a split's own merge kernel costs more than it saves, else at least
-    32 keys a split. On an H100 at Llama-3.1-8B's shape and 1,024 keys: at bs 1 a decode takes
-    5.63 ms with 8 splits, 5.57 with 16, 5.51 with 32 (its 64, 128 or 256 programs); at bs 64 its
-    2 splits decode in 9.41 ms where 1 takes 9.69 and 4 take 9.65. One on the CPU, where the
-    interpreter gains nothing from splitting."""
+    SM, at most 32, each with at least one tile of 64 keys; none for a mean prefix under 256 keys
+    (the mean is kv_indices' length / bs, known without a sync), where the merge kernel a split
+    needs costs more than it saves. On an H100 at Llama-3.1-8B's shape and 1,024 keys: at bs 1 a
+    decode took 5.63 ms with 8 splits, 5.57 with 16 (its pick: 128 programs); at bs 64 its 2 splits
+    decode in 9.41 ms where 1 takes 9.69 and 4 take 9.65. One on the CPU, where the interpreter
+    gains nothing from splitting."""
     if device.type != "cuda" or not bs or prefix_tokens // bs < 256:
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    splits = max(1, min(32, triton.cdiv(4 * sms, programs), prefix_tokens // bs // 32))
+    splits = max(1, min(32, triton.cdiv(4 * sms, programs), prefix_tokens // bs // 64))
     return 1 << (splits.bit_length() - 1)
 
 
