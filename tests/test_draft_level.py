@@ -17,7 +17,8 @@ tree_kernels = pytest.importorskip("spectrace.kernels.tree")
 
 
 @settings(max_examples=40, deadline=None)
-@given(bs=st.integers(1, 3), K=st.integers(1, 5), level=st.integers(0, 4), V=st.integers(16, 700),
+@given(bs=st.integers(1, 3), K=st.integers(1, 5), level=st.integers(0, 4),
+       V=st.one_of(st.integers(16, 700), st.integers(4097, 5000)),  # one chunk a row interpreted, or two
        seed=st.integers(0, 2**16), vocab=st.sampled_from(["target", "masked", "mapped"]), given_probs=st.booleans(),
        traced=st.sampled_from([None, 0, 2]))
 def test_a_fused_level_selects_what_core_selects(bs, K, level, V, seed, vocab, given_probs, traced):

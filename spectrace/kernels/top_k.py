@@ -68,9 +68,12 @@ def _chunk_top_k_kernel(src, keys_out, m_out, s_out, V, NCH, K: tl.constexpr, CH
 
 def chunk_top_k(src: torch.Tensor, k: int, probs: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """src (rows, V) logits (probs: already a distribution) -> each chunk's top k keys (rows, NCH, k)
-    and the softmax's max and sum over it (rows, NCH); about 8 chunks a row, more past 16 K columns."""
+    and the softmax's max and sum over it (rows, NCH); about 8 chunks a row on a GPU, more past
+    16 K columns; chunks of up to 4,096 columns interpreted."""
     rows, V = src.shape
     CH = min(2048, max(64, triton.next_power_of_2(triton.cdiv(V, 8))))
+    if not src.is_cuda:  # interpreted: few, wide programs (the interpreter's cost is per program)
+        CH = max(CH, min(4096, triton.next_power_of_2(V)))
     NCH = triton.cdiv(V, CH)
     keys = torch.empty(rows, NCH, k, dtype=torch.int64, device=src.device)
     m, s = (torch.empty(rows, NCH, dtype=torch.float32, device=src.device) for _ in range(2))
