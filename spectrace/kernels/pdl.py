@@ -28,7 +28,8 @@ import triton.language as tl
 @functools.lru_cache(maxsize=None)
 def _supported(device: torch.device) -> bool:
     return (device.type == "cuda" and os.environ.get("SPECTRACE_PDL", "1") != "0"
-            and torch.cuda.get_device_capability(device)[0] >= 9 and hasattr(tl.extra.cuda, "gdc_wait"))  # triton >= 3.4
+            and torch.cuda.get_device_capability(device)[0] >= 9
+            and hasattr(tl.extra.cuda, "gdc_wait"))  # Triton 3.4 on
 
 
 def launch_options(t: torch.Tensor) -> dict:
