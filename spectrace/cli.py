@@ -9,7 +9,7 @@
                                                   a --record-probs trace's steps judged again
     spectrace bench, spectrace tune               measuring: cli_measure.py
 
-Every user error is one line on stderr and exit code 2.
+Every user error (and running out of device memory) is one line on stderr and exit code 2.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import sys
 from spectrace.algos import ALGOS, DEFAULT_ALGO
 from spectrace.cli_measure import add_measure_commands, cmd_bench, cmd_tune
 from spectrace.core.ranges import RANGES, check_ranges
-from spectrace.errors import Interrupted, SpectraceError
+from spectrace.errors import Interrupted, SpectraceError, device_memory_errors
 from spectrace.progress import WRITTEN, Progress, on_a_terminal, start_run
 
 
@@ -388,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
             return (cmd_bench if args.command == "bench" else cmd_tune)(args, _run_config)
         return {"run": cmd_run, "replay": cmd_replay, "render": cmd_render, "export": cmd_export,
                 "rejudge": cmd_rejudge}[args.command](args)
-    except (UsageError, SpectraceError, TraceError) as e:
+    except (UsageError, SpectraceError, TraceError, *device_memory_errors()) as e:
         print(f"spectrace: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:

@@ -1,8 +1,11 @@
 """The one error type users see. Torch-free, imported by every layer.
 
 A `SpectraceError` is a problem with the user's input (an option, a file, a checkpoint): the
-CLI prints its message as one line on stderr and exits with code 2, never a traceback.
+CLI prints its message as one line on stderr and exits with code 2, never a traceback. So does
+torch's out-of-memory error (a model or a batch too large for the device), whose own message is
+one line; a trace keeps every step finished before it.
 """
+import sys
 
 
 class SpectraceError(Exception):
@@ -15,3 +18,10 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, trace_path):
         super().__init__(str(trace_path))
         self.trace_path = trace_path
+
+
+def device_memory_errors() -> tuple[type, ...]:
+    """torch's out-of-memory error, where torch is loaded (read when an error is being matched, so
+    the CLI need not import torch to catch it)."""
+    torch = sys.modules.get("torch")
+    return (torch.OutOfMemoryError,) if torch is not None and hasattr(torch, "OutOfMemoryError") else ()

@@ -255,6 +255,26 @@ def test_every_command_on_a_missing_gpu_says_so_in_one_line(capsys, monkeypatch)
         assert code == 2 and err.strip().splitlines() == ["spectrace: error: --device cuda asked for, but torch sees no GPU"]
 
 
+def test_running_out_of_device_memory_is_one_line_and_keeps_the_finished_steps(capsys, monkeypatch, tmp_path):
+    """torch's out-of-memory error at the third step: one line, exit 2, and the trace opens with
+    the two steps before it."""
+    from spectrace.core.engine import Engine
+    from spectrace.core.trace import read_trace
+
+    step, calls = Engine.speculative_step, []
+
+    def third_runs_out(self, reqs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB.")
+        return step(self, reqs)
+    monkeypatch.setattr(Engine, "speculative_step", third_runs_out)
+    trace = tmp_path / "t.jsonl"
+    code, out, err = _run(capsys, "run", "--no-tui", "--algo", "eagle", "--max-new-tokens", "16", "--trace", str(trace))
+    assert code == 2 and err.strip().splitlines() == ["spectrace: error: CUDA out of memory. Tried to allocate 20.00 MiB."]
+    assert sorted({r["step"] for r in read_trace(trace).steps}) == [0, 1]
+
+
 def test_a_reader_that_went_away_ends_the_run_as_a_unix_filter_ends(tmp_path):
     """`spectrace run --no-tui | head`: once the reader is gone, exit 141 (128 + SIGPIPE), no traceback."""
     import os
