@@ -118,22 +118,19 @@ class StepRecorder:
         return step
 
     def target_p(self, logits: torch.Tensor, drafts: torch.Tensor) -> dict:
-        """What the record keeps of the target's p (softmax at temperature 0, else after T, top-k,
-        top-p) over logits (bs * n, V), drafts (bs, n, n) each row's tree's tokens: its top
-        trace_topk and p at the drafts (bs, n, k) and (bs, n, n), or the whole of p (bs, n, V). At
-        temperature 0 those come from the row's max and sum, no (bs * n, V) softmax (kernels/top_k.py)."""
+        """What the record keeps of the target's p over logits (bs * n, V), drafts (bs, n, n) each
+        row's tree's tokens. A greedy walk at temperature 0 (RecordContext.reduces_p) reads no p:
+        its top trace_topk and p at the drafts, (bs, n, k) and (bs, n, n), from the row's max and
+        sum, no (bs * n, V) softmax (kernels/top_k.py). Otherwise the whole of p (bs, n, V):
+        softmax at temperature 0, else after T, top-k, top-p."""
         (bs, n, _), sampling = drafts.shape, self.spec.sampling
-        k = min(self.spec.trace_topk, logits.shape[-1])
-        if self.builder.context.reduces_p and sampling.greedy:
-            values, indices, m, s = top_k_softmax(logits, k)
-            at = torch.exp(logits.view(bs, n, -1).gather(-1, drafts) - m.view(bs, n, 1)) / s.view(bs, n, 1)
-            return dict(target_topk_values=values.view(bs, n, k), target_topk_indices=indices.view(bs, n, k),
-                        p_tokens=at)
-        p = (torch.softmax(logits, dim=-1) if sampling.greedy else probs_from_logits(logits, sampling)).view(bs, n, -1)
         if not self.builder.context.reduces_p:
-            return dict(target_probs=p)
-        values, indices = torch.topk(p, k)
-        return dict(target_topk_values=values, target_topk_indices=indices, p_tokens=p.gather(-1, drafts))
+            p = torch.softmax(logits, dim=-1) if sampling.greedy else probs_from_logits(logits, sampling)
+            return dict(target_probs=p.view(bs, n, -1))
+        k = min(self.spec.trace_topk, logits.shape[-1])
+        values, indices, m, s = top_k_softmax(logits, k)
+        at = torch.exp(logits.view(bs, n, -1).gather(-1, drafts) - m.view(bs, n, 1)) / s.view(bs, n, 1)
+        return dict(target_topk_values=values.view(bs, n, k), target_topk_indices=indices.view(bs, n, k), p_tokens=at)
 
     def keep(self, step: int, copied: Pack, requests: list[Kept], timing: dict, adaptive: dict | None,
              max_depth: int) -> None:
