@@ -14,7 +14,8 @@ pytest.importorskip("triton")
 
 from spectrace.core.batch import ForwardBatch  # noqa: E402
 from spectrace.core.model import RMSNorm, RotaryEmbedding, apply_rope  # noqa: E402
-from spectrace.kernels import fused  # noqa: E402
+from spectrace.kernels import fused, gemv  # noqa: E402
+from spectrace.kernels.rounding import rounded  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32] + ([torch.bfloat16] if DEVICE == "cuda" else [])
@@ -147,6 +148,34 @@ def test_the_one_row_linear_is_f_linear(lead, k, n, bias, dtype, seed):
         torch.testing.assert_close(linear(x16, w16, b16).float(), want, rtol=2e-2, atol=2e-2)
 
 
+HALF = torch.bfloat16 if DEVICE == "cuda" else torch.float16  # the interpreter has no bfloat16 products
+
+
+@settings(max_examples=12, deadline=None)
+@given(k=st.sampled_from([16, 70, 600, 1500]), n=st.sampled_from([8, 100]), residual=st.booleans(),
+       bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_a_gemv_with_its_prologue_is_the_op_then_the_gemv(k, n, residual, bias, seed):
+    """kernels/gemv.py's prologues, one row of a 16-bit float: norm_linear is add_rms_norm (rms_norm
+    without a residual) then the GEMV, the residual stream bit for bit; silu_linear is silu_mul then
+    the GEMV. The products are the same GEMV's, so the outputs differ only where the norm's sum of
+    squares, added in another order, moves an input by an ulp. 1,500 columns: two tiles."""
+    torch.manual_seed(seed)
+    norm = RMSNorm(k, 1e-5).to(DEVICE, HALF)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x, delta = ((torch.randn(2, 1, k) * 3).to(DEVICE, HALF)).unbind(0)
+    w = (torch.randn(n, k) / k ** 0.5).to(DEVICE, HALF)
+    b = torch.randn(n).to(DEVICE, HALF) if bias else None
+    total, y = gemv.norm_linear(x, delta if residual else None, norm.weight, norm.eps, w, b)
+    want_total, normed = fused.add_rms_norm(x, delta if residual else None, norm)
+    assert torch.equal(total, want_total)
+    want = gemv.linear(normed, w, b)
+    torch.testing.assert_close(y.float(), want.float(), rtol=8e-3, atol=1e-3)
+    assert (y != want).sum() <= max(1, 0.05 * n)
+    gate_up = (torch.randn(1, 2 * k) * 3).to(DEVICE, HALF)
+    assert torch.equal(gemv.silu_linear(gate_up, w, b), gemv.linear(fused.silu_mul(gate_up), w, b))
+
+
 @settings(max_examples=10, deadline=None)
 @given(rows=st.integers(1, 40), k=st.sampled_from([16, 70, 256]), n=st.sampled_from([8, 64, 100]),
        bias=st.booleans(), dtype=st.sampled_from([torch.float32, torch.float16 if DEVICE == "cpu" else torch.bfloat16]),
@@ -180,7 +209,7 @@ def test_rounded_is_torchs_round_to_nearest_even():
     @triton.jit
     def kernel(x, out, N: tl.constexpr):
         i = tl.arange(0, N)
-        tl.store(out + i, fused.rounded(tl.load(x + i), tl.bfloat16))
+        tl.store(out + i, rounded(tl.load(x + i), tl.bfloat16))
 
     torch.manual_seed(0)
     x = torch.randn(4096, device=DEVICE) * 10

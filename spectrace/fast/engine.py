@@ -35,7 +35,7 @@ from spectrace.fast.acceptance import FAST_RULES, Verdict, greedy, host_row, pla
 from spectrace.fast.batch import PromptBuffers, decode_rows_batch, extend_batch, features
 from spectrace.fast.acceptance.tree_rejection import SiblingRanks
 from spectrace.fast.graphs import (Launched, PhaseClock, PhaseGroups, StepOutputs, Tier, capture,
-                                   capture_step, launch_groups, to_host)
+                                   capture_step, launch_groups, to_host, with_record)
 from spectrace.fast.kv import StaticKV
 from spectrace.fast.sampling import DeviceRandoms, next_tokens
 from spectrace.fast.step_record import Kept, StepRecorder
@@ -75,14 +75,14 @@ class FastEngine:
             self.capture()
 
     def capture(self) -> None:
-        """The prefill graph, then each tier's step, a graph per launch group (one set per adaptive
-        tier), in one memory pool: they replay one at a time (SGLang and nano-vllm share theirs).
-        The warm-ups and captures change the KV, so it is reset afterwards."""
+        """The prefill graph, then each tier's step, a graph per launch group (a recording run's pack
+        in the last), in one memory pool as SGLang's and nano-vllm's; the KV reset after the captures."""
         self.prompts.graph = capture(self.prefill_forward, pool=(pool := torch.cuda.graph_pool_handle()))
         for tier in self.tiers.values():
-            tier.graphs, tier.outputs = capture_step(partial(self.step, tier), self.launches, pool=pool)
+            step, groups = partial(self.step, tier), self.launches
             if self.recorder:
-                self.recorder.capture(tier, pool)
+                step, groups = self.recorder.packed(step, tier), with_record(groups)
+            tier.graphs, tier.outputs = capture_step(step, groups, pool=pool)
         self.reset()
 
     def reset(self) -> None:

@@ -3,7 +3,7 @@ their capture, and timing without a sync.
 
     BUCKETS / bucket     the batch sizes a run is padded up to, one set of graphs each
     launch_groups        which of a step's phases share a graph (DRAFT; VERIFY + ACCEPT + COMMIT;
-                         EXTEND)
+                         EXTEND); with_record: a recording run's pack joins the last
     PhaseGroups          the context each phase of FastEngine.step runs in: a group's context
                          (a graph's capture, or an eager launch on the clock) is entered at its
                          first phase and left after its last
@@ -49,6 +49,12 @@ def launch_groups(drafter, per_phase: bool) -> tuple:
         return LAUNCHES if on_device else HOST_LAUNCHES
     groups = tuple((p, (p,)) for p in PHASES[:5 if on_device else 4])
     return groups if on_device or drafter is None else (("verify", ("draft", "verify")),) + groups[2:]
+
+
+def with_record(groups: tuple) -> tuple:
+    """The launch groups with a recording run's pack (fast/step_record.py) last in the last one."""
+    *before, (name, phases) = groups
+    return (*before, (name, (*phases, "record")))
 
 
 class PhaseGroups:

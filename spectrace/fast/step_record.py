@@ -1,11 +1,12 @@
 """What a recording fast run keeps of each step (fast/records.py builds the records from it).
 
-A recording run (a trace, or on_step) copies the step's tensors to the host in one copy that
-the host does not wait for (`copy_step`, a `Pack` enqueued behind the step), so the next step is
-launched before this one is recorded, as in an untraced run. Once the copy has landed, `keep`
-makes the step's frame (fast/frames.py): with only a trace to write, it goes to the sidecar and
-the records are built once the decode loop is over (`finish`); for a live view (on_step) they are
-built at once.
+A recording run (a trace, or on_step) packs the step's tensors on the device (`pack`: in the
+step's last CUDA graph, so its time counts in that launch group's) and copies them to the host
+in one copy that the host does not wait for (`copy_step`), so the next step is launched before
+this one is recorded, as in an untraced run. Once the copy has landed, `keep` makes the step's
+frame (fast/frames.py): with only a trace to write, it goes to the sidecar, written by a thread
+of its own, and the records are built once the decode loop is over (`finish`); for a live view
+(on_step) they are built at once.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from spectrace.core.step_record import prefill_record, record_token_ids
 from spectrace.core.trace import TraceWriter, frames_path
 from spectrace.errors import SpectraceError
 from spectrace.fast.frames import FrameWriter, Pack, split
-from spectrace.fast.graphs import PhaseGroups, capture_step
+from spectrace.fast.graphs import PhaseGroups
 from spectrace.fast.records import RecordBuilder, RecordContext
 from spectrace.kernels.top_k import top_k_softmax
 
@@ -41,7 +42,6 @@ class Kept(NamedTuple):
     draws: object  # its random numbers: None (greedy), a float (a plain sample) or Randoms
 
 
-RECORD_LAUNCH = (("record", ("record",)),)
 TREE_FIELDS = ("draft_tokens", "positions", "retrive_index", "retrive_next_token", "retrive_next_sibling")
 
 
@@ -54,7 +54,7 @@ class StepRecorder:
         self.spec, self.drafter, self.kv, self.trace, self.on_step = spec, drafter, kv, trace, on_step
         self.keeps_logits = probs is not None
         self.before = torch.zeros_like(kv.seq_lens)  # the target's lengths as the step found them
-        self.graphs: dict[int, tuple] = {}  # a tier's num_steps -> its pack's graph and the Pack it rewrites
+        self.packs: dict[int, Pack] = {}  # a captured tier's num_steps -> the Pack its last graph rewrites
         self.no_host, self.layouts_kept = Pack({}), set()  # Pack keys whose layout a frame holds
         self.builder = RecordBuilder(RecordContext.of(spec, drafter), probs)
         self.frames = None
@@ -74,21 +74,20 @@ class StepRecorder:
         kv = {"style": "sglang", "target_seq_len": [0, len(r.prompt_ids)], "events": [], "free_slots": None}
         return prefill_record(StepRow(r, 0, None, None), first_token, kv, {"prefill": ms})
 
-    def capture(self, tier, pool) -> None:
-        """The pack of a captured tier's outputs, a graph of its own (in the engine's pool),
-        replayed after the step's."""
-        graphs, pack = capture_step(lambda phases: self.pack(phases, tier.outputs, tier.randoms), RECORD_LAUNCH,
-                                    pool=pool)
-        self.graphs[tier.num_steps] = graphs["record"], pack
+    def packed(self, step, tier):
+        """A captured tier's step (step(phases) -> StepOutputs) that also packs its tensors, in the
+        last launch group's graph (fast/graphs.py: with_record): the Pack that graph rewrites."""
+        def step_and_pack(phases):
+            out = step(phases)
+            self.packs[tier.num_steps] = self.pack(phases, out, tier.randoms)
+            return out
+        return step_and_pack
 
     def copy_step(self, tier, out) -> Pack:
-        """The step's tensors (out: its StepOutputs), packed on the device (a captured tier: its
-        pack's graph replayed) and on their way to the host: the cost of --trace-level steps/full
-        inside the loop."""
-        if tier.num_steps in self.graphs:
-            graph, pack = self.graphs[tier.num_steps]
-            graph.replay()
-            return pack.to_host()
+        """The step's tensors (out: its StepOutputs) packed on the device (a captured tier: by its
+        last graph) and on their way to the host: the cost of --trace-level steps/full inside the loop."""
+        if tier.graphs and tier.num_steps in self.packs:
+            return self.packs[tier.num_steps].to_host()
         return self.pack(PhaseGroups((), nullcontext), out, tier.randoms).to_host()
 
     def pack(self, phase, out, randoms) -> Pack:

@@ -15,8 +15,9 @@ layer's modules a fused forward, as vLLM's CustomOp gives a module a `forward_cu
                q/k norms, RoPE of q and k, and the new K/V written into the KV pool, in one
                kernel (v copied out contiguous, as the attention twins read it)
     MLP        one GEMM over [gate; up] weights, silu_mul in one kernel, then down
-    Linear     one row (a batch-1 decode): a weight-streaming GEMV (kernels/gemv.py); more rows:
-               cuBLAS (F.linear)
+    Linear     one row (a batch-1 decode): a weight-streaming GEMV (kernels/gemv.py), which also
+               does the add and norm before QKV and gate-up (norm_linear) and silu_mul before
+               down (five kernels a layer); more rows: cuBLAS (F.linear)
 
 Each kernel rounds where the explicit ops round (to the model dtype after each torch op), so in
 float32 they agree to the ulp of exp/sqrt, and in bfloat16 almost always bit for bit
@@ -34,21 +35,11 @@ import triton.language as tl
 
 from spectrace.core.drafters.eagle import DraftHead
 from spectrace.core.model import MLP, Attention, CausalLM, ForwardOutput, RMSNorm, RotaryEmbedding
+from spectrace.kernels import gemv
 from spectrace.kernels.gemv import linear as streaming_linear
 from spectrace.kernels.matmul import invariant_linear
 from spectrace.kernels.pdl import launch_options, wait_first
-
-
-@triton.jit
-def rounded(x, dtype: tl.constexpr):
-    """float32 x rounded to `dtype` and kept in float32, as a torch op's result is rounded before
-    the next op reads it. bfloat16 by hand (round to nearest even on the bit pattern): the compiler
-    folds a cast there and back, and then contracts a product and a sum into one FMA."""
-    if dtype == tl.bfloat16:
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        return bits.to(tl.float32, bitcast=True)
-    return x.to(dtype).to(tl.float32)
+from spectrace.kernels.rounding import rounded
 
 
 @triton.jit
@@ -201,19 +192,40 @@ def _rms_norm_forward(self: RMSNorm, x):
 
 
 def _attention_forward(self: Attention, x, cos, sin, batch, kv, linear=streaming_linear):
+    return _attend(self, linear(x, self.qkv_weight, self.qkv_bias), cos, sin, batch, kv, linear)
+
+
+def _attend(self: Attention, qkv, cos, sin, batch, kv, linear):
+    """The attention from its [q; k; v] projection (N, (h + 2 kvh) d): RoPE and the KV write,
+    the attention, o_proj."""
     from spectrace.core.model import ATTENTION
 
-    N = x.shape[0]
-    q, k, v = split_rope(linear(x, self.qkv_weight, self.qkv_bias), cos, sin, self.num_heads, self.num_kv_heads,
-                         self.head_dim, kv.pool.k[self.layer_id], kv.pool.v[self.layer_id], batch.out_cache_loc,
+    N = qkv.shape[0]
+    q, k, v = split_rope(qkv, cos, sin, self.num_heads, self.num_kv_heads, self.head_dim, kv.pool.k[self.layer_id],
+                         kv.pool.v[self.layer_id], batch.out_cache_loc,
                          (self.q_norm, self.k_norm) if hasattr(self, "q_norm") else None)
     out = ATTENTION[kv.backend](q, k, v, batch, kv, self.layer_id)
     return linear(out.view(N, self.num_heads * self.head_dim), self.o_proj.weight, self.o_proj.bias)
 
 
 def _mlp_forward(self: MLP, x, linear=streaming_linear):
-    return linear(silu_mul(linear(x, self.gate_up_weight, self.gate_up_bias)), self.down_proj.weight,
-                  self.down_proj.bias)
+    return _down(self, linear(x, self.gate_up_weight, self.gate_up_bias), linear)
+
+
+def _down(self: MLP, gate_up, linear):
+    """down_proj(silu(gate) * up) of the [gate | up] projection; one kernel where the GEMV streams."""
+    if linear is streaming_linear and gemv.streams(gate_up):
+        return gemv.silu_linear(gate_up, self.down_proj.weight, self.down_proj.bias)
+    return linear(silu_mul(gate_up), self.down_proj.weight, self.down_proj.bias)
+
+
+def norm_linear(x, delta, norm: RMSNorm, weight, bias, linear) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + delta, linear(norm(x + delta))): a residual add, the norm after it and the linear that
+    reads it (delta None: (x, linear(norm(x)))); one kernel where the GEMV streams."""
+    if linear is streaming_linear and gemv.streams(x):
+        return gemv.norm_linear(x, delta, norm.weight, norm.eps, weight, bias)
+    x, normed = add_rms_norm(x, delta, norm)
+    return x, linear(normed, weight, bias)
 
 
 def _rotary_forward(self: RotaryEmbedding, positions, dtype):
@@ -225,8 +237,9 @@ def _rotary_forward(self: RotaryEmbedding, positions, dtype):
 
 
 def _causal_lm_forward(self: CausalLM, batch, kv, capture_layers=(), last_only=False) -> ForwardOutput:
-    """CausalLM.forward with each residual add inside the next norm (add_rms_norm): the residual
-    stream x, and `delta`, the block output still to be added to it.
+    """CausalLM.forward with each residual add inside the next norm (add_rms_norm), and that norm
+    inside the linear after it where the GEMV streams (norm_linear): the residual stream x, and
+    `delta`, the block output still to be added to it.
 
     batch.batch_invariant (--deterministic): a fast engine's batch is already one decode row per
     token (fast/batch.py: decode_rows_batch), and every linear layer is then the fixed-tile one
@@ -238,12 +251,13 @@ def _causal_lm_forward(self: CausalLM, batch, kv, capture_layers=(), last_only=F
     cos, sin = self.model.rotary_emb(batch.positions, x.dtype)
     aux, delta = [], None
     for i, layer in enumerate(self.model.layers):
-        x, normed = add_rms_norm(x, delta, layer.input_layernorm)
+        attn, mlp = layer.self_attn, layer.mlp
+        x, qkv = norm_linear(x, delta, layer.input_layernorm, attn.qkv_weight, attn.qkv_bias, linear)
         if i in capture_layers:  # the residual stream entering layer i
             aux.append(x)
-        x, normed = add_rms_norm(x, layer.self_attn(normed, cos, sin, batch, kv, linear),
-                                 layer.post_attention_layernorm)
-        delta = layer.mlp(normed, linear)
+        x, gate_up = norm_linear(x, _attend(attn, qkv, cos, sin, batch, kv, linear), layer.post_attention_layernorm,
+                                 mlp.gate_up_weight, mlp.gate_up_bias, linear)
+        delta = _down(mlp, gate_up, linear)
     x, normed = add_rms_norm(x, delta, self.model.norm)
     rows = normed[torch.tensor(batch.extend_lens, device=x.device).cumsum(0) - 1] if last_only else normed
     return ForwardOutput(linear(rows, self.lm_head.weight, self.lm_head.bias).float(), normed, aux)

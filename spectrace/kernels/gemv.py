@@ -2,15 +2,22 @@
 floats (a batch-1 decode in bf16), F.linear (cuBLAS) otherwise.
 
 At one row, y = W x reads each weight once for two flops: the time is the weights' bytes (an 8B
-model's decode step is 16 GB, 4.8 ms at an H100's 3.35 TB/s). cuBLAS runs a GEMM's tiles there
-(64x8 tiles, split-K with a second reduce kernel for o_proj and down_proj): 2.1-3.0 TB/s at
-Llama-3.1-8B's shapes on an H100. Here one program streams BLOCK_N rows of W, BLOCK_K columns at
-a time, into a float32 (BLOCK_N, BLOCK_K) sum reduced once at the end: 2.5-3.2 TB/s on the same
-shapes, in one kernel (docs/benchmarks.md has the table).
+model's decode step is 15 GB of matrices, 4.5 ms at an H100's 3.35 TB/s). cuBLAS runs a GEMM's
+tiles there (64x8 tiles, split-K with a second reduce kernel for o_proj and down_proj): 2.1-3.0
+TB/s at Llama-3.1-8B's shapes on an H100. Here one program streams BLOCK_N rows of W, BLOCK_K
+columns at a time, into a float32 (BLOCK_N, BLOCK_K) sum reduced once at the end: 2.9-3.2 TB/s
+on the same shapes, in one kernel (docs/benchmarks.md has the table).
+
+The op before a linear can be its prologue (`norm_linear`, `silu_linear`): each program makes
+the columns of x it multiplies from the op's inputs, as the op's own kernel would round them. A
+decoder layer's residual add and RMSNorm go into its QKV and gate-up GEMVs (a first pass over
+the row for its sum of squares, from L2, while the first weight tile is on its way; program 0
+also stores x + delta, the residual stream), silu_mul into down_proj: three kernels a layer
+fewer, 1-2 µs each at an 8B shape.
 
 On a Hopper GPU it is launched with programmatic dependent launch (kernels/pdl.py) and streams
 its first weight tile before it waits for x: the weights are on their way while the kernel before
-it (a norm, the attention, silu_mul) finishes.
+it (the attention, another GEMV) finishes.
 
 Measured and left out:
   - more rows (a verify of 8 tokens, a draft level of topk): products on the CUDA cores make the
@@ -18,9 +25,6 @@ Measured and left out:
     the same stream with tl.dot over tiles of 16 rows (the rows past M masked) was slower than
     cuBLAS too (H100, Llama-3.1-8B shape: a verify of 8 rows 6.43 ms against 6.26, a draft of
     5 levels 1.61 against 1.57; launched with PDL 7.34 and 1.71)
-  - the op before the GEMV folded into it (the residual add and RMSNorm, or silu_mul): every
-    program must recompute it from the whole input row, as much reading (from L2) as its few
-    weight rows, and the norm needs a pass of its own before the weights start streaming
 """
 from __future__ import annotations
 
@@ -30,13 +34,36 @@ import triton
 import triton.language as tl
 
 from spectrace.kernels.pdl import launch_options, let_next_start, wait_for_inputs
+from spectrace.kernels.rounding import rounded
 
-BLOCK_N, BLOCK_K = 4, 512  # best or within 5% of it at every Llama-3.1-8B shape on an H100 (4 warps, 3 stages)
+# (rows, columns) a program streams at a time: the best, or within 2% of it, at every Llama-3.1-8B
+# matrix on an H100 (4 warps, 3 stages; 2-16 rows, 256-1024 columns, 4-8 warps, 2-4 stages swept)
+BLOCK_N, BLOCK_K = 4, 1024
+PLAIN, NORM, SILU = 0, 1, 2  # the prologue: x as it is, RMSNorm(x [+ delta]), silu(gate) * up
 
 
 @triton.jit
-def _gemv_kernel(x, w, bias, out, N, K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+def _columns(x, delta, norm_w, ks, ok, rstd, K: tl.constexpr, PROLOGUE: tl.constexpr, HAS_DELTA: tl.constexpr):
+    """The columns ks of the GEMV's input, float32, rounded as the prologue's own kernel rounds."""
+    if PROLOGUE == 0:
+        v = tl.load(x + ks, mask=ok, other=0.0).to(tl.float32)
+    elif PROLOGUE == 1:  # fused.add_rms_norm's numbers
+        v = tl.load(x + ks, mask=ok, other=0.0).to(tl.float32)
+        if HAS_DELTA:
+            v = rounded(v + tl.load(delta + ks, mask=ok, other=0.0).to(tl.float32), x.dtype.element_ty)
+        g = tl.load(norm_w + ks, mask=ok, other=0.0).to(tl.float32)
+        v = rounded(g * rounded(v * rstd, x.dtype.element_ty), x.dtype.element_ty)
+    else:  # fused.silu_mul's numbers
+        gate = tl.load(x + ks, mask=ok, other=0.0).to(tl.float32)
+        silu = rounded(gate / (1.0 + tl.exp(-gate)), x.dtype.element_ty)
+        v = rounded(silu * tl.load(x + K + ks, mask=ok, other=0.0).to(tl.float32), x.dtype.element_ty)
+    return v
+
+
+@triton.jit
+def _gemv_kernel(x, delta, norm_w, total, eps, w, bias, out, N, K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 PROLOGUE: tl.constexpr, HAS_DELTA: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 PDL: tl.constexpr):
     let_next_start(PDL)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
@@ -44,31 +71,66 @@ def _gemv_kernel(x, w, bias, out, N, K: tl.constexpr, HAS_BIAS: tl.constexpr, BL
     # the first tile before the wait: weights are written by no kernel of a forward (kernels/pdl.py)
     weights = tl.load(w + rows[:, None] * K + ks[None, :], mask=row_ok[:, None] & (ks < K)[None, :], other=0.0)
     wait_for_inputs(PDL)
-    acc = weights.to(tl.float32) * tl.load(x + ks, mask=ks < K, other=0.0).to(tl.float32)[None, :]
+    rstd = 1.0
+    if PROLOGUE == 1:  # the norm's sum of squares over the whole row; program 0 keeps x + delta
+        squares = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            ok = k0 + ks < K
+            v = tl.load(x + k0 + ks, mask=ok, other=0.0).to(tl.float32)
+            if HAS_DELTA:
+                v = rounded(v + tl.load(delta + k0 + ks, mask=ok, other=0.0).to(tl.float32), x.dtype.element_ty)
+                if tl.program_id(0) == 0:
+                    tl.store(total + k0 + ks, v.to(total.dtype.element_ty), mask=ok)
+            squares += v * v
+        rstd = tl.rsqrt(tl.sum(squares, axis=0) / K + eps)
+    acc = weights.to(tl.float32) * _columns(x, delta, norm_w, ks, ks < K, rstd, K, PROLOGUE, HAS_DELTA)[None, :]
     for k0 in range(BLOCK_K, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        ok = ks < K
-        weights = tl.load(w + rows[:, None] * K + ks[None, :], mask=row_ok[:, None] & ok[None, :], other=0.0)
-        acc += weights.to(tl.float32) * tl.load(x + ks, mask=ok, other=0.0).to(tl.float32)[None, :]
+        ok = k0 + ks < K
+        weights = tl.load(w + rows[:, None] * K + (k0 + ks)[None, :], mask=row_ok[:, None] & ok[None, :], other=0.0)
+        acc += weights.to(tl.float32) * _columns(x, delta, norm_w, k0 + ks, ok, rstd, K, PROLOGUE, HAS_DELTA)[None, :]
     y = tl.sum(acc, axis=1)
     if HAS_BIAS:
         y += tl.load(bias + rows, mask=row_ok, other=0.0).to(tl.float32)
     tl.store(out + rows, y.to(out.dtype.element_ty), mask=row_ok)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias): x (..., K), weight (N, K) -> (..., N); one row of 16-bit floats
-    through the GEMV. float32 keeps F.linear: it is the dtype the fast engine is checked in against
-    the explicit one, bit for bit, sampled runs included (a sum in another order moves a logit by
-    an ulp, and a draw that lands there takes another token)."""
-    if x.numel() != x.shape[-1] or x.dtype == torch.float32:
-        return F.linear(x, weight, bias)
+def streams(x: torch.Tensor) -> bool:
+    """Whether a linear over x goes through the GEMV: one row of a 16-bit float. float32 keeps
+    F.linear: it is the dtype the fast engine is checked in against the explicit one, bit for
+    bit, sampled runs included (a sum in another order moves a logit by an ulp, and a draw that
+    lands there takes another token)."""
+    return x.numel() == x.shape[-1] and x.dtype != torch.float32
+
+
+def _gemv(x, weight, bias, prologue=PLAIN, delta=None, norm_weight=None, eps=0.0, total=None) -> torch.Tensor:
+    """W p(x) (+ bias), p the prologue: x (1, K) (SILU: (1, 2K)) -> (1, N)."""
     N, K = weight.shape
     out = x.new_empty(*x.shape[:-1], N)
     block_n, block_k, config = BLOCK_N, min(BLOCK_K, triton.next_power_of_2(K)), dict(num_warps=4, num_stages=3)
     if not x.is_cuda:  # interpreted: few, wide programs (the interpreter's cost is per program and per loop trip)
         block_n, block_k, config = 64, min(1024, triton.next_power_of_2(K)), {}
-    _gemv_kernel[(triton.cdiv(N, block_n),)](x.contiguous(), weight, bias if bias is not None else weight, out, N, K=K,
-                                              HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
-                                              **config, **launch_options(x))
+    _gemv_kernel[(triton.cdiv(N, block_n),)](
+        x.contiguous(), x if delta is None else delta.contiguous(), x if norm_weight is None else norm_weight,
+        x if total is None else total, eps, weight, weight if bias is None else bias, out, N, K=K,
+        HAS_BIAS=bias is not None, PROLOGUE=prologue, HAS_DELTA=delta is not None, BLOCK_N=block_n, BLOCK_K=block_k,
+        **config, **launch_options(x))
     return out
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias): x (..., K), weight (N, K) -> (..., N); one row of 16-bit floats
+    (`streams`) through the GEMV."""
+    return _gemv(x, weight, bias) if streams(x) else F.linear(x, weight, bias)
+
+
+def norm_linear(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """fused.add_rms_norm then the linear, in one GEMV: one row (`streams`) x, delta (1, H) ->
+    (x + delta, W norm(x + delta) + bias); delta None: (x, W norm(x) + bias)."""
+    total = x if delta is None else torch.empty_like(x)
+    return total, _gemv(x, weight, bias, NORM, delta, norm_weight, eps, total)
+
+
+def silu_linear(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """fused.silu_mul then the linear, in one GEMV: one row (`streams`) [gate | up] (1, 2K) -> (1, N)."""
+    return _gemv(gate_up, weight, bias, SILU)
