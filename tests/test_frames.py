@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from spectrace.cli import main
-from spectrace.core.trace import TraceError, TraceFile, frames_path
+from spectrace.core.trace import TraceFile, frames_path
 from spectrace.recovery import open_trace
 from spectrace.fast import step_record
 from spectrace.fast.frames import FrameWriter, Pack, read_frames
@@ -35,36 +35,6 @@ def test_a_torn_sidecar_reads_up_to_its_last_whole_frame(tmp_path_factory, blobs
     assert [h["step"] for h, _ in frames] == list(range(len(frames)))  # a prefix, in order
     assert [b.tolist() for _, b in frames] == blobs[:len(frames)]
     assert len(frames) == len(blobs) or cut < len(whole)
-
-
-def test_a_write_that_fails_ends_the_sidecar_and_is_raised_once(tmp_path):
-    """The writer's thread meets a full disk at the third frame: the sidecar keeps the two before
-    it, the error comes back to the loop once (at its next write, or at close), later frames are
-    dropped."""
-    import errno
-
-    writer = FrameWriter(tmp_path / "t.jsonl.frames")
-    write, calls = writer._f.write, []
-
-    def full_disk(data):
-        calls.append(len(data))
-        if len(calls) == 3:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return write(data)
-    writer._f.write = full_disk
-    raised = []
-    for step in range(5):
-        try:
-            writer.write({"step": step}, torch.tensor([step], dtype=torch.uint8))
-        except TraceError as e:
-            raised.append(str(e))
-    try:
-        writer.close()
-    except TraceError as e:
-        raised.append(str(e))
-    writer.close()  # again: nothing
-    assert raised == [f"cannot write {writer.path}: No space left on device"]
-    assert [h["step"] for h, _ in read_frames(writer.path)] == [0, 1]
 
 
 def test_a_pack_reads_back_every_tensor_and_none():

@@ -21,9 +21,7 @@ import copy
 import dataclasses
 import itertools
 import json
-import queue
 import struct
-import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -89,53 +87,29 @@ def join(cls, fields: dict, tensors: dict):
 
 
 class FrameWriter:
-    """Appends frames to a sidecar, each written whole and flushed, from a thread of its own: the
-    decode loop hands a frame over (its blobs copied, since a Pack's pinned buffers are rewritten
-    two steps on) and goes on, and the JSON and the write happen while it waits for the device.
-    At most `depth` frames wait: a loop that outruns the disk waits for it. A failed write (a full
-    disk) ends the sidecar there; its error is raised once, by the next `write` or by `close`."""
+    """Appends frames to a sidecar, each written whole and flushed."""
 
-    def __init__(self, path: Path, depth: int = 64):
-        self.path, self._error, self._failed = path, None, False
+    def __init__(self, path: Path):
+        self.path = path
         try:
             self._f = open(path, "wb")
             self._f.write(MAGIC)
         except OSError as e:
             raise TraceError(f"cannot write {path}: {e.strerror}") from None
-        self._waiting: queue.Queue = queue.Queue(maxsize=depth)
-        self._thread = threading.Thread(target=self._drain, name="spectrace-frames", daemon=True)
-        self._thread.start()
 
     def write(self, head: dict, *blobs: torch.Tensor) -> None:
         """One frame: `head` and the bytes of blobs (uint8 tensors on the host), back to back."""
-        self._raise()
-        self._waiting.put((head, b"".join(b.numpy().tobytes() for b in blobs)))
-
-    def _drain(self) -> None:
-        while (frame := self._waiting.get()) is not None:
-            if self._failed:  # a write failed: the frames after it are dropped, as a torn one would be
-                continue
-            head, blob = frame
-            text = json.dumps(head, separators=(",", ":")).encode("utf-8")
-            try:
-                self._f.write(_LENGTHS.pack(len(text), len(blob)) + text + blob)
-                self._f.flush()
-            except OSError as e:  # a full disk: the frames so far stay readable, a torn last one is skipped
-                self._failed, self._error = True, TraceError(f"cannot write {self.path}: {e.strerror}")
+        text = json.dumps(head, separators=(",", ":")).encode("utf-8")
+        try:
+            self._f.write(_LENGTHS.pack(len(text), sum(b.numel() for b in blobs)) + text)
+            for b in blobs:
+                self._f.write(b.numpy().data)
+            self._f.flush()
+        except OSError as e:  # a full disk: the frames so far stay readable, a torn last one is skipped
+            raise TraceError(f"cannot write {self.path}: {e.strerror}") from None
 
     def close(self) -> None:
-        """Every frame handed over, written; the file closed (again: nothing)."""
-        if not self._f.closed:
-            self._waiting.put(None)
-            self._thread.join()
-            self._f.close()
-        self._raise()
-
-    def _raise(self) -> None:
-        """A failed write's error, raised once."""
-        error, self._error = self._error, None
-        if error is not None:
-            raise error
+        self._f.close()
 
 
 def read_frames(path: Path) -> Iterator[tuple[dict, torch.Tensor]]:

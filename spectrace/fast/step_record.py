@@ -4,9 +4,8 @@ A recording run (a trace, or on_step) packs the step's tensors on the device (`p
 step's last CUDA graph, so its time counts in that launch group's) and copies them to the host
 in one copy that the host does not wait for (`copy_step`), so the next step is launched before
 this one is recorded, as in an untraced run. Once the copy has landed, `keep` makes the step's
-frame (fast/frames.py): with only a trace to write, it goes to the sidecar, written by a thread
-of its own, and the records are built once the decode loop is over (`finish`); for a live view
-(on_step) they are built at once.
+frame (fast/frames.py): with only a trace to write, it goes to the sidecar and the records are
+built once the decode loop is over (`finish`); for a live view (on_step) they are built at once.
 """
 from __future__ import annotations
 
