@@ -29,11 +29,12 @@ from spectrace.errors import SpectraceError
 
 Shape = tuple[int, int, int]  # (num_steps, topk, num_draft_tokens)
 
-# `auto`: the embedded pair's policy by device, the shape that was fastest for eagle and eagle3
-# at each measured batch size (docs/kernel-budget.md, "A batch policy"): on a GPU with
-# `spectrace bench --device cuda --backend fast --batch-sizes 1 4 16 64`, on a CPU with the
-# explicit engine, where the draft head's forward is not cheap beside the target's.
-EMBEDDED = {"cuda": {1: (4, 2, 6), 2: (2, 1, 3)},
+# `auto`: the embedded pair's policy by device (docs/kernel-budget.md, "A batch policy"): on a GPU
+# what `spectrace tune --device cuda --backend fast` chose for eagle3 on an H100, drafting off at
+# batch 1, where plain decoding of the tiny target is faster than any tree's step; on a CPU the
+# shape that was fastest for eagle and eagle3 with the explicit engine, where the draft head's
+# forward is not cheap beside the target's.
+EMBEDDED = {"cuda": {1: None, 2: (2, 1, 3), 16: (1, 1, 2)},
             "cpu": {1: (1, 1, 2)}}
 
 # the algorithms whose shape is (num_steps, topk, num_draft_tokens); the others' drafters fix theirs

@@ -117,8 +117,7 @@ class FastEngine:
 
     @torch.no_grad()
     def prefill(self, reqs: list[Request]) -> None:
-        """The prompts into the static buffers (padding rows of the bucket: one token), the
-        prefill graph (or eager), each request's first token back."""
+        """The prompts into the static buffers (a padding row: one token), the prefill, each first token."""
         if len(reqs) > self.bs or max(len(r.prompt_ids) for r in reqs) > self.prompts.ids.shape[1]:
             raise SpectraceError("FastEngine.generate takes the prompts the engine was built for")
         self.reset()
@@ -168,8 +167,9 @@ class FastEngine:
             out = tier.outputs
         else:
             out = self.step(tier, PhaseGroups(self.launches, lambda name: self.clock.timed(marks, name)))
-        copied = self.recorder.copy_step(tier, out) if self.recorder else None
-        return Launched(marks, *to_host(out.host_row), copied, sizes, randoms)
+        copied = self.recorder.copy_step(tier, out) if self.recorder else None  # the host row comes with it
+        row = to_host(out.host_row, copied.view("host_row") if copied else None)
+        return Launched(marks, *row, copied, sizes, randoms)
 
     @torch.no_grad()
     def finish_step(self, reqs: list[Request], launched: Launched) -> None:

@@ -67,6 +67,10 @@ class Pack:
     def tensors(self) -> dict:
         return unpack(self.host, self.layout)
 
+    def view(self, name: str) -> torch.Tensor:
+        """One tensor of `host`, by its name."""
+        return unpack(self.host, {name: self.layout[name]})[name]
+
 
 def unpack(buffer: torch.Tensor, layout: dict) -> dict:
     """A Pack's tensors, as views of `buffer` (uint8) by its layout."""

@@ -176,13 +176,16 @@ class PhaseClock:
         return {k: round((e - s) * 1000, 3) for k, (s, e) in marks.items()}
 
 
-def to_host(t: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
-    """t on its way to the host without waiting: a pinned copy and the event after which it has
-    landed (on a CPU: a clone, there at once)."""
+def to_host(t: torch.Tensor, landing: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """t on its way to the host without waiting: a pinned copy (landing: where a copy already
+    enqueued brings it, a recording step's Pack) and the event after which it has landed (on a
+    CPU: a clone, there at once)."""
     if not t.is_cuda:
         return t.clone(), None
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    host.copy_(t, non_blocking=True)
+    host = landing
+    if host is None:
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        host.copy_(t, non_blocking=True)
     done = torch.cuda.Event()
     done.record()
     return host, done

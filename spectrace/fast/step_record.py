@@ -99,7 +99,8 @@ class StepRecorder:
 
     def step_tensors(self, out, randoms) -> dict:
         kv, tree, verdict, bs, n = self.kv, out.tree, out.verdict, *out.tree.draft_tokens.shape
-        step = {"target_predict": out.target_predict.view(bs, n), "accept_index": verdict.accept_index,
+        step = {"host_row": out.host_row,  # FastEngine.launch reads its row from this copy
+                "target_predict": out.target_predict.view(bs, n), "accept_index": verdict.accept_index,
                 "accept_num": verdict.accept_num, "req_to_token": kv.req_to_token, "seq_lens": kv.seq_lens,
                 "seq_lens_before": self.before,
                 "logits": out.logits.float().view(bs, n, -1) if self.keeps_logits else None}

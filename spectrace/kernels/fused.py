@@ -15,9 +15,9 @@ layer's modules a fused forward, as vLLM's CustomOp gives a module a `forward_cu
                q/k norms, RoPE of q and k, and the new K/V written into the KV pool, in one
                kernel (v copied out contiguous, as the attention twins read it)
     MLP        one GEMM over [gate; up] weights, silu_mul in one kernel, then down
-    Linear     one row (a batch-1 decode): a weight-streaming GEMV (kernels/gemv.py), which also
-               does the add and norm before QKV and gate-up (norm_linear) and silu_mul before
-               down (five kernels a layer); more rows: cuBLAS (F.linear)
+    Linear     one row (a batch-1 decode): a weight-streaming GEMV (kernels/gemv.py), which for a
+               small model also does the add and norm before QKV and gate-up (norm_linear) and
+               silu_mul before down (five kernels a layer); more rows: cuBLAS (F.linear)
 
 Each kernel rounds where the explicit ops round (to the model dtype after each torch op), so in
 float32 they agree to the ulp of exp/sqrt, and in bfloat16 almost always bit for bit
@@ -213,16 +213,16 @@ def _mlp_forward(self: MLP, x, linear=streaming_linear):
 
 
 def _down(self: MLP, gate_up, linear):
-    """down_proj(silu(gate) * up) of the [gate | up] projection; one kernel where the GEMV streams."""
-    if linear is streaming_linear and gemv.streams(gate_up):
+    """down_proj(silu(gate) * up) of the [gate | up] projection; one kernel where the GEMV folds it."""
+    if linear is streaming_linear and gemv.folds(gate_up, self.down_proj.weight):
         return gemv.silu_linear(gate_up, self.down_proj.weight, self.down_proj.bias)
     return linear(silu_mul(gate_up), self.down_proj.weight, self.down_proj.bias)
 
 
 def norm_linear(x, delta, norm: RMSNorm, weight, bias, linear) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + delta, linear(norm(x + delta))): a residual add, the norm after it and the linear that
-    reads it (delta None: (x, linear(norm(x)))); one kernel where the GEMV streams."""
-    if linear is streaming_linear and gemv.streams(x):
+    reads it (delta None: (x, linear(norm(x)))); one kernel where the GEMV folds them (gemv.folds)."""
+    if linear is streaming_linear and gemv.folds(x, weight):
         return gemv.norm_linear(x, delta, norm.weight, norm.eps, weight, bias)
     x, normed = add_rms_norm(x, delta, norm)
     return x, linear(normed, weight, bias)
@@ -238,7 +238,7 @@ def _rotary_forward(self: RotaryEmbedding, positions, dtype):
 
 def _causal_lm_forward(self: CausalLM, batch, kv, capture_layers=(), last_only=False) -> ForwardOutput:
     """CausalLM.forward with each residual add inside the next norm (add_rms_norm), and that norm
-    inside the linear after it where the GEMV streams (norm_linear): the residual stream x, and
+    inside the linear after it where the GEMV folds it (norm_linear): the residual stream x, and
     `delta`, the block output still to be added to it.
 
     batch.batch_invariant (--deterministic): a fast engine's batch is already one decode row per

@@ -8,12 +8,16 @@ TB/s at Llama-3.1-8B's shapes on an H100. Here one program streams BLOCK_N rows 
 columns at a time, into a float32 (BLOCK_N, BLOCK_K) sum reduced once at the end: 2.9-3.2 TB/s
 on the same shapes, in one kernel (docs/benchmarks.md has the table).
 
-The op before a linear can be its prologue (`norm_linear`, `silu_linear`): each program makes
-the columns of x it multiplies from the op's inputs, as the op's own kernel would round them. A
-decoder layer's residual add and RMSNorm go into its QKV and gate-up GEMVs (a first pass over
-the row for its sum of squares, from L2, while the first weight tile is on its way; program 0
-also stores x + delta, the residual stream), silu_mul into down_proj: three kernels a layer
-fewer, 1-2 µs each at an 8B shape.
+The op before a small linear can be its prologue (`folds`: `norm_linear`, `silu_linear`): each
+program makes the columns of x it multiplies from the op's inputs, as the op's own kernel would
+round them. A decoder layer's residual add and RMSNorm go into its QKV and gate-up GEMVs (a first
+pass over the row for its sum of squares, while the first weight tile is on its way; program 0
+also stores x + delta, the residual stream), silu_mul into down_proj: three kernels a layer fewer.
+Every program reads the whole input row again, from L2, about as many bytes as its weight rows
+(2-3 rows of K against BLOCK_N): where the weights' stream is the time, that costs more than the
+kernel it saves. So only a matrix under FOLD_BELOW weights folds its op: the embedded pair's
+(0.1-0.4M weights; plain decoding 7,162 tokens/s folded on an H100), not Llama-3.1-8B's (17-117M:
+its decode took 5.76 ms folded, 5.56 not).
 
 On a Hopper GPU it is launched with programmatic dependent launch (kernels/pdl.py) and streams
 its first weight tile before it waits for x: the weights are on their way while the kernel before
@@ -40,6 +44,7 @@ from spectrace.kernels.rounding import rounded
 # matrix on an H100 (4 warps, 3 stages; 2-16 rows, 256-1024 columns, 4-8 warps, 2-4 stages swept)
 BLOCK_N, BLOCK_K = 4, 1024
 PLAIN, NORM, SILU = 0, 1, 2  # the prologue: x as it is, RMSNorm(x [+ delta]), silu(gate) * up
+FOLD_BELOW = 1 << 22  # weights of a matrix whose GEMV folds the op before it in (8 MB of bf16, ~3 µs)
 
 
 @triton.jit
@@ -102,6 +107,12 @@ def streams(x: torch.Tensor) -> bool:
     return x.numel() == x.shape[-1] and x.dtype != torch.float32
 
 
+def folds(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the linear of weight over x takes the op before it as its prologue: a streamed row
+    (`streams`) through a small matrix (FOLD_BELOW)."""
+    return streams(x) and weight.numel() < FOLD_BELOW
+
+
 def _gemv(x, weight, bias, prologue=PLAIN, delta=None, norm_weight=None, eps=0.0, total=None) -> torch.Tensor:
     """W p(x) (+ bias), p the prologue: x (1, K) (SILU: (1, 2K)) -> (1, N)."""
     N, K = weight.shape
@@ -125,12 +136,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 def norm_linear(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
                 weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """fused.add_rms_norm then the linear, in one GEMV: one row (`streams`) x, delta (1, H) ->
+    """fused.add_rms_norm then the linear, in one GEMV: one row x, delta (1, H) ->
     (x + delta, W norm(x + delta) + bias); delta None: (x, W norm(x) + bias)."""
     total = x if delta is None else torch.empty_like(x)
     return total, _gemv(x, weight, bias, NORM, delta, norm_weight, eps, total)
 
 
 def silu_linear(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """fused.silu_mul then the linear, in one GEMV: one row (`streams`) [gate | up] (1, 2K) -> (1, N)."""
+    """fused.silu_mul then the linear, in one GEMV: one row [gate | up] (1, 2K) -> (1, N)."""
     return _gemv(gate_up, weight, bias, SILU)
