@@ -30,11 +30,12 @@ from spectrace.errors import SpectraceError
 Shape = tuple[int, int, int]  # (num_steps, topk, num_draft_tokens)
 
 # `auto`: the embedded pair's policy by device (docs/kernel-budget.md, "A batch policy"): on a GPU
-# what `spectrace tune --device cuda --backend fast` chose for eagle3 on an H100, drafting off at
-# batch 1, where plain decoding of the tiny target is faster than any tree's step; on a CPU the
-# shape that was fastest for eagle and eagle3 with the explicit engine, where the draft head's
-# forward is not cheap beside the target's.
-EMBEDDED = {"cuda": {1: None, 2: (2, 1, 3), 16: (1, 1, 2)},
+# from `spectrace tune --device cuda --backend fast` for eagle and for eagle3 on an H100, drafting
+# off at batch 1 (plain decoding of the tiny target beat every shape's step there) and the chain
+# (2, 1, 3) from batch 2, the one shape both tunes put at or above plain decoding at every batch
+# size; on a CPU the shape that was fastest for both with the explicit engine, where the draft
+# head's forward is not cheap beside the target's.
+EMBEDDED = {"cuda": {1: None, 2: (2, 1, 3)},
             "cpu": {1: (1, 1, 2)}}
 
 # the algorithms whose shape is (num_steps, topk, num_draft_tokens); the others' drafters fix theirs

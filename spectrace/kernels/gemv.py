@@ -16,8 +16,8 @@ also stores x + delta, the residual stream), silu_mul into down_proj: three kern
 Every program reads the whole input row again, from L2, about as many bytes as its weight rows
 (2-3 rows of K against BLOCK_N): where the weights' stream is the time, that costs more than the
 kernel it saves. So only a matrix under FOLD_BELOW weights folds its op: the embedded pair's
-(0.1-0.4M weights; plain decoding 7,162 tokens/s folded on an H100), not Llama-3.1-8B's (17-117M:
-its decode took 5.76 ms folded, 5.56 not).
+(0.1-0.4M weights; its plain decoding 7,091-7,262 tokens/s folded, 6,515-6,538 not, on an H100),
+not Llama-3.1-8B's (17-117M: its decode step 5.76 ms folded, 5.56 not).
 
 On a Hopper GPU it is launched with programmatic dependent launch (kernels/pdl.py) and streams
 its first weight tile before it waits for x: the weights are on their way while the kernel before
@@ -40,8 +40,9 @@ import triton.language as tl
 from spectrace.kernels.pdl import launch_options, let_next_start, wait_for_inputs
 from spectrace.kernels.rounding import rounded
 
-# (rows, columns) a program streams at a time: the best, or within 2% of it, at every Llama-3.1-8B
-# matrix on an H100 (4 warps, 3 stages; 2-16 rows, 256-1024 columns, 4-8 warps, 2-4 stages swept)
+# (rows, columns) a program streams at a time, 4 warps, 3 stages: the best, or within 2% of it, at
+# every Llama-3.1-8B matrix on an H100 but o_proj, where 2 rows beat it by 4% or more (2-16 rows,
+# 256-1024 columns, 4-8 warps, 2-4 stages swept; docs/benchmarks.md)
 BLOCK_N, BLOCK_K = 4, 1024
 PLAIN, NORM, SILU = 0, 1, 2  # the prologue: x as it is, RMSNorm(x [+ delta]), silu(gate) * up
 FOLD_BELOW = 1 << 22  # weights of a matrix whose GEMV folds the op before it in (8 MB of bf16, ~3 µs)
