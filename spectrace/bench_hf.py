@@ -45,6 +45,7 @@ class StaticDecoder:
         logits = self.model(ids, cache_position=positions, use_cache=True, **{self.cache_arg: self.cache}).logits
         return logits[:, -1].argmax(-1, keepdim=True)
 
+    @torch.no_grad()  # as generate decodes: else the cache's in-place K/V writes keep every forward's graph
     def generate(self, ids: torch.Tensor, max_new_tokens: int, eos: set[int]) -> list[int]:
         self.cache.reset()
         token = self.forward(ids, torch.arange(ids.shape[1], device=ids.device))  # the prompt, eager

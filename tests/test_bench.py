@@ -1,5 +1,7 @@
 """`spectrace bench`: the batch-scaling lab's numbers are the runs' own, and batching changes no
 verdict (fp32 greedy), so τ at every batch is the τ of the same requests run alone."""
+import torch
+
 from spectrace.bench import algos_table, batch_table, shape_table
 from spectrace.bench_hf import hf_table
 from spectrace.cli import main
@@ -66,6 +68,26 @@ def test_compare_hf_paths_give_spectrace_none_its_tokens(tmp_path, monkeypatch, 
     c_ar, c_step = float(none_row[7]) + float(none_row[8]), sum(float(c) for c in row[6:9])
     assert abs(float(step_model.rstrip("x")) - tau * c_ar / c_step) < 0.02  # τ C_AR / C_step
     assert abs(r - float(row[6]) / float(row[7])) < 0.002  # r = draft ms / verify ms
+
+
+def test_the_static_cache_loop_decodes_as_generate_does_without_autograd():
+    """bench_hf's StaticDecoder (transformers' fastest path, gpt-fast's loop): generate's greedy
+    tokens, every forward with autograd off as generate's are. With it on, the K/V each forward
+    writes into the StaticCache in place carry their autograd history (IndexCopyBackward), which
+    keeps every forward's activations alive: at Llama-3.1-8B's shape that ran out of memory."""
+    from transformers import AutoModelForCausalLM
+
+    from spectrace.bench_hf import StaticDecoder
+    from spectrace.zoo import TARGET_DIR
+
+    model = AutoModelForCausalLM.from_pretrained(TARGET_DIR).eval()
+    grad_on = []
+    model.register_forward_hook(lambda *_: grad_on.append(torch.is_grad_enabled()))
+    ids = torch.tensor([[5, 17, 300, 42, 9]])
+    want = model.generate(ids, do_sample=False, max_new_tokens=6, pad_token_id=0)[0, 5:].tolist()
+    grad_on.clear()
+    assert StaticDecoder(model, 11, compiled=False).generate(ids, 6, set()) == want
+    assert len(grad_on) == 6 and not any(grad_on)
 
 
 def test_shape_lab_predicts_from_its_own_costs(tmp_path, monkeypatch, capsys):
