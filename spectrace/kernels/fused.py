@@ -17,7 +17,7 @@ layer's modules a fused forward, as vLLM's CustomOp gives a module a `forward_cu
     MLP        one GEMM over [gate; up] weights, silu_mul in one kernel, then down
     Linear     one row (a batch-1 decode): a weight-streaming GEMV (kernels/gemv.py), which for a
                small model also does the add and norm before QKV and gate-up (norm_linear) and
-               silu_mul before down (five kernels a layer); more rows: cuBLAS (F.linear)
+               silu_mul before down (three kernels a layer fewer); more rows: cuBLAS (F.linear)
 
 Each kernel rounds where the explicit ops round (to the model dtype after each torch op), so in
 float32 they agree to the ulp of exp/sqrt, and in bfloat16 almost always bit for bit

@@ -5,7 +5,7 @@ At one row, y = W x reads each weight once for two flops: the time is the weight
 model's decode step is 15 GB of matrices, 4.5 ms at an H100's 3.35 TB/s). cuBLAS runs a GEMM's
 tiles there (64x8 tiles, split-K with a second reduce kernel for o_proj and down_proj): 2.1-3.0
 TB/s at Llama-3.1-8B's shapes on an H100. Here one program streams BLOCK_N rows of W, BLOCK_K
-columns at a time, into a float32 (BLOCK_N, BLOCK_K) sum reduced once at the end: 2.9-3.2 TB/s
+columns at a time, into a float32 (BLOCK_N, BLOCK_K) sum reduced once at the end: 2.8-3.2 TB/s
 on the same shapes, in one kernel (docs/benchmarks.md has the table).
 
 The op before a small linear can be its prologue (`folds`: `norm_linear`, `silu_linear`): each
@@ -21,7 +21,7 @@ not Llama-3.1-8B's (17-117M: its decode step 5.76 ms folded, 5.56 not).
 
 On a Hopper GPU it is launched with programmatic dependent launch (kernels/pdl.py) and streams
 its first weight tile before it waits for x: the weights are on their way while the kernel before
-it (the attention, another GEMV) finishes.
+it (a norm, the attention, another GEMV) finishes.
 
 Measured and left out:
   - more rows (a verify of 8 tokens, a draft level of topk): products on the CUDA cores make the
