@@ -130,7 +130,7 @@ for dtype in (torch.float32, torch.bfloat16):  # the fast engine's fused layer p
                                  torch.randn(704, 256, dtype=dtype), bias)
             gemv.silu_linear(torch.randn(1, 1408, dtype=dtype), torch.randn(256, 704, dtype=dtype), bias)  # before down
 
-top_k.top_k_softmax(torch.randn(6, 300), 5)  # the recording's top of the target's p (float32 logits)
+top_k.top_k_softmax(torch.randn(6, 300), 5, torch.zeros(2, 3, dtype=torch.int64))  # the recording's top of p, p at drafts
 buffers = draft_level.DraftBuffers.empty(bs, 4, 5, "cpu")  # the fused draft loop, K = 4, 5 steps
 for dtype in (torch.float32, torch.bfloat16):
     draft_level.select_level(torch.rand(bs, 300), None, None, torch.randn(bs, 64, dtype=dtype), 0, 5, buffers, True)

@@ -19,15 +19,22 @@ def test_the_top_of_softmax_is_torchs_ties_to_the_lower_index(rows, V, k, levels
     g = torch.Generator().manual_seed(seed)
     logits = (torch.randint(0, levels, (rows, V), generator=g).float() if levels
               else torch.randn(rows, V, generator=g) * 4).to(dtype)
-    values, indices, m, s = top_k.top_k_softmax(logits, k)
+    groups = max(rows, 1) if rows % 2 else max(rows // 2, 1)  # two rows a group where they pair up
+    at = torch.randint(0, V, (groups, 3), generator=g)
+    values, indices, m, s, p_at = top_k.top_k_softmax(logits, k, at if rows else None)
     p = torch.softmax(logits.float(), dim=-1)
     want = torch.sort(p, dim=-1, descending=True, stable=True).indices[:, :k]
     assert torch.equal(indices, want)
     torch.testing.assert_close(values, p.gather(-1, want), rtol=1e-6, atol=1e-7)
     # p at any token from the row's max and sum
     torch.testing.assert_close(torch.exp(logits.float() - m[:, None]) / s[:, None], p, rtol=1e-6, atol=1e-7)
+    # and p at each row's group's tokens, in the same kernels
+    want_at = p.gather(-1, at.repeat_interleave(rows // groups, 0)) if rows else p[:, :0]
+    torch.testing.assert_close(p_at, want_at, rtol=1e-6, atol=1e-7)
 
 
-def test_a_k_past_the_row_is_refused():
+def test_a_k_past_the_row_or_rows_that_do_not_group_are_refused():
     with pytest.raises(ValueError, match="top 7 of 6"):
         top_k.top_k_softmax(torch.zeros(2, 6), 7)
+    with pytest.raises(ValueError, match="3 rows do not group over 2"):
+        top_k.top_k_softmax(torch.zeros(3, 6), 1, torch.zeros(2, 1, dtype=torch.int64))

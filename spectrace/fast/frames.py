@@ -53,23 +53,27 @@ class Pack:
             at += size
         self.flat = torch.cat(chunks) if chunks else torch.empty(0, dtype=torch.uint8)
         self.host, self.key, self.ring = self.flat, next(self._keys), []
+        self.views = None  # host's tensors by name, when host is a ring buffer (made once for it)
 
     def to_host(self) -> Pack:
         """This pack with `host` a copy of `flat` on its way to the host (on a CPU: flat itself)."""
         landed = copy.copy(self)
         if self.flat.is_cuda:
             if not self.ring:
-                self.ring += [torch.empty(self.flat.shape, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
+                for _ in range(2):
+                    buffer = torch.empty(self.flat.shape, dtype=torch.uint8, pin_memory=True)
+                    self.ring.append((buffer, unpack(buffer, self.layout)))
             self.ring.reverse()
-            landed.host = self.ring[0].copy_(self.flat, non_blocking=True)
+            landed.host, landed.views = self.ring[0]
+            landed.host.copy_(self.flat, non_blocking=True)
         return landed
 
     def tensors(self) -> dict:
-        return unpack(self.host, self.layout)
+        return self.views if self.views is not None else unpack(self.host, self.layout)
 
     def view(self, name: str) -> torch.Tensor:
         """One tensor of `host`, by its name."""
-        return unpack(self.host, {name: self.layout[name]})[name]
+        return self.views[name] if self.views is not None else unpack(self.host, {name: self.layout[name]})[name]
 
 
 def unpack(buffer: torch.Tensor, layout: dict) -> dict:

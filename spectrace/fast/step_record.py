@@ -104,7 +104,7 @@ class StepRecorder:
                 "accept_num": verdict.accept_num, "req_to_token": kv.req_to_token, "seq_lens": kv.seq_lens,
                 "seq_lens_before": self.before,
                 "logits": out.logits.float().view(bs, n, -1) if self.keeps_logits else None}
-        step.update(self.target_p(out.logits, tree.draft_tokens[:, None, :].expand(bs, n, n)))
+        step.update(self.target_p(out.logits, tree.draft_tokens))
         if self.drafter is not None:
             step.update({name: getattr(tree, name) for name in TREE_FIELDS})
             step["draft_seq_lens"] = self.drafter.kv.seq_lens if self.drafter.kv is not None else None
@@ -117,19 +117,19 @@ class StepRecorder:
         return step
 
     def target_p(self, logits: torch.Tensor, drafts: torch.Tensor) -> dict:
-        """What the record keeps of the target's p over logits (bs * n, V), drafts (bs, n, n) each
-        row's tree's tokens. A greedy walk at temperature 0 (RecordContext.reduces_p) reads no p:
-        its top trace_topk and p at the drafts, (bs, n, k) and (bs, n, n), from the row's max and
-        sum, no (bs * n, V) softmax (kernels/top_k.py). Otherwise the whole of p (bs, n, V):
-        softmax at temperature 0, else after T, top-k, top-p."""
-        (bs, n, _), sampling = drafts.shape, self.spec.sampling
+        """What the record keeps of the target's p over logits (bs * n, V), drafts (bs, n) each
+        request's tree's tokens. A greedy walk at temperature 0 (RecordContext.reduces_p) reads no
+        p: its top trace_topk and p at the drafts after each node, (bs, n, k) and (bs, n, n), from
+        the row's max and sum in the same two kernels, no (bs * n, V) softmax (kernels/top_k.py).
+        Otherwise the whole of p (bs, n, V): softmax at temperature 0, else after T, top-k, top-p."""
+        (bs, n), sampling = drafts.shape, self.spec.sampling
         if not self.builder.context.reduces_p:
             p = torch.softmax(logits, dim=-1) if sampling.greedy else probs_from_logits(logits, sampling)
             return dict(target_probs=p.view(bs, n, -1))
         k = min(self.spec.trace_topk, logits.shape[-1])
-        values, indices, m, s = top_k_softmax(logits, k)
-        at = torch.exp(logits.view(bs, n, -1).gather(-1, drafts) - m.view(bs, n, 1)) / s.view(bs, n, 1)
-        return dict(target_topk_values=values.view(bs, n, k), target_topk_indices=indices.view(bs, n, k), p_tokens=at)
+        values, indices, _, _, at = top_k_softmax(logits, k, drafts)
+        return dict(target_topk_values=values.view(bs, n, k), target_topk_indices=indices.view(bs, n, k),
+                    p_tokens=at.view(bs, n, n))
 
     def keep(self, step: int, copied: Pack, requests: list[Kept], timing: dict, adaptive: dict | None,
              max_depth: int) -> None:

@@ -10,7 +10,7 @@ row's max and sum, which are reduced in another order than torch.softmax's: a va
 from torch's in the last bit (and two values equal to rounding in p keep the logits' order).
 
     top_k_softmax   (rows, V) logits -> the top k of softmax(logits): values, indices; the max and
-                    sum too, for p at any other token
+                    sum too, for p at any other token; and p at given tokens, in the same kernels
 """
 from __future__ import annotations
 
@@ -83,8 +83,9 @@ def chunk_top_k(src: torch.Tensor, k: int, probs: bool) -> tuple[torch.Tensor, t
 
 
 @triton.jit
-def _merge_top_k_kernel(keys, part_m, part_s, values_out, indices_out, m_out, s_out, NCH, K: tl.constexpr,
-                        NB: tl.constexpr, PDL: tl.constexpr):
+def _merge_top_k_kernel(keys, part_m, part_s, values_out, indices_out, m_out, s_out, logits, at, p_at, V, NCH,
+                        K: tl.constexpr, NB: tl.constexpr, AT: tl.constexpr, BLOCK_AT: tl.constexpr,
+                        GROUP_ROWS: tl.constexpr, PDL: tl.constexpr):
     wait_first(PDL)
     r = tl.program_id(0)
     n = tl.arange(0, NB)
@@ -101,21 +102,38 @@ def _merge_top_k_kernel(keys, part_m, part_s, values_out, indices_out, m_out, s_
         tl.store(indices_out + r * K + p, key_index(best).to(tl.int64))
     tl.store(m_out + r, m_safe)
     tl.store(s_out + r, s)
+    if AT > 0:  # p at the row's group's tokens: exp(logit - max) / sum
+        a = tl.arange(0, BLOCK_AT)
+        tokens = tl.load(at + (r // GROUP_ROWS) * AT + a, mask=a < AT, other=0)
+        x = tl.load(logits + r.to(tl.int64) * V + tokens, mask=a < AT, other=0.0).to(tl.float32)
+        tl.store(p_at + r * AT + a, tl.exp(x - m_safe) / s, mask=a < AT)
 
 
-def top_k_softmax(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def top_k_softmax(logits: torch.Tensor, k: int, at: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """logits (rows, V) -> (values, indices) (rows, k) of the top k of softmax(logits.float()) in
-    descending order, and the row's max and sum (rows,): p at token t is exp(logits[t] - max) / sum."""
+    descending order, and the row's max and sum (rows,): p at token t is exp(logits[t] - max) / sum.
+    at (groups, A) token ids, each group's shared by rows // groups consecutive rows (a tree's nodes
+    share its drafts): p at them, (rows, A) (no at: (rows, 0))."""
     check("logits", logits, (torch.float32, torch.float16, torch.bfloat16), (None, None), logits.device)
     rows, V = logits.shape
     if not 0 <= k <= V:
         raise ValueError(f"top {k} of {V} columns")
+    if at is not None:
+        check("at", at, torch.int64, (None, None), logits.device)
+        if at.shape[0] == 0 or rows % at.shape[0]:
+            raise ValueError(f"{rows} rows do not group over {at.shape[0]} rows of tokens")
+        at = at.contiguous()
     keys, part_m, part_s = chunk_top_k(logits, k, False)
     values = torch.empty(rows, k, dtype=torch.float32, device=logits.device)
     indices = torch.empty(rows, k, dtype=torch.int64, device=logits.device)
     m, s = torch.empty(2, rows, dtype=torch.float32, device=logits.device)
+    width = 0 if at is None else at.shape[1]
+    p_at = torch.empty(rows, width, dtype=torch.float32, device=logits.device)
     if rows:
         nch = keys.shape[1]
-        _merge_top_k_kernel[(rows,)](keys, part_m, part_s, values, indices, m, s, nch, K=k,
-                                     NB=triton.next_power_of_2(max(nch * k, nch)), **launch_options(logits))
-    return values, indices, m, s
+        _merge_top_k_kernel[(rows,)](keys, part_m, part_s, values, indices, m, s, logits, p_at if at is None else at,
+                                     p_at, V, nch, K=k, NB=triton.next_power_of_2(max(nch * k, nch)), AT=width,
+                                     BLOCK_AT=triton.next_power_of_2(max(width, 1)),
+                                     GROUP_ROWS=rows // at.shape[0] if at is not None else 1,
+                                     **launch_options(logits))
+    return values, indices, m, s, p_at
