@@ -124,6 +124,7 @@ for dtype in (torch.float32, torch.bfloat16):  # the fast engine's fused layer p
     for bias in (None, torch.zeros(704, dtype=dtype)):
         matmul.invariant_linear(torch.randn(3, 256, dtype=dtype), torch.randn(704, 256, dtype=dtype), bias)
         gemv.linear(torch.randn(1, 256, dtype=dtype), torch.randn(704, 256, dtype=dtype), bias)  # one row
+        gemv.linear(torch.randn(3, 256, dtype=dtype), torch.randn(704, 256, dtype=dtype), bias)  # 2-16 rows
         if dtype != torch.float32 and bias is None:  # one 16-bit row: the norm before QKV / gate-up, silu_mul
             for delta in (None, torch.randn(1, 256, dtype=dtype)):
                 gemv.norm_linear(torch.randn(1, 256, dtype=dtype), delta, torch.ones(256, dtype=dtype), 1e-5,

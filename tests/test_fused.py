@@ -128,12 +128,13 @@ def test_a_fused_model_computes_the_explicit_forward(target, drafters, name):
 
 
 @settings(max_examples=10, deadline=None)
-@given(lead=st.sampled_from([(1,), (1, 1), (3,), (2, 5)]), k=st.sampled_from([16, 70, 600]),
+@given(lead=st.sampled_from([(1,), (1, 1), (3,), (2, 5), (4, 4), (17,)]), k=st.sampled_from([16, 70, 600, 1500]),
        n=st.sampled_from([8, 100, 300]),
        bias=st.booleans(), dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**16))
-def test_the_one_row_linear_is_f_linear(lead, k, n, bias, dtype, seed):
-    """kernels/gemv.py: at one row the weight-streaming GEMV, at more F.linear; F.linear either way
-    (to the rounding of the order of the float32 sums)."""
+def test_the_streaming_linear_is_f_linear(lead, k, n, bias, dtype, seed):
+    """kernels/gemv.py: at one row the weight-streaming GEMV, at 2-16 the tensor-core stream
+    (rows_linear), at more F.linear; F.linear either way (to the rounding of the order of the
+    float32 sums)."""
     from spectrace.kernels.gemv import linear
 
     torch.manual_seed(seed)
@@ -143,7 +144,7 @@ def test_the_one_row_linear_is_f_linear(lead, k, n, bias, dtype, seed):
     tol = dict(rtol=2e-5, atol=2e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
     want = F.linear(x.float(), w.float(), None if b is None else b.float())
     torch.testing.assert_close(linear(x, w, b).float(), want, **tol)
-    if DEVICE == "cpu":  # the GEMV itself, interpreted in float16 (the engine keeps float32 on F.linear)
+    if DEVICE == "cpu":  # the kernels themselves, interpreted in float16 (float32 keeps F.linear)
         x16, w16, b16 = (None if t is None else t.half() for t in (x, w, b))
         torch.testing.assert_close(linear(x16, w16, b16).float(), want, rtol=2e-2, atol=2e-2)
 

@@ -1,5 +1,6 @@
 """The fast engine's linear layer: a weight-streaming GEMV when a forward has one row of 16-bit
-floats (a batch-1 decode in bf16), F.linear (cuBLAS) otherwise.
+floats (a batch-1 decode in bf16), the same stream through the tensor cores for 2-16 rows (a
+verify's tree, a draft level's top-k, a small batch), F.linear (cuBLAS) otherwise.
 
 At one row, y = W x reads each weight once for two flops: the time is the weights' bytes (an 8B
 model's decode step is 15 GB of matrices, 4.5 ms at an H100's 3.35 TB/s). cuBLAS runs a GEMM's
@@ -23,12 +24,14 @@ On a Hopper GPU it is launched with programmatic dependent launch (kernels/pdl.p
 its first weight tile before it waits for x: the weights are on their way while the kernel before
 it (a norm, the attention, another GEMV) finishes.
 
-Measured and left out:
-  - more rows (a verify of 8 tokens, a draft level of topk): products on the CUDA cores make the
-    kernel compute-bound from 2 rows on, where cuBLAS's tensor-core tiles keep the time of one row;
-    the same stream with tl.dot over tiles of 16 rows (the rows past M masked) was slower than
-    cuBLAS too (H100, Llama-3.1-8B shape: a verify of 8 rows 6.43 ms against 6.26, a draft of
-    5 levels 1.61 against 1.57; launched with PDL 7.34 and 1.71)
+From 2 to 16 rows (`rows_linear`) products on the CUDA cores would make the GEMV compute-bound, so
+each program streams BLOCK_N rows of W into the tensor cores as the left side of the product, x's
+rows (padded to 16, tl.dot's smallest tile) as the right: y^T = W x^T, "swap AB", as vLLM's small-M
+GEMMs do (their swap_ab path). The rows ride along with the weights: at Llama-3.1-8B's matrices and
+its EAGLE-3 head's (the 8192-column QKV, the 32k-token lm_head), 2-16 rows took 619-632 µs against
+cuBLAS's 670-680, 2.4-3.1 TB/s against 2.0-2.8 (H100, one tile for all: 64 x 256, 4 warps, 4 stages;
+docs/benchmarks.md). Measured and left out: a split of K across programs (an atomic add into a
+float32 output, then its cast: two kernels more for 2 µs on down_proj).
 """
 from __future__ import annotations
 
@@ -46,6 +49,7 @@ from spectrace.kernels.rounding import rounded
 BLOCK_N, BLOCK_K = 4, 1024
 PLAIN, NORM, SILU = 0, 1, 2  # the prologue: x as it is, RMSNorm(x [+ delta]), silu(gate) * up
 FOLD_BELOW = 1 << 22  # weights of a matrix whose GEMV folds the op before it in (8 MB of bf16, ~3 µs)
+ROWS_N, ROWS_K, MAX_ROWS = 64, 256, 16  # rows_linear's tile of W, and the most rows it takes
 
 
 @triton.jit
@@ -100,6 +104,29 @@ def _gemv_kernel(x, delta, norm_w, total, eps, w, bias, out, N, K: tl.constexpr,
     tl.store(out + rows, y.to(out.dtype.element_ty), mask=row_ok)
 
 
+@triton.jit(do_not_specialize=["M"])
+def _rows_kernel(x, w, bias, out, M, N, K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, PDL: tl.constexpr):
+    let_next_start(PDL)
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # W's rows: output columns
+    row_ok = rows < N
+    ms, ks = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # y^T
+    weights = tl.load(w + rows[:, None] * K + ks[None, :], mask=row_ok[:, None] & (ks < K)[None, :], other=0.0)
+    wait_for_inputs(PDL)  # the first tile is on its way, as the GEMV's
+    xs = tl.load(x + ms[None, :] * K + ks[:, None], mask=(ms < M)[None, :] & (ks < K)[:, None], other=0.0)
+    acc = tl.dot(weights, xs, acc)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        ok = k0 + ks < K
+        weights = tl.load(w + rows[:, None] * K + (k0 + ks)[None, :], mask=row_ok[:, None] & ok[None, :], other=0.0)
+        xs = tl.load(x + ms[None, :] * K + (k0 + ks)[:, None], mask=(ms < M)[None, :] & ok[:, None], other=0.0)
+        acc = tl.dot(weights, xs, acc)
+    if HAS_BIAS:
+        acc += tl.load(bias + rows, mask=row_ok, other=0.0).to(tl.float32)[:, None]
+    tl.store(out + ms[None, :] * N + rows[:, None], acc.to(out.dtype.element_ty),
+             mask=row_ok[:, None] & (ms < M)[None, :])
+
+
 def streams(x: torch.Tensor) -> bool:
     """Whether a linear over x goes through the GEMV: one row of a 16-bit float. float32 keeps
     F.linear: it is the dtype the fast engine is checked in against the explicit one, bit for
@@ -129,10 +156,28 @@ def _gemv(x, weight, bias, prologue=PLAIN, delta=None, norm_weight=None, eps=0.0
     return out
 
 
+def rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """W x^T (+ bias) on the tensor cores: x (M, K), M <= MAX_ROWS -> (M, N)."""
+    (M, K), N = x.shape, weight.shape[0]
+    out = x.new_empty(M, N)
+    block_n, block_k, config = ROWS_N, ROWS_K, dict(num_warps=4, num_stages=4)
+    if not x.is_cuda:  # interpreted: few, wide programs
+        block_n, block_k, config = 64, max(16, min(1024, triton.next_power_of_2(K))), {}
+    _rows_kernel[(triton.cdiv(N, block_n),)](
+        x.contiguous(), weight, weight if bias is None else bias, out, M, N, K=K, HAS_BIAS=bias is not None,
+        BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_M=MAX_ROWS, **config, **launch_options(x))
+    return out
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, weight, bias): x (..., K), weight (N, K) -> (..., N); one row of 16-bit floats
-    (`streams`) through the GEMV."""
-    return _gemv(x, weight, bias) if streams(x) else F.linear(x, weight, bias)
+    (`streams`) through the GEMV, 2 to MAX_ROWS of them through `rows_linear`."""
+    if streams(x):
+        return _gemv(x, weight, bias)
+    rows = x.numel() // x.shape[-1]
+    if x.dtype != torch.float32 and 1 < rows <= MAX_ROWS:
+        return rows_linear(x.reshape(rows, -1), weight, bias).view(*x.shape[:-1], -1)
+    return F.linear(x, weight, bias)
 
 
 def norm_linear(x: torch.Tensor, delta: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
