@@ -30,12 +30,13 @@ from spectrace.errors import SpectraceError
 Shape = tuple[int, int, int]  # (num_steps, topk, num_draft_tokens)
 
 # `auto`: the embedded pair's policy by device (docs/kernel-budget.md, "A batch policy"): on a GPU
-# from `spectrace tune --device cuda --backend fast` for eagle and for eagle3 on an H100, drafting
-# off at batch 1 (plain decoding of the tiny target beat every shape's step there) and the chain
-# (2, 1, 3) from batch 2, the one shape both tunes put at or above plain decoding at every batch
-# size; on a CPU the shape that was fastest for both with the explicit engine, where the draft
-# head's forward is not cheap beside the target's.
-EMBEDDED = {"cuda": {1: None, 2: (2, 1, 3)},
+# from `spectrace tune --device cuda --backend fast` for eagle and for eagle3 on an H100: the chain
+# (2, 1, 3) at batches 2 and 3, which both tunes put above plain decoding at batch 2, and drafting
+# off elsewhere (plain decoding of the tiny target, 1-16 rows through the GEMVs, was within 1% of
+# every shape at batch 1, and from batch 4 no shape stayed above it for both); on a CPU the shape
+# that was fastest for both with the explicit engine, where the draft head's forward is not cheap
+# beside the target's.
+EMBEDDED = {"cuda": {1: None, 2: (2, 1, 3), 4: None},
             "cpu": {1: (1, 1, 2)}}
 
 # the algorithms whose shape is (num_steps, topk, num_draft_tokens); the others' drafters fix theirs

@@ -16,7 +16,7 @@ each mirrors (the twin of core/X.py:f is kernels/X.py:f), with every random numb
                                  decode_attention_fwd, create_kv_indices, pack_custom_mask
     fused.py                     rms_norm, split_rope, silu_mul     core/model.py: RMSNorm, Attention, MLP
     matmul.py                    invariant_linear                   nn.Linear, batch-invariant (--deterministic)
-    gemv.py                      linear (one row: a GEMV)           nn.Linear at a batch-1 decode
+    gemv.py                      linear, rows_linear                nn.Linear over 1-16 rows (a decode, a verify)
     top_k.py                     top_k_softmax, chunk_top_k         torch.topk(softmax(x)): the recording's top
                                                                       tokens, the draft loop's children
     pdl.py                       launch_options, wait_first         programmatic dependent launch: a forward's

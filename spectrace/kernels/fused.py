@@ -17,7 +17,8 @@ layer's modules a fused forward, as vLLM's CustomOp gives a module a `forward_cu
     MLP        one GEMM over [gate; up] weights, silu_mul in one kernel, then down
     Linear     one row (a batch-1 decode): a weight-streaming GEMV (kernels/gemv.py), which for a
                small model also does the add and norm before QKV and gate-up (norm_linear) and
-               silu_mul before down (three kernels a layer fewer); more rows: cuBLAS (F.linear)
+               silu_mul before down (three kernels a layer fewer); 2-16 rows: the same stream
+               on the tensor cores (rows_linear); more: cuBLAS (F.linear)
 
 Each kernel rounds where the explicit ops round (to the model dtype after each torch op), so in
 float32 they agree to the ulp of exp/sqrt, and in bfloat16 almost always bit for bit

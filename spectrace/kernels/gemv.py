@@ -25,13 +25,14 @@ its first weight tile before it waits for x: the weights are on their way while 
 it (a norm, the attention, another GEMV) finishes.
 
 From 2 to 16 rows (`rows_linear`) products on the CUDA cores would make the GEMV compute-bound, so
-each program streams BLOCK_N rows of W into the tensor cores as the left side of the product, x's
-rows (padded to 16, tl.dot's smallest tile) as the right: y^T = W x^T, "swap AB", as vLLM's small-M
-GEMMs do (their swap_ab path). The rows ride along with the weights: at Llama-3.1-8B's matrices and
-its EAGLE-3 head's (the 8192-column QKV, the 32k-token lm_head), 2-16 rows took 619-632 µs against
-cuBLAS's 670-680, 2.4-3.1 TB/s against 2.0-2.8 (H100, one tile for all: 64 x 256, 4 warps, 4 stages;
-docs/benchmarks.md). Measured and left out: a split of K across programs (an atomic add into a
-float32 output, then its cast: two kernels more for 2 µs on down_proj).
+each program streams ROWS_N rows of W, ROWS_K columns at a time, into the tensor cores as the left
+side of the product, x's rows (padded to 16, tl.dot's smallest tile) as the right: y^T = W x^T,
+"swap AB", as vLLM's small-M GEMMs do (their swap_ab path). The rows ride along with the weights:
+at Llama-3.1-8B's matrices and its EAGLE-3 head's (the 8192-column QKV, the 32k-token lm_head),
+2-16 rows took 619-632 µs against cuBLAS's 670-680, 2.4-3.1 TB/s against 2.0-2.8 (H100, one tile
+for all: 64 x 256, 4 warps, 4 stages; docs/benchmarks.md). It too fetches its first tile before
+it waits: without PDL, a whole forward ran at about cuBLAS's time. Measured and left out: a split of K across programs (an atomic add into
+float32), no faster where it was chosen (down_proj) than a deeper pipeline without it.
 """
 from __future__ import annotations
 
