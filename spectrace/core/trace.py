@@ -266,10 +266,8 @@ class TraceFile:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
             raise TraceError(f"{path} is not a spectrace trace (not UTF-8 text)") from None
-        lines = text.split("\n")
         complete = text.endswith("\n")
-        if complete:
-            lines.pop()  # the empty string after the final newline
+        lines = text.removesuffix("\n").split("\n")  # no empty string after the final newline
         if not lines or not lines[0].strip():
             raise TraceError(f"trace {path} is empty")
         self.notices: list[str] = []
