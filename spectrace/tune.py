@@ -16,11 +16,14 @@ configuration end to end. Here the step model does the sweeping, from its two me
                        batch a request that accepts little sets the pace (SGLang's continuous
                        batching refills a finished request's slot; these runs, like bench's, do not)
 
-The best shape per batch size is kept where it predicts more than plain decoding, drafting off
-elsewhere; the policy is written, then each batch size runs plain and with its choice on every
+The best shape per batch size is chosen where it predicts more than plain decoding, drafting off
+elsewhere; that policy is written, then each batch size runs plain and with its choice on every
 prompt (the prompts cycled to whole batches, as `bench --batch-sizes` runs them), so the printed
-table has the realised speed-up beside the predicted one. --sweep also runs every shape so at
-every batch size, which is SGLang's sweep, and prints the choice's speed-up over the best of them.
+table has the realised speed-up beside the predicted one. A choice that ran below plain decoding
+is turned off (a prediction within a run's noise of 1.0x can land either side), and the file is
+written again: the policy keeps only what paid end to end. --sweep also runs every shape so at
+every batch size, which is SGLang's sweep, prints the choice's speed-up over the best of them, and
+keeps the best of them (drafting off where none beat plain decoding).
 """
 from __future__ import annotations
 
@@ -77,8 +80,8 @@ def tune(config: Callable, algo: str, batch_sizes: list[int], shapes, prompts: l
          repeat: int, out: Path, progress: Callable[[str | None], None], what: str, sweep: bool = False) -> dict:
     """Prints tau per shape, the predicted speed-up of each shape at each batch size, the choice and
     its realised speed-up; writes the policy to `out`. sweep: every shape is also run end to end at
-    every batch size (SGLang's sweep), and the choice is set beside the best of them. Returns
-    {batch size: shape or None}."""
+    every batch size (SGLang's sweep), the choice is set beside the best of them, and the policy
+    keeps the best. Returns the policy written, {batch size: shape or None}."""
     try:
         out.write_text("")  # a path that cannot be written fails before minutes of measuring
     except OSError as e:
@@ -108,24 +111,37 @@ def tune(config: Callable, algo: str, batch_sizes: list[int], shapes, prompts: l
         policy[bs] = (best if predicted[best] > 1.0 else None, predicted[best])
         progress(None)
         print(f"{bs:>5} {c_ar:>8.3f} " + " ".join(f"{predicted[s]:>8.2f}x" for s in shapes))
-    out.write_text(json.dumps({str(bs): list(s) if s else "off" for bs, (s, _) in policy.items()}, indent=1) + "\n")
-    print(f"policy written to {out}; confirmed end to end on every prompt"
+    write_policy(out, {bs: shape for bs, (shape, _) in policy.items()})
+    print(f"predicted policy written to {out}; confirmed end to end on every prompt"
           + (", beside every shape run end to end (the best fixed one, and the choice against it):" if sweep else ":"))
     print(f"{'batch':>5} {'choice':>8} {'tau':>6} {'predicted':>9} {'realised':>8}"
-          + (f" {'best fixed':>10} {'realised':>8} {'choice/best':>11}" if sweep else ""))
+          + (f" {'best fixed':>10} {'realised':>8} {'choice/best':>11}" if sweep else "") + f" {'policy':>8}")
+    kept = {}
     for bs, (shape, pred) in policy.items():
         progress(f"tune: confirming batch {bs}")
         plain = realised(config, algo, prompts, bs, None, loaded, repeat)
         run_shapes = shapes if sweep else [shape] if shape else []
         fixed = {s: realised(config, algo, prompts, bs, s, loaded, repeat) / plain for s in run_shapes}
         ratio = fixed[shape] if shape else 1.0
+        kept[bs] = shape if ratio >= 1.0 else None  # a choice that ran below plain decoding: off
         progress(None)
-        row = (f"{bs:>5} {'%d,%d,%d' % shape if shape else 'off':>8} {taus[shape] if shape else 1.0:>6.3f} "
+        row = (f"{bs:>5} {name(shape):>8} {taus[shape] if shape else 1.0:>6.3f} "
                f"{pred if shape else 1.0:>8.2f}x {ratio:>7.2f}x")
         if sweep:  # drafting off is a fixed choice too: the best of the shapes and plain decoding
             best = max(fixed, key=fixed.get)
+            kept[bs] = best if fixed[best] > 1.0 else None
             best_ratio = max(fixed[best], 1.0)
-            row += (f" {'%d,%d,%d' % best if fixed[best] > 1.0 else 'off':>10} {best_ratio:>7.2f}x "
-                    f"{ratio / best_ratio:>10.3f}")
-        print(row)
-    return {bs: shape for bs, (shape, _) in policy.items()}
+            row += f" {name(kept[bs]):>10} {best_ratio:>7.2f}x {ratio / best_ratio:>10.3f}"
+        print(row + f" {name(kept[bs]):>8}")
+    write_policy(out, kept)
+    print(f"policy written to {out}: what paid end to end")
+    return kept
+
+
+def name(shape: Shape | None) -> str:
+    return "%d,%d,%d" % shape if shape else "off"
+
+
+def write_policy(out: Path, table: dict) -> None:
+    """{batch size: shape or None} as the JSON object `--batch-policy FILE` reads."""
+    out.write_text(json.dumps({str(bs): list(s) if s else "off" for bs, s in table.items()}, indent=1) + "\n")
