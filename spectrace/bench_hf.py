@@ -10,7 +10,9 @@ greedy, one prompt at a time, best of --repeat timed calls after a warm-up, besi
     hf assisted k=4     and a constant 4 draft tokens: where the draft is a language model with the
                         target's vocabulary (the embedded pair, or a --draft-model LM)
     hf prompt lookup    prompt lookup decoding, 5 tokens
-Each row says on how many prompts it gave plain generate's tokens.
+Each row says on how many prompts it gave plain generate's tokens; the static cache's also the ms
+a token of its loop takes, the prompt's forward not counted (beside spectrace's `none` row's verify
+ms: a decode step).
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ class StaticDecoder:
         # transformers 5.24 names the forward's argument `cache`; earlier 5.x, `past_key_values`
         self.cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self.step = torch.compile(self.forward, mode="reduce-overhead", fullgraph=True) if compiled else self.forward
+        self.decode_ms: list[float] = []  # each call's ms a token of its one-token loop, the prompt's forward not counted
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """ids (1, L) at cache positions (L,) -> the greedy next token (1, 1)."""
@@ -50,10 +53,12 @@ class StaticDecoder:
         self.cache.reset()
         token = self.forward(ids, torch.arange(ids.shape[1], device=ids.device))  # the prompt, eager
         out, position = [token.item()], torch.tensor([ids.shape[1]], device=ids.device)
+        t0 = time.perf_counter()  # .item() waited for the prompt's forward; it waits for each token too
         while len(out) < max_new_tokens and out[-1] not in eos:
             token = self.step(token, position).clone()  # a graph's output is overwritten by its next replay
             position += 1
             out.append(token.item())
+        self.decode_ms.append((time.perf_counter() - t0) * 1e3 / max(len(out) - 1, 1))
         return out
 
 
@@ -87,8 +92,8 @@ def _timed(fn: Callable[[], list[int]], repeat: int, cuda: bool) -> tuple[list[i
 
 
 def hf_table(config, prompts: list[str], repeat: int, progress=lambda m: None) -> dict[str, list[list[int]]]:
-    """Prints a row per path with its tokens/s and how many prompts gave plain generate's tokens;
-    returns each path's output ids."""
+    """Prints a row per path with its tokens/s (the static cache's: and its decode ms a token) and
+    how many prompts gave plain generate's tokens; returns each path's output ids."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
 
@@ -115,21 +120,24 @@ def hf_table(config, prompts: list[str], repeat: int, progress=lambda m: None) -
                       "hf assisted k=4": {"assistant_model": draft, "assistant_config": constant_4}})
     paths["hf prompt lookup"] = {"prompt_lookup_num_tokens": 5}
     outputs = {}
-    print(f"{'transformers path':<20} {'':>12} {'tokens/s':>9}")
+    print(f"{'transformers path':<20} {'decode ms':>12} {'tokens/s':>9}")
     for name, kw in paths.items():
         kw = dict(kw or {})
         assistant_config = kw.pop("assistant_config", None)
         if assistant_config is not None:
             saved, draft.generation_config = draft.generation_config, assistant_config
         tokens = wall = 0
-        outputs[name] = []
+        outputs[name], decode_ms = [], []  # the static cache's: each prompt's best ms a decoded token
         for i, prompt_ids in enumerate(ids):
             progress(f"bench: {name}, prompt {i + 1} of {len(prompts)}")
             if name == "hf static cache":
                 call = functools.partial(static.generate, prompt_ids, cfg.max_new_tokens, eos)
             else:
                 call = functools.partial(_generate, target, prompt_ids, cfg.max_new_tokens, eos, kw)
+            static.decode_ms.clear()
             out, best = _timed(call, repeat, cuda)
+            if static.decode_ms:
+                decode_ms.append(min(static.decode_ms[1:]))  # the first call warmed up (and compiled)
             outputs[name].append(out)
             tokens += len(out)
             wall += best
@@ -137,7 +145,8 @@ def hf_table(config, prompts: list[str], repeat: int, progress=lambda m: None) -
             draft.generation_config = saved
         same = sum(a == b for a, b in zip(outputs[name], outputs["hf generate"]))
         progress(None)
-        print(f"{name:<20} {'-':>12} {tokens / wall:>9.1f}  same tokens as hf generate: {same} of {len(prompts)}")
+        decode = f"{sum(decode_ms) / len(decode_ms):.2f}" if decode_ms else "-"
+        print(f"{name:<20} {decode:>12} {tokens / wall:>9.1f}  same tokens as hf generate: {same} of {len(prompts)}")
     if draft_dir is None:
         print("(no assisted generation: the draft model is not a language model of the target's vocabulary)")
     del static

@@ -58,6 +58,9 @@ def test_compare_hf_paths_give_spectrace_none_its_tokens(tmp_path, monkeypatch, 
         assert outs == hf["hf generate"]
     out = capsys.readouterr().out
     assert "same tokens as hf generate: 2 of 2" in out
+    decode = {line[:20].strip(): line[20:33].strip() for line in out.splitlines() if line.startswith("hf ")}
+    assert float(decode.pop("hf static cache")) > 0  # its loop's ms a token, the prompt's forward not counted
+    assert set(decode.values()) == {"-"}
     # eagle's row: the textbook model from its own columns, and the realised speed-up from tokens/s
     none_row = next(line for line in out.splitlines() if line.startswith("none ")).split()
     row = next(line for line in out.splitlines() if line.startswith("eagle ")).split()
@@ -86,8 +89,10 @@ def test_the_static_cache_loop_decodes_as_generate_does_without_autograd():
     ids = torch.tensor([[5, 17, 300, 42, 9]])
     want = model.generate(ids, do_sample=False, max_new_tokens=6, pad_token_id=0)[0, 5:].tolist()
     grad_on.clear()
-    assert StaticDecoder(model, 11, compiled=False).generate(ids, 6, set()) == want
+    decoder = StaticDecoder(model, 11, compiled=False)
+    assert decoder.generate(ids, 6, set()) == want
     assert len(grad_on) == 6 and not any(grad_on)
+    assert len(decoder.decode_ms) == 1 and decoder.decode_ms[0] > 0  # the call's ms a token after the prompt
 
 
 def test_shape_lab_predicts_from_its_own_costs(tmp_path, monkeypatch, capsys):
