@@ -31,8 +31,9 @@ side of the product, x's rows (padded to 16, tl.dot's smallest tile) as the righ
 at Llama-3.1-8B's matrices and its EAGLE-3 head's (the 8192-column QKV, the 32k-token lm_head),
 2-16 rows took 619-632 µs against cuBLAS's 670-680, 2.4-3.1 TB/s against 2.0-2.8 (H100, one tile
 for all: 64 x 256, 4 warps, 4 stages; docs/benchmarks.md). It too fetches its first tile before
-it waits: without PDL, a whole forward ran at about cuBLAS's time. Measured and left out: a split of K across programs (an atomic add into
-float32), no faster where it was chosen (down_proj) than a deeper pipeline without it.
+it waits: without PDL, a whole forward ran at about cuBLAS's time. Measured and left out: a split
+of K across programs (an atomic add into float32), no faster where it was chosen (down_proj) than
+a deeper pipeline without it.
 """
 from __future__ import annotations
 
