@@ -75,15 +75,17 @@ mixed = SamplingMetadata(torch.tensor([-1.0, 1.0]), all_greedy=False, all_random
 for draft_probs in (None, torch.softmax(torch.randn(4, V), -1)):
     sglang.RejectionSampler()(meta, draft_probs, logits, bonus, mixed)
 
-for dtype in (torch.float32, torch.bfloat16):
+for dtype in (torch.float32, torch.bfloat16):  # float32 changes only the products' precision: its options once
     a = attention_inputs(bs, 16, 4, 2, 80, dtype, "cpu", gen)
     attention.extend_attention_fwd(**a)
-    attention.extend_attention_fwd(**a, skip_prefix_custom_mask=False, logit_cap=2.0)
-    attention.extend_attention_fwd(**{**a, "custom_mask": None, "mask_indptr": None})
-    attention.extend_attention_fwd(**a, num_kv_splits=4)
-    for splits in (1, 4):
-        attention.decode_attention_fwd(a["q_extend"][:bs], a["k_buffer"], a["v_buffer"], a["o_extend"][:bs],
-                                       a["kv_indptr"], a["kv_indices"], num_kv_splits=splits)
+    attention.decode_attention_fwd(a["q_extend"][:bs], a["k_buffer"], a["v_buffer"], a["o_extend"][:bs],
+                                   a["kv_indptr"], a["kv_indices"], num_kv_splits=4)
+a = attention_inputs(bs, 16, 4, 2, 80, torch.bfloat16, "cpu", gen)
+attention.extend_attention_fwd(**a, skip_prefix_custom_mask=False, logit_cap=2.0)
+attention.extend_attention_fwd(**{**a, "custom_mask": None, "mask_indptr": None})
+attention.extend_attention_fwd(**a, num_kv_splits=4)
+attention.decode_attention_fwd(a["q_extend"][:bs], a["k_buffer"], a["v_buffer"], a["o_extend"][:bs],
+                               a["kv_indptr"], a["kv_indices"], num_kv_splits=1)
 req_to_token = torch.zeros(4, 64, dtype=torch.int64)
 lens = torch.tensor([3, 5])
 attention.create_kv_indices(req_to_token, torch.tensor([0, 2]), lens, torch.tensor([0, 3, 8]), None,

@@ -21,12 +21,6 @@ from spectrace.run import build_engine
 from spectrace.zoo import DRAFT_DIR, EAGLE3_DIR, EAGLE_DIR, FROZEN_KV_MTP_DIR, MTP_DIR, TARGET_DIR
 from spectrace.zoo.prompts import HELD_OUT_PROMPTS
 
-FIRST = ("test_kernels_compile.py",)  # the longest test (about 50 s): started first, it does not end the run
-
-
-def pytest_collection_modifyitems(items):
-    """The longest tests first, so the workers of -n finish together."""
-    items.sort(key=lambda item: item.path.name not in FIRST)  # stable: the rest keep their order
 
 
 @pytest.fixture(scope="session")
