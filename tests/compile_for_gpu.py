@@ -117,7 +117,7 @@ for dtype in (torch.float32, torch.bfloat16):  # the fast engine's fused layer p
     attention.extend_attention_fwd(**dict(rows, custom_mask=torch.ones(bs * width * width, dtype=torch.bool),
                                           mask_indptr=torch.arange(bs + 1) * width * width, qlen_mask=True))
     paths = torch.zeros(bs, 3, 2, dtype=torch.int64)  # decode rows over req_to_token: three paths per request
-    for p in (paths, None):
+    for p in (paths, None) if dtype == torch.bfloat16 else ():  # float32's precision: built above
         attention.decode_attention_fwd(a["q_extend"][:3 * bs], a["k_buffer"], a["v_buffer"], a["o_extend"][:3 * bs],
                                        req_to_token=rows["req_to_token"], prefix_lens=rows["prefix_lens"], paths=p)
     attention.decode_attention_fwd(a["q_extend"][:3 * bs], a["k_buffer"], a["v_buffer"], a["o_extend"][:3 * bs],
