@@ -3,9 +3,9 @@ against the memory roofline, kernel group by kernel group.
 
 At batch 1 a Llama-3.1-8B decode reads 15 GB of weight matrices (the embedding table only one row
 at a time) for 7.5 G multiply-adds: the time is the bytes over the memory's bandwidth (4.5 ms at
-an H100's 3.35 TB/s), and every microsecond spent elsewhere is a microsecond off the roofline. The forward is replayed from its CUDA graph (as the
-fast engine runs it) under torch.profiler; each kernel is put in a group by its name, and a group
-that streams known bytes gets its rate:
+an H100's 3.35 TB/s), and every microsecond spent elsewhere is a microsecond off the roofline.
+The forward is replayed from its CUDA graph (as the fast engine runs it) under torch.profiler;
+each kernel is put in a group by its name, and a group that streams known bytes gets its rate:
 
     linear       the GEMVs (kernels/gemv.py) or cuBLAS's GEMMs: every weight matrix once
     attention    the decode attention and its split merge (kernels/attention.py): the KV once
