@@ -125,6 +125,8 @@ def test_a_fused_model_computes_the_explicit_forward(target, drafters, name):
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
     attn = next(m for m in model.modules() if hasattr(m, "qkv_weight"))
     assert attn.q_proj.weight.data_ptr() == attn.qkv_weight.data_ptr()
+    # a linear called as a module (the head's fc and lm_head) streams as the layers' do
+    assert all(fused.is_fused(m) for m in model.modules() if isinstance(m, torch.nn.Linear))
 
 
 @settings(max_examples=10, deadline=None)

@@ -18,7 +18,8 @@ layer's modules a fused forward, as vLLM's CustomOp gives a module a `forward_cu
     Linear     one row (a batch-1 decode): a weight-streaming GEMV (kernels/gemv.py), which for a
                small model also does the add and norm before QKV and gate-up (norm_linear) and
                silu_mul before down (three kernels a layer fewer); 2-16 rows: the same stream
-               on the tensor cores (rows_linear); more: cuBLAS (F.linear)
+               on the tensor cores (rows_linear); more: cuBLAS (F.linear). So do the linears
+               called as modules: a draft head's fc and lm_head, the target's lm_head a drafter reads
 
 Each kernel rounds where the explicit ops round (to the model dtype after each torch op), so in
 float32 they agree to the ulp of exp/sqrt, and in bfloat16 almost always bit for bit
@@ -273,6 +274,10 @@ def _draft_head_forward(self: DraftHead, batch, kv, features):
     return self.finish(x + layer.mlp(normed))
 
 
+def _linear_forward(self: nn.Linear, x):
+    return streaming_linear(x, self.weight, self.bias)
+
+
 def _concat(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One weight (and bias) over the linears' outputs; each linear's parameters become views of it."""
     weight = torch.cat([lin.weight.detach() for lin in linears])
@@ -318,4 +323,6 @@ def fuse(model: nn.Module, positions: int | None = None) -> nn.Module:
         elif isinstance(m, MLP):
             m.gate_up_weight, m.gate_up_bias = _concat([m.gate_proj, m.up_proj])
             m.forward = types.MethodType(_mlp_forward, m)
+        elif isinstance(m, nn.Linear):  # called as a module: a head's fc and lm_head, the lm_head a drafter reads
+            m.forward = types.MethodType(_linear_forward, m)
     return model
