@@ -177,19 +177,32 @@ def _block_sizes(tokens: int, group: int) -> tuple[int, int]:
     return block_m, 64
 
 
-def auto_kv_splits(device: torch.device, programs: int, prefix_tokens: int, bs: int) -> int:
+def auto_kv_splits(device: torch.device, programs: int, prefix_tokens: int, bs: int, tile: int = 64) -> int:
     """How many programs share each request's prefix: a power of two, enough for four programs per
-    SM, at most 32, each with at least one tile of 64 keys; none for a mean prefix under 256 keys
+    SM, at most 64, each with at least one tile of keys; none for a mean prefix under 256 keys
     (the mean is kv_indices' length / bs, known without a sync), where the merge kernel a split
-    needs costs more than it saves. On an H100 at Llama-3.1-8B's shape and 1,024 keys: at bs 1 a
-    decode took 5.63 ms with 8 splits, 5.57 with 16 (its pick: 128 programs); at bs 64 its 2 splits
-    decode in 9.41 ms where 1 takes 9.69 and 4 take 9.65. One on the CPU, where the interpreter
-    gains nothing from splitting."""
+    needs costs more than it saves. One on the CPU, where the interpreter gains nothing from
+    splitting. On an H100 at Llama-3.1-8B's shape and 1,024 keys, a verify of 8 tokens at bs 1
+    took 5.99 ms with its pick (16 splits of 64-key tiles), 6.01-6.03 with 32 or 64 smaller ones;
+    at bs 64 a decode's 2 splits took 9.41 ms where 1 took 9.69 and 4 took 9.65."""
     if device.type != "cuda" or not bs or prefix_tokens // bs < 256:
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    splits = max(1, min(32, triton.cdiv(4 * sms, programs), prefix_tokens // bs // 64))
+    splits = max(1, min(64, triton.cdiv(4 * sms, programs), prefix_tokens // bs // tile))
     return 1 << (splits.bit_length() - 1)
+
+
+def decode_tile(device: torch.device, programs: int, prefix_tokens: int, bs: int) -> int:
+    """Keys per tile where each request has one new token (a decode, plain decoding's extend, a
+    draft level): 64, or fewer where that many splits could not fill the GPU, so that short tiles
+    make more of them (at least 16, tl.dot's smallest). Its query rows are few, and a split's
+    latency, not its keys, is the time: on an H100 at Llama-3.1-8B's shape, bs 1 and
+    1,024 keys, the forward took 5.55-5.58 ms with 16 splits of 64 keys, 5.41-5.43 with 16 or 32
+    of 32 keys and 5.37 with 64 of 16 (each in the same call)."""
+    if device.type != "cuda" or not bs:
+        return 64
+    wanted = triton.cdiv(4 * torch.cuda.get_device_properties(device).multi_processor_count, programs)
+    return max(16, min(64, 1 << (max(1, prefix_tokens // bs // wanted).bit_length() - 1)))
 
 
 def _launch(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask,
@@ -206,7 +219,9 @@ def _launch(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr, 
     block_m, block_n = _block_sizes(max_len_extend, group)
     blocks = triton.cdiv(max(max_len_extend, 1), block_m // group)
     prefix_tokens = bs * kv_indices.shape[1] if kv_rows else kv_indices.numel()  # at most, known without a sync
-    splits = num_kv_splits or auto_kv_splits(q.device, bs * num_kv_heads * blocks, prefix_tokens, bs)
+    if max_len_extend == 1 and not num_kv_splits:  # a fixed split count (decode_rows_batch) keeps 64-key tiles
+        block_n = decode_tile(q.device, bs * num_kv_heads, prefix_tokens, bs)
+    splits = num_kv_splits or auto_kv_splits(q.device, bs * num_kv_heads * blocks, prefix_tokens, bs, block_n)
     mid_o = mid_ml = kv_indptr  # unused when one split writes o directly
     if splits > 1:
         mid_o = torch.empty(q.shape[0], num_heads, splits, head_dim, dtype=torch.float32, device=q.device)
