@@ -194,14 +194,18 @@ def auto_kv_splits(device: torch.device, programs: int, prefix_tokens: int, bs: 
 
 def decode_tile(device: torch.device, programs: int, prefix_tokens: int, bs: int) -> int:
     """Keys per tile where each request has one new token (a decode, plain decoding's extend, a
-    draft level): 64, or fewer where that many splits could not fill the GPU, so that short tiles
-    make more of them (at least 16, tl.dot's smallest). Its query rows are few, and a split's
-    latency, not its keys, is the time: on an H100 at Llama-3.1-8B's shape, bs 1 and
-    1,024 keys, the forward took 5.55-5.58 ms with 16 splits of 64 keys, 5.41-5.43 with 16 or 32
-    of 32 keys and 5.37 with 64 of 16 (each in the same call)."""
-    if device.type != "cuda" or not bs:
+    draft level): 64, or, where even the splits of 64-key tiles leave SMs without a program, fewer
+    (at least 16, tl.dot's smallest), so that `auto_kv_splits` makes more splits. The query rows
+    are few and a split's latency, not its keys, is the time. On an H100 at Llama-3.1-8B's shape
+    and 1,024 keys, each in the same call: at bs 1 (16 splits of 64 keys: 128 programs) the
+    forward took 5.55-5.58 ms, 5.41-5.43 with 16 or 32 splits of 32 keys, 5.37 with 64 of 16; at
+    bs 2 (256 programs) 32 splits of 16 keys took 5.88-5.90 ms against 5.83-5.84 with 64-key tiles."""
+    if device.type != "cuda" or not bs or prefix_tokens // bs < 256:
         return 64
-    wanted = triton.cdiv(4 * torch.cuda.get_device_properties(device).multi_processor_count, programs)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    if programs * auto_kv_splits(device, programs, prefix_tokens, bs) >= sms:
+        return 64
+    wanted = triton.cdiv(4 * sms, programs)
     return max(16, min(64, 1 << (max(1, prefix_tokens // bs // wanted).bit_length() - 1)))
 
 
