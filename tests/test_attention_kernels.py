@@ -6,7 +6,7 @@ checks need no explicit side: a causal mask written out as a custom mask equals 
 tree-attention test). Interpreted on CPU at small shapes; tests/test_gpu.py compiles them."""
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from spectrace.compat import sglang as explicit
@@ -112,9 +112,14 @@ def test_logit_cap_and_scale_match_the_explicit_attention():
                                run(explicit, case, sm_scale=0.3, logit_cap=2.0), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("heads,kv_heads,head_dim,splits", [(4, 2, 13, 1), (8, 8, 64, 1), (4, 2, 13, 4)])
-def test_decode_twin_equals_the_explicit_decode_and_one_token_extends(heads, kv_heads, head_dim, splits):
-    """Decode reads the new token's K/V from the pool: the same as extending by one token."""
+@pytest.mark.parametrize("heads,kv_heads,head_dim,splits", [(4, 2, 13, 1), (8, 8, 64, 1), (4, 2, 13, 4),
+                                                          (4, 2, 13, None)])
+def test_decode_twin_equals_the_explicit_decode_and_one_token_extends(heads, kv_heads, head_dim, splits, monkeypatch):
+    """Decode reads the new token's K/V from the pool: the same as extending by one token. splits
+    None: the pick a GPU makes at a small batch, 16-key tiles (decode_tile) in 4 splits."""
+    if splits is None:
+        monkeypatch.setattr(attention, "decode_tile", lambda *a: 16)
+        monkeypatch.setattr(attention, "auto_kv_splits", lambda *a: 4)
     case, _ = attention_case(4, [9, 1, 70], [1, 1, 1], heads, kv_heads, head_dim, tree=False)
     k_buffer, v_buffer = case["k_buffer"].clone(), case["v_buffer"].clone()
     new_slots = torch.arange(3) + k_buffer.shape[0]  # the pool grows by the three new tokens' slots
@@ -130,6 +135,29 @@ def test_decode_twin_equals_the_explicit_decode_and_one_token_extends(heads, kv_
         outs.append(o)
     torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(outs[0], run(attention, case), atol=1e-5, rtol=1e-5)
+
+
+@settings(max_examples=200, deadline=None)
+@example(sms=132, programs=8, keys=1025, bs=1)  # an H100, Llama-3.1-8B's 8 KV heads, bs 1
+@given(sms=st.integers(1, 200), programs=st.integers(1, 2048), keys=st.integers(0, 9000), bs=st.integers(1, 64))
+def test_a_one_token_forward_takes_shorter_tiles_only_where_splits_of_64_keys_leave_sms_idle(sms, programs, keys,
+                                                                                             bs):
+    """decode_tile: 64 keys unless the prefix is split and its splits of 64 keys make fewer programs
+    than SMs; then 16 or 32 where that makes more splits, each still with at least one whole tile."""
+    device = torch.device("cuda")
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(attention, "_sms", lambda d: sms)
+        tile = attention.decode_tile(device, programs, keys * bs, bs)
+        splits = {t: attention.auto_kv_splits(device, programs, keys * bs, bs, t) for t in (16, 32, 64)}
+    assert tile in splits
+    if splits[64] == 1 or programs * splits[64] >= sms:
+        assert tile == 64
+    elif tile == 64:  # no shorter tile makes more splits (64 of them already, say)
+        assert max(splits.values()) == splits[64]
+    else:
+        assert splits[tile] > splits[64] and splits[tile] * tile <= keys
+    if (sms, programs, keys, bs) == (132, 8, 1025, 1):
+        assert (tile, splits[tile]) == (16, 64)
 
 
 @settings(max_examples=12, deadline=None)

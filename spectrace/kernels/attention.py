@@ -177,6 +177,11 @@ def _block_sizes(tokens: int, group: int) -> tuple[int, int]:
     return block_m, 64
 
 
+def _sms(device: torch.device) -> int:
+    """The device's SMs; 0 on the CPU, where the interpreter gains nothing from splitting."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
+
+
 def auto_kv_splits(device: torch.device, programs: int, prefix_tokens: int, bs: int, tile: int = 64) -> int:
     """How many programs share each request's prefix: a power of two, enough for four programs per
     SM, at most 64, each with at least one tile of keys; none for a mean prefix under 256 keys
@@ -185,9 +190,9 @@ def auto_kv_splits(device: torch.device, programs: int, prefix_tokens: int, bs: 
     splitting. On an H100 at Llama-3.1-8B's shape and 1,024 keys, a verify of 8 tokens at bs 1
     took 5.99 ms with its pick (16 splits of 64-key tiles), 6.01-6.03 with 32 or 64 smaller ones;
     at bs 64 a decode's 2 splits took 9.41 ms where 1 took 9.69 and 4 took 9.65."""
-    if device.type != "cuda" or not bs or prefix_tokens // bs < 256:
+    sms = _sms(device)
+    if not sms or not bs or prefix_tokens // bs < 256:
         return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
     splits = max(1, min(64, triton.cdiv(4 * sms, programs), prefix_tokens // bs // tile))
     return 1 << (splits.bit_length() - 1)
 
@@ -195,18 +200,17 @@ def auto_kv_splits(device: torch.device, programs: int, prefix_tokens: int, bs: 
 def decode_tile(device: torch.device, programs: int, prefix_tokens: int, bs: int) -> int:
     """Keys per tile where each request has one new token (a decode, plain decoding's extend, a
     draft level): 64, or, where even the splits of 64-key tiles leave SMs without a program, fewer
-    (at least 16, tl.dot's smallest), so that `auto_kv_splits` makes more splits. The query rows
+    (at least 16, tl.dot's smallest) if that lets `auto_kv_splits` make more splits. The query rows
     are few and a split's latency, not its keys, is the time. On an H100 at Llama-3.1-8B's shape
     and 1,024 keys, each in the same call: at bs 1 (16 splits of 64 keys: 128 programs) the
     forward took 5.55-5.58 ms, 5.41-5.43 with 16 or 32 splits of 32 keys, 5.37 with 64 of 16; at
     bs 2 (256 programs) 32 splits of 16 keys took 5.88-5.90 ms against 5.83-5.84 with 64-key tiles."""
-    if device.type != "cuda" or not bs or prefix_tokens // bs < 256:
-        return 64
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    if programs * auto_kv_splits(device, programs, prefix_tokens, bs) >= sms:
+    sms, splits = _sms(device), auto_kv_splits(device, programs, prefix_tokens, bs)
+    if splits == 1 or programs * splits >= sms:
         return 64
     wanted = triton.cdiv(4 * sms, programs)
-    return max(16, min(64, 1 << (max(1, prefix_tokens // bs // wanted).bit_length() - 1)))
+    tile = max(16, min(64, 1 << (max(1, prefix_tokens // bs // wanted).bit_length() - 1)))
+    return tile if auto_kv_splits(device, programs, prefix_tokens, bs, tile) > splits else 64  # none past 64
 
 
 def _launch(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask,
