@@ -281,8 +281,9 @@ def test_gpu_vllm_sampler_twin_equals_the_explicit_sampler(vocab):
 
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [(32, 8, 128), (12, 4, 80), (12, 4, 13)])
 def test_gpu_extend_attention_twin_equals_the_explicit_attention(heads, kv_heads, head_dim):
-    """19 requests, prefixes up to 3000 tokens: a verify (8-node trees) and a causal prefill chunk,
-    fp32 (IEEE dots) against the explicit attention; bf16 against fp32 within SGLang's rtol 1e-2."""
+    """19 requests, prefixes up to 3000 tokens: a verify (8-node trees) and a causal prefill chunk;
+    and one request's one new token after 2,000 (decode_tile's short tiles in many splits); fp32
+    (IEEE dots) against the explicit attention; bf16 against fp32 within SGLang's rtol 1e-2."""
     from test_attention_kernels import attention_case, run
 
     from spectrace.compat import sglang as explicit
@@ -290,7 +291,9 @@ def test_gpu_extend_attention_twin_equals_the_explicit_attention(heads, kv_heads
 
     g = torch.Generator().manual_seed(heads + head_dim)
     prefix_lens = torch.randint(0, 3000, (19,), generator=g).tolist()
-    for extend_lens, tree in (([8] * 19, True), (torch.randint(1, 300, (19,), generator=g).tolist(), False)):
+    for prefix_lens, extend_lens, tree in ((prefix_lens, [8] * 19, True),
+                                           (prefix_lens, torch.randint(1, 300, (19,), generator=g).tolist(), False),
+                                           ([2000], [1], False)):
         case, _ = attention_case(0, prefix_lens, extend_lens, heads, kv_heads, head_dim, tree=tree, device="cuda")
         ref = run(explicit, case)
         for splits in (None, 1, 7):  # None: auto_kv_splits
