@@ -188,7 +188,7 @@ def auto_kv_splits(device: torch.device, programs: int, prefix_tokens: int, bs: 
     (the mean is kv_indices' length / bs, known without a sync), where the merge kernel a split
     needs costs more than it saves. One on the CPU, where the interpreter gains nothing from
     splitting. On an H100 at Llama-3.1-8B's shape and 1,024 keys, a verify of 8 tokens at bs 1
-    took 5.99 ms with its pick (16 splits of 64-key tiles), 6.01-6.03 with 32 or 64 smaller ones;
+    took 5.99 ms with its pick (16 splits of 64-key tiles), 6.01-6.03 with more splits or shorter tiles;
     at bs 64 a decode's 2 splits took 9.41 ms where 1 took 9.69 and 4 took 9.65."""
     sms = _sms(device)
     if not sms or not bs or prefix_tokens // bs < 256:
