@@ -254,8 +254,8 @@ def shape_table(config: Config, shape: str, batch_sizes: list[int], repeat: int,
     one-layer head at the target's width with its own lm_head over a draft vocabulary of 32k
     tokens), a verify of n rows, and a draft extend of about τ rows; plain decoding one row.
     Predicted speed-up = τ * C_AR / (C_draft + C_verify + C_extend); the textbook τ / (1 + r)
-    beside it. profile: each batch size's decode forward by kernel group against the roofline
-    (bench_roofline.py)."""
+    beside it. profile: each batch size's decode forward, verify and draft level (of K rows, from
+    the head's own state) by kernel group against the roofline (bench_roofline.py)."""
     from spectrace.core.config import ModelConfig
     from spectrace.core.drafters.eagle3 import Eagle3Head
     from spectrace.core.drafters.eagle3_layouts import default_capture_layers
@@ -308,4 +308,7 @@ def shape_table(config: Config, shape: str, batch_sizes: list[int], repeat: int,
         if profile:
             from spectrace.bench_roofline import print_roofline
             print_roofline(target, fast_forward_graph(target, kv_len, bs, 1), bs, kv_len)
+            print_roofline(target, fast_forward_graph(target, kv_len, bs, n), bs, kv_len, f"a verify of {n} tokens")
+            print_roofline(head, fast_forward_graph(head, kv_len, bs, K, H), bs, kv_len,
+                           f"a draft level of {K} tokens", unread=(head.fc,))
     return table

@@ -1,5 +1,5 @@
-"""`spectrace bench --target-shape NAME --profile`: one plain decode forward at a real model's shape
-against the memory roofline, kernel group by kernel group.
+"""`spectrace bench --target-shape NAME --profile`: a plain decode forward, a verify and an EAGLE-3
+draft level at a real model's shape against the memory roofline, kernel group by kernel group.
 
 At batch 1 a Llama-3.1-8B decode reads 15 GB of weight matrices (the embedding table only one row
 at a time) for 7.5 G multiply-adds: the time is the bytes over the memory's bandwidth (4.5 ms at
@@ -53,11 +53,13 @@ def roofline_rows(kernels: list[tuple[str, float, float]], streamed: dict[str, i
                    "tb_s": total / span / 1e6 if span else None}]
 
 
-def streamed_bytes(model: nn.Module, bs: int, kv_len: int) -> dict[str, int]:
-    """What a decode of bs rows after kv_len cached tokens must read: every linear layer's weight
-    (lm_head too, tied or not) and every layer's K and V."""
+def streamed_bytes(model: nn.Module, bs: int, kv_len: int, unread: tuple[nn.Module, ...] = ()) -> dict[str, int]:
+    """What a forward of bs requests after kv_len cached tokens each must read: every linear
+    layer's weight (lm_head too, tied or not) but the `unread` ones (a draft level's fc, which only
+    target features pass), and every layer's K and V."""
     cfg, p = model.config, next(model.parameters())
-    weights = sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, nn.Linear))
+    weights = sum(m.weight.numel() * m.weight.element_size() for m in model.modules()
+                  if isinstance(m, nn.Linear) and not any(m is u for u in unread))
     kv = 2 * bs * kv_len * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * p.element_size()
     return {"linear": weights, "attention": kv}
 
@@ -74,9 +76,10 @@ def profiled_kernels(graph: torch.cuda.CUDAGraph) -> list[tuple[str, float, floa
             if e.device_type() == torch.autograd.DeviceType.CUDA and "memcpy" not in e.name().lower()]
 
 
-def print_roofline(model: nn.Module, graph: torch.cuda.CUDAGraph, bs: int, kv_len: int) -> list[dict]:
-    rows = roofline_rows(profiled_kernels(graph), streamed_bytes(model, bs, kv_len))
-    print(f"  batch {bs}: one decode forward's kernels by group (torch.profiler, one replay)")
+def print_roofline(model: nn.Module, graph: torch.cuda.CUDAGraph, bs: int, kv_len: int, what: str = "one decode forward",
+                   unread: tuple[nn.Module, ...] = ()) -> list[dict]:
+    rows = roofline_rows(profiled_kernels(graph), streamed_bytes(model, bs, kv_len, unread))
+    print(f"  batch {bs}: {what}'s kernels by group (torch.profiler, one replay)")
     print(f"  {'group':<16} {'kernels':>7} {'µs':>9} {'MB':>9} {'TB/s':>6}")
     for r in rows:
         kernels = "" if r["kernels"] is None else r["kernels"]

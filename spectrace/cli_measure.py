@@ -49,7 +49,8 @@ def add_measure_commands(sub, add_run_options) -> None:
     bench.add_argument("--profile", action="store_true",
                        help="kernels per step, phase by phase, and the most frequent ones (--backend fast): measured "
                             "with torch.profiler on a GPU, counted as the code runs interpreted on a CPU; with "
-                            "--target-shape, each batch size's decode forward by kernel group against the roofline")
+                            "--target-shape, each batch size's decode forward, verify and EAGLE-3 draft level by kernel group "
+                            "against the roofline")
     bench.add_argument("--json", metavar="FILE", help="with --profile: write its numbers to FILE as JSON")
     tune.add_argument("--shapes", nargs="+", default=None, metavar="S,K,N",
                       help="candidate (num_steps, topk, num_draft_tokens) shapes (default: chains of 1 to 7 steps "

@@ -130,3 +130,16 @@ def test_the_roofline_groups_kernels_and_counts_the_span_once():
     assert rows["norm"]["us"] == 3.0 and rows["other"]["kernels"] == 1 and rows["norm"]["tb_s"] is None
     assert rows["gaps"]["us"] == 5.0
     assert (rows["span"]["us"], rows["span"]["bytes"], rows["span"]["tb_s"]) == (31.0, 43e6, 43e6 / 31.0 / 1e6)
+
+
+def test_a_draft_level_streams_every_weight_of_the_head_but_fc(drafters):
+    """bench_roofline.streamed_bytes: a level fed the head's own state reads no fc; its KV is the
+    head's one layer."""
+    from spectrace.bench_roofline import streamed_bytes
+
+    head = drafters["eagle3"]
+    cfg, size = head.config, next(head.parameters()).element_size()
+    every = streamed_bytes(head, 2, 10)
+    level = streamed_bytes(head, 2, 10, unread=(head.fc,))
+    assert every["linear"] - level["linear"] == head.fc.weight.numel() * size
+    assert level["attention"] == every["attention"] == 2 * 2 * 10 * cfg.num_key_value_heads * cfg.head_dim * size
