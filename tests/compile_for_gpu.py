@@ -110,6 +110,9 @@ for dtype in (torch.float32, torch.bfloat16):  # the fast engine's fused layer p
     fused.silu_mul(torch.randn(3, 2 * 704, dtype=dtype))
     fused.add_rms_norm(torch.randn(3, 256, dtype=dtype), torch.randn(3, 256, dtype=dtype),
                        RMSNorm(256, 1e-5).to(dtype))
+    for norm_before_residual in (False, True):
+        fused.eagle3_input(torch.tensor([1, 5, 2]), torch.randn(8, 256, dtype=dtype), torch.randn(3, 256, dtype=dtype),
+                           RMSNorm(256, 1e-5).to(dtype), RMSNorm(256, 1e-5).to(dtype), norm_before_residual)
     a = attention_inputs(bs, 16, 4, 2, 80, dtype, "cpu", gen)  # the fast engine's forms: req_to_token rows, QLEN_ONLY
     width = a["q_extend"].shape[0] // bs
     rows = dict(a, kv_indptr=None, kv_indices=None, req_to_token=torch.arange(bs * 40).view(bs, 40) % 32,

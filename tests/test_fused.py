@@ -19,6 +19,7 @@ from spectrace.kernels.rounding import rounded  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32] + ([torch.bfloat16] if DEVICE == "cuda" else [])
+HALF = torch.bfloat16 if DEVICE == "cuda" else torch.float16  # the interpreter has no bfloat16 products
 
 
 def assert_equal_or_ulp(got, want):
@@ -90,6 +91,32 @@ def test_add_rms_norm_is_the_residual_add_then_the_norm(rows, hidden, dtype, see
 
 
 @settings(max_examples=10, deadline=None)
+@given(rows=st.integers(0, 5), hidden=st.sampled_from([8, 48, 256]), dtype=st.sampled_from([torch.float32, HALF]),
+       norm_before_residual=st.booleans(), seed=st.integers(0, 2**16))
+def test_eagle3_input_is_the_heads_layer_input(rows, hidden, dtype, norm_before_residual, seed):
+    """fused.eagle3_input: Eagle3Head.layer_input after fc (the residual h itself, or its norm)."""
+    from spectrace.core.config import ModelConfig
+    from spectrace.core.drafters.eagle3 import Eagle3Head
+
+    torch.manual_seed(seed)
+    cfg = ModelConfig.from_json(dict(model_type="llama", vocab_size=50, hidden_size=hidden, intermediate_size=16,
+                                     num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                     rms_norm_eps=1e-5))
+    head = Eagle3Head(cfg, 20, hidden, (0, 1, 2), norm_before_residual).to(DEVICE, dtype)
+    with torch.no_grad():
+        for norm in (head.midlayer.input_layernorm, head.midlayer.hidden_norm):
+            norm.weight.uniform_(0.5, 1.5)
+    ids = torch.randint(0, 50, (rows,), device=DEVICE)
+    h = (torch.randn(rows, hidden) * 3).to(DEVICE, dtype)
+    attn_in, residual = fused.eagle3_input(ids, head.embed_tokens.weight, h, head.midlayer.input_layernorm,
+                                           head.midlayer.hidden_norm, norm_before_residual)
+    want_in, want_residual = head.layer_input(ids, h)
+    assert_equal_or_ulp(attn_in, want_in)
+    assert_equal_or_ulp(residual, want_residual)
+    assert norm_before_residual or residual is h
+
+
+@settings(max_examples=10, deadline=None)
 @given(rows=st.integers(0, 4), inner=st.sampled_from([3, 64, 1500]), dtype=st.sampled_from(DTYPES),
        seed=st.integers(0, 2**16), lead=st.sampled_from([(), (3,)]))
 def test_silu_mul_equals_swiglu(rows, inner, dtype, seed, lead):
@@ -151,7 +178,6 @@ def test_the_streaming_linear_is_f_linear(lead, k, n, bias, dtype, seed):
         torch.testing.assert_close(linear(x16, w16, b16).float(), want, rtol=2e-2, atol=2e-2)
 
 
-HALF = torch.bfloat16 if DEVICE == "cuda" else torch.float16  # the interpreter has no bfloat16 products
 
 
 @settings(max_examples=12, deadline=None)

@@ -9,6 +9,8 @@ layer's modules a fused forward, as vLLM's CustomOp gives a module a `forward_cu
     RMSNorm    rms_norm: one kernel per row
     residual   add_rms_norm: a residual add and the next norm in one kernel (vLLM's and SGLang's
                fused_add_rmsnorm), so a decoder layer adds nothing outside its norms
+    EAGLE-3    the head's input (the token's embedding and the feature, each normed, side by
+               side) in one kernel: eagle3_input
     RoPE       cos and sin looked up in a table over the run's positions (SGLang's
                cos_sin_cache): one kernel per forward instead of seven
     Attention  one GEMM over [q; k; v] weights, then split_rope: the split, Qwen3's per-head
@@ -36,6 +38,7 @@ import triton
 import triton.language as tl
 
 from spectrace.core.drafters.eagle import DraftHead
+from spectrace.core.drafters.eagle3 import Eagle3Head
 from spectrace.core.model import MLP, Attention, CausalLM, ForwardOutput, RMSNorm, RotaryEmbedding
 from spectrace.kernels import gemv
 from spectrace.kernels.gemv import linear as streaming_linear
@@ -93,6 +96,42 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, norm: RMSNorm) -> 
         _add_rms_norm_kernel[(x.shape[0],)](x, delta, norm.weight, total, out, norm.eps, H=x.shape[1],
                                             BLOCK=triton.next_power_of_2(x.shape[1]), **launch_options(x))
     return total, out
+
+
+@triton.jit
+def _eagle3_input_kernel(ids, embed, h, in_weight, hidden_weight, out, residual, in_eps, hidden_eps,
+                         H: tl.constexpr, BLOCK: tl.constexpr, NORM_RESIDUAL: tl.constexpr, PDL: tl.constexpr):
+    wait_first(PDL)
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    ok = offs < H
+    e = tl.load(embed + tl.load(ids + row) * H + offs, mask=ok, other=0.0).to(tl.float32)  # the token's embedding
+    e = rounded(e * tl.rsqrt(tl.sum(e * e, axis=0) / H + in_eps), out.dtype.element_ty)
+    w = tl.load(in_weight + offs, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out + row * 2 * H + offs, (w * e).to(out.dtype.element_ty), mask=ok)
+    v = tl.load(h + row * H + offs, mask=ok, other=0.0).to(tl.float32)
+    v = rounded(v * tl.rsqrt(tl.sum(v * v, axis=0) / H + hidden_eps), out.dtype.element_ty)
+    normed = (tl.load(hidden_weight + offs, mask=ok, other=0.0).to(tl.float32) * v).to(out.dtype.element_ty)
+    tl.store(out + row * 2 * H + H + offs, normed, mask=ok)
+    if NORM_RESIDUAL:
+        tl.store(residual + row * H + offs, normed, mask=ok)
+
+
+def eagle3_input(ids: torch.Tensor, embed: torch.Tensor, h: torch.Tensor, input_norm: RMSNorm, hidden_norm: RMSNorm,
+                 norm_before_residual: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eagle3Head.layer_input after fc, in one kernel: ids (N,), h (N, H) -> (cat(input_norm(
+    embed[ids]), hidden_norm(h)) (N, 2H), the residual stream: h, or with norm_before_residual
+    hidden_norm(h)). Four kernels before (the embedding's gather, two norms, the cat), two of
+    them torch's, which a PDL launch cannot overlap."""
+    N, H = h.shape
+    h = h.contiguous()
+    out = h.new_empty(N, 2 * H)
+    residual = h.new_empty(N, H) if norm_before_residual else h
+    if N:
+        _eagle3_input_kernel[(N,)](ids, embed, h, input_norm.weight, hidden_norm.weight, out, residual, input_norm.eps,
+                                   hidden_norm.eps, H=H, BLOCK=triton.next_power_of_2(H),
+                                   NORM_RESIDUAL=norm_before_residual, **launch_options(h))
+    return out, residual
 
 
 @triton.jit
@@ -274,6 +313,14 @@ def _draft_head_forward(self: DraftHead, batch, kv, features):
     return self.finish(x + layer.mlp(normed))
 
 
+def _eagle3_layer_input(self: Eagle3Head, input_ids, features):
+    """Eagle3Head.layer_input: fc (target features only), then eagle3_input."""
+    h = self.fc(features) if features.shape[-1] != self.config.hidden_size else features
+    mid = self.midlayer
+    return eagle3_input(input_ids, self.embed_tokens.weight, h, mid.input_layernorm, mid.hidden_norm,
+                        self.norm_before_residual)
+
+
 def _linear_forward(self: nn.Linear, x):
     return streaming_linear(x, self.weight, self.bias)
 
@@ -315,6 +362,8 @@ def fuse(model: nn.Module, positions: int | None = None) -> nn.Module:
             m.forward = types.MethodType(_causal_lm_forward, m)
         elif isinstance(m, DraftHead):
             m.forward = types.MethodType(_draft_head_forward, m)
+            if isinstance(m, Eagle3Head):
+                m.layer_input = types.MethodType(_eagle3_layer_input, m)
         elif isinstance(m, RMSNorm):
             m.forward = types.MethodType(_rms_norm_forward, m)
         elif isinstance(m, Attention):
