@@ -178,8 +178,6 @@ def test_the_streaming_linear_is_f_linear(lead, k, n, bias, dtype, seed):
         torch.testing.assert_close(linear(x16, w16, b16).float(), want, rtol=2e-2, atol=2e-2)
 
 
-
-
 @settings(max_examples=12, deadline=None)
 @given(k=st.sampled_from([16, 70, 600, 1500]), n=st.sampled_from([8, 100]), residual=st.booleans(),
        bias=st.booleans(), seed=st.integers(0, 2**16))
