@@ -7,7 +7,7 @@ an H100's 3.35 TB/s), and every microsecond spent elsewhere is a microsecond off
 The forward is replayed from its CUDA graph (as the fast engine runs it) under torch.profiler;
 each kernel is put in a group by its name, and a group that streams known bytes gets its rate:
 
-    linear       the GEMVs (kernels/gemv.py) or cuBLAS's GEMMs: every weight matrix once
+    linear       the GEMVs and rows_linear (kernels/gemv.py) or cuBLAS's GEMMs: every weight matrix once
     attention    the decode attention and its split merge (kernels/attention.py): the KV once
     norm, rope + KV write, silu_mul, other (the embedding, the RoPE table lookup, the logits' cast)
     gaps         the graph's span where no kernel runs
@@ -15,14 +15,14 @@ each kernel is put in a group by its name, and a group that streams known bytes 
 
 With programmatic dependent launch (kernels/pdl.py) a kernel starts before the one ahead of it
 ends and waits: kernels overlap, a group's time counts its kernels' waits too, and the span is the
-number to read.
+number to read; SPECTRACE_PDL=0 gives each kernel's own time.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
 
-GROUPS = (("linear", ("gemv", "gemm", "nvjet", "splitk", "cutlass", "xmma")),
+GROUPS = (("linear", ("gemv", "rows_kernel", "gemm", "nvjet", "splitk", "cutlass", "xmma")),
           ("attention", ("_fwd_kernel", "merge_splits")), ("norm", ("rms_norm",)),
           ("rope + KV write", ("split_rope",)), ("silu_mul", ("silu_mul",)))
 

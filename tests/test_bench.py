@@ -122,13 +122,14 @@ def test_the_roofline_groups_kernels_and_counts_the_span_once():
     from spectrace.bench_roofline import roofline_rows
 
     kernels = [("_gemv_kernel", 0.0, 10.0), ("_add_rms_norm_kernel", 9.0, 12.0),  # overlaps the GEMV by 1
-               ("nvjet_tst_64x8_splitK_TNT", 14.0, 24.0), ("_fwd_kernel", 24.0, 26.0),  # after a gap of 2
-               ("_merge_splits_kernel", 26.0, 27.0), ("index_select_kernel", 30.0, 31.0)]  # after a gap of 3
+               ("_rows_kernel", 12.0, 14.0), ("nvjet_tst_64x8_splitK_TNT", 14.0, 24.0),  # rows_linear's, cuBLAS's
+               ("_fwd_kernel", 24.0, 26.0), ("_merge_splits_kernel", 26.0, 27.0),
+               ("index_select_kernel", 30.0, 31.0)]  # after a gap of 3
     rows = {r["group"]: r for r in roofline_rows(kernels, {"linear": 40e6, "attention": 3e6})}
-    assert (rows["linear"]["kernels"], rows["linear"]["us"], rows["linear"]["tb_s"]) == (2, 20.0, 2.0)
+    assert (rows["linear"]["kernels"], rows["linear"]["us"], rows["linear"]["tb_s"]) == (3, 22.0, 40e6 / 22.0 / 1e6)
     assert (rows["attention"]["kernels"], rows["attention"]["us"], rows["attention"]["tb_s"]) == (2, 3.0, 1.0)
     assert rows["norm"]["us"] == 3.0 and rows["other"]["kernels"] == 1 and rows["norm"]["tb_s"] is None
-    assert rows["gaps"]["us"] == 5.0
+    assert rows["gaps"]["us"] == 3.0
     assert (rows["span"]["us"], rows["span"]["bytes"], rows["span"]["tb_s"]) == (31.0, 43e6, 43e6 / 31.0 / 1e6)
 
 
