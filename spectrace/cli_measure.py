@@ -138,8 +138,9 @@ def cmd_bench(args, run_config) -> int:
 
     def config(**over):
         return run_config(args, **over)
-    if args.profile and args.target_shape and not args.device.startswith("cuda"):
-        raise SpectraceError("--profile at a --target-shape profiles CUDA graphs: add --device cuda")
+    if args.target_shape and args.backend == "fast" and not args.device.startswith("cuda"):
+        raise SpectraceError("--target-shape times the fast engine's forwards as CUDA graphs: add --device cuda "
+                             "(or --backend explicit)")
     if args.profile and not args.target_shape:
         from spectrace.bench_profile import profile_table
         profile_table(config, args.algos, prompts, args.device, args.json, Progress(0).say)

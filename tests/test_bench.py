@@ -111,8 +111,9 @@ def test_shape_lab_predicts_from_its_own_costs(tmp_path, monkeypatch, capsys):
         assert c["predicted"] == c["tau"] * c["c_ar"] / (c["c_draft"] + c["c_verify"] + c["c_extend"])
     assert main(["bench", "--target-shape", "llama-9", "--batch-sizes", "1"]) == 2
     assert "unknown --target-shape 'llama-9'" in capsys.readouterr().err
-    assert main(["bench", "--target-shape", "embedded", "--profile", "--backend", "fast"]) == 2
-    assert "add --device cuda" in capsys.readouterr().err
+    for profile in ([], ["--profile"]):
+        assert main(["bench", "--target-shape", "embedded", "--backend", "fast", *profile]) == 2
+        assert "add --device cuda" in capsys.readouterr().err
 
 
 def test_the_roofline_groups_kernels_and_counts_the_span_once():
