@@ -61,8 +61,13 @@ def parse_policy(text: str, device: str = "cuda") -> BatchPolicy:
     """`auto` (the embedded pair's table for the device), a JSON object, or a file holding one."""
     if text == "auto":
         return BatchPolicy(EMBEDDED["cpu" if device == "cpu" else "cuda"])
-    source = Path(text).read_text(encoding="utf-8") if not text.lstrip().startswith("{") and Path(text).is_file() \
-        else text
+    source = text
+    if not text.lstrip().startswith(("{", "[")):  # a file's name
+        try:
+            source = Path(text).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise SpectraceError(f"--batch-policy {text}: not auto, a JSON object or a file holding one "
+                                 f"({getattr(e, 'strerror', None) or e})") from None
     try:
         raw = json.loads(source)
     except json.JSONDecodeError as e:

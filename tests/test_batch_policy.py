@@ -31,7 +31,8 @@ def test_auto_is_the_embedded_table_of_the_device_and_json_reads_the_same_from_t
 
 
 @pytest.mark.parametrize("text, message", [
-    ("fast", "not auto, a JSON object or a file holding one"),
+    ("fast", "--batch-policy fast: not auto, a JSON object or a file holding one (No such file or directory)"),
+    ("{1: 2}", "not auto, a JSON object or a file holding one (Expecting property name"),
     ("[1, 2]", "expected an object of batch sizes"),
     ('{"0": [3, 1, 4]}', "'0' is not a batch size"),
     ('{"1": [3, 1]}', "needs [num_steps, topk, num_draft_tokens]"),
