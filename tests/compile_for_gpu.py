@@ -54,6 +54,7 @@ from spectrace.kernels.tree import organize_draft_results  # noqa: E402
 from spectrace.kernels.acceptance.tree_rejection import tree_rejection_walk  # noqa: E402
 
 pdl._supported = lambda device: True  # the kernels as an H100 launches them: programmatic dependent launch on
+gemv._tma_device = lambda device: True  # and rows_linear reading W through TMA descriptors
 gen = torch.Generator().manual_seed(0)
 bs, n, V = 2, 8, 64
 parent_list, sel, draft_tokens = draft_tree_inputs(bs, 4, 3, n, V, gen)

@@ -178,6 +178,29 @@ def test_the_streaming_linear_is_f_linear(lead, k, n, bias, dtype, seed):
         torch.testing.assert_close(linear(x16, w16, b16).float(), want, rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.skipif(DEVICE == "cuda" and torch.cuda.get_device_capability()[0] < 9, reason="TMA: Hopper and later")
+@settings(max_examples=8, deadline=None)
+@given(rows=st.integers(2, gemv.MAX_ROWS), k=st.sampled_from([16, 72, 1496]), n=st.sampled_from([8, 100]),
+       bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_rows_linear_by_tma_is_f_linear(rows, k, n, bias, seed):
+    """rows_linear with W's tiles read through a TMA descriptor (SPECTRACE_TMA=1 on Hopper), forced
+    on: interpreted on the CPU in float16, compiled on a Hopper GPU in bfloat16. The copy's zeros
+    past W's last row and column stand in for the masks. 1,496 columns: a second, partial tile
+    (TMA wants rows of a multiple of 16 bytes)."""
+    torch.manual_seed(seed)
+    x = (torch.randn(rows, k) * 3).to(DEVICE, HALF)
+    w = (torch.randn(n, k) / k ** 0.5).to(DEVICE, HALF)
+    b = torch.randn(n).to(DEVICE, HALF) if bias else None
+    tma_device, gemv._tma_device = gemv._tma_device, lambda device: True
+    try:
+        assert gemv.by_tma(x, w)
+        y = gemv.rows_linear(x, w, b)
+    finally:
+        gemv._tma_device = tma_device
+    want = F.linear(x.float(), w.float(), None if b is None else b.float())
+    torch.testing.assert_close(y.float(), want, rtol=2e-2, atol=2e-2)
+
+
 @settings(max_examples=12, deadline=None)
 @given(k=st.sampled_from([16, 70, 600, 1500]), n=st.sampled_from([8, 100]), residual=st.booleans(),
        bias=st.booleans(), seed=st.integers(0, 2**16))

@@ -31,16 +31,24 @@ side of the product, x's rows (padded to 16, tl.dot's smallest tile) as the righ
 at Llama-3.1-8B's matrices and its EAGLE-3 head's (the 8192-column QKV, the 32k-token lm_head),
 2-16 rows took 619-632 µs against cuBLAS's 670-680, 2.4-3.1 TB/s against 2.0-2.8 (H100, one tile
 for all: 64 x 256, 4 warps, 4 stages; docs/benchmarks.md). It too fetches its first tile before
-it waits: without PDL, a whole forward ran at about cuBLAS's time. Measured and left out: a split
-of K across programs (an atomic add into float32), no faster where it was chosen (down_proj) than
-a deeper pipeline without it.
+it waits: without PDL, a whole forward ran at about cuBLAS's time. With SPECTRACE_TMA=1 on Hopper
+its tiles of W come through TMA (`by_tma`): one descriptor copy per tile, W's edges filled with
+zeros by the copy engine, no address arithmetic or masks in the program. It is off by default
+until a GPU run has measured it against the pointer loads (it passes the CPU and sm90 compile
+checks; docs/benchmarks.md says how to compare). Measured and left out: a split of K across
+programs (an atomic add into float32), no faster where it was chosen (down_proj) than a deeper
+pipeline without it.
 """
 from __future__ import annotations
+
+import functools
+import os
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from spectrace.kernels.pdl import launch_options, let_next_start, wait_for_inputs
 from spectrace.kernels.rounding import rounded
@@ -106,22 +114,34 @@ def _gemv_kernel(x, delta, norm_w, total, eps, w, bias, out, N, K: tl.constexpr,
     tl.store(out + rows, y.to(out.dtype.element_ty), mask=row_ok)
 
 
+@triton.jit
+def _w_tile(w, row0, k0, rows, row_ok, ks, K: tl.constexpr, TMA: tl.constexpr):
+    """W's tile (rows, k0 + ks): a TMA copy from the descriptor w, or masked loads from the pointer w."""
+    if TMA:
+        tile = w.load([row0, k0])
+    else:
+        tile = tl.load(w + rows[:, None] * K + (k0 + ks)[None, :], mask=row_ok[:, None] & (k0 + ks < K)[None, :],
+                       other=0.0)
+    return tile
+
+
 @triton.jit(do_not_specialize=["M"])
 def _rows_kernel(x, w, bias, out, M, N, K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, PDL: tl.constexpr):
+                 BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, TMA: tl.constexpr, PDL: tl.constexpr):
     let_next_start(PDL)
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)  # W's rows: output columns
+    row0 = tl.program_id(0) * BLOCK_N
+    rows = row0 + tl.arange(0, BLOCK_N)  # W's rows: output columns
     row_ok = rows < N
     ms, ks = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # y^T
-    weights = tl.load(w + rows[:, None] * K + ks[None, :], mask=row_ok[:, None] & (ks < K)[None, :], other=0.0)
+    weights = _w_tile(w, row0, 0, rows, row_ok, ks, K, TMA)
     wait_for_inputs(PDL)  # the first tile is on its way, as the GEMV's
     xs = tl.load(x + ms[None, :] * K + ks[:, None], mask=(ms < M)[None, :] & (ks < K)[:, None], other=0.0)
     acc = tl.dot(weights, xs, acc)
     for k0 in range(BLOCK_K, K, BLOCK_K):
-        ok = k0 + ks < K
-        weights = tl.load(w + rows[:, None] * K + (k0 + ks)[None, :], mask=row_ok[:, None] & ok[None, :], other=0.0)
-        xs = tl.load(x + ms[None, :] * K + (k0 + ks)[:, None], mask=(ms < M)[None, :] & ok[:, None], other=0.0)
+        weights = _w_tile(w, row0, k0, rows, row_ok, ks, K, TMA)
+        xs = tl.load(x + ms[None, :] * K + (k0 + ks)[:, None], mask=(ms < M)[None, :] & (k0 + ks < K)[:, None],
+                     other=0.0)
         acc = tl.dot(weights, xs, acc)
     if HAS_BIAS:
         acc += tl.load(bias + rows, mask=row_ok, other=0.0).to(tl.float32)[:, None]
@@ -158,6 +178,19 @@ def _gemv(x, weight, bias, prologue=PLAIN, delta=None, norm_weight=None, eps=0.0
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def _tma_device(device: torch.device) -> bool:
+    return (device.type == "cuda" and os.environ.get("SPECTRACE_TMA") == "1"
+            and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
+def by_tma(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether rows_linear reads W through a TMA descriptor: SPECTRACE_TMA=1 on a Hopper GPU (or
+    later), and W laid out as TMA copies it (rows of contiguous columns, 16-byte aligned)."""
+    return (_tma_device(x.device) and weight.stride(1) == 1 and weight.stride(0) * weight.element_size() % 16 == 0
+            and weight.data_ptr() % 16 == 0)
+
+
 def rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """W x^T (+ bias) on the tensor cores: x (M, K), M <= MAX_ROWS -> (M, N)."""
     (M, K), N = x.shape, weight.shape[0]
@@ -165,9 +198,11 @@ def rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     block_n, block_k, config = ROWS_N, ROWS_K, dict(num_warps=4, num_stages=4)
     if not x.is_cuda:  # interpreted: few, wide programs
         block_n, block_k, config = 64, max(16, min(1024, triton.next_power_of_2(K))), {}
+    tma = by_tma(x, weight)
+    w = TensorDescriptor.from_tensor(weight, [block_n, block_k]) if tma else weight
     _rows_kernel[(triton.cdiv(N, block_n),)](
-        x.contiguous(), weight, weight if bias is None else bias, out, M, N, K=K, HAS_BIAS=bias is not None,
-        BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_M=MAX_ROWS, **config, **launch_options(x))
+        x.contiguous(), w, weight if bias is None else bias, out, M, N, K=K, HAS_BIAS=bias is not None,
+        BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_M=MAX_ROWS, TMA=tma, **config, **launch_options(x))
     return out
 
 
