@@ -48,7 +48,6 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from spectrace.kernels.pdl import launch_options, let_next_start, wait_for_inputs
 from spectrace.kernels.rounding import rounded
@@ -198,8 +197,11 @@ def rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     block_n, block_k, config = ROWS_N, ROWS_K, dict(num_warps=4, num_stages=4)
     if not x.is_cuda:  # interpreted: few, wide programs
         block_n, block_k, config = 64, max(16, min(1024, triton.next_power_of_2(K))), {}
-    tma = by_tma(x, weight)
-    w = TensorDescriptor.from_tensor(weight, [block_n, block_k]) if tma else weight
+    tma, w = by_tma(x, weight), weight
+    if tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor  # not in every Triton pyproject accepts
+
+        w = TensorDescriptor.from_tensor(weight, [block_n, block_k])
     _rows_kernel[(triton.cdiv(N, block_n),)](
         x.contiguous(), w, weight if bias is None else bias, out, M, N, K=K, HAS_BIAS=bias is not None,
         BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_M=MAX_ROWS, TMA=tma, **config, **launch_options(x))
