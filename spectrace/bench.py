@@ -249,10 +249,12 @@ def shape_table(config: Config, shape: str, batch_sizes: list[int], repeat: int,
                 profile: bool = False) -> dict[int, dict[str, float]]:
     """A *predicted* speed-up by batch size at a real model shape: the phase costs measured at
     that shape with random weights, the acceptance measured on the embedded pair. An EAGLE-3 step
-    (num_steps S, topk K, n verify tokens) costs a draft loop (one row per request from the
-    target's three captured layers, then S-1 forwards of K rows from the head's own state, of a
-    one-layer head at the target's width with its own lm_head over a draft vocabulary of 32k
-    tokens), a verify of n rows, and a draft extend of about τ rows; plain decoding one row.
+    (num_steps S, topk K, n verify tokens) costs, as the engines run it (SGLang's EAGLE worker's
+    order): a draft loop of S-1 forwards of K rows from the head's own state (a one-layer head at
+    the target's width with its own lm_head over a draft vocabulary of 32k tokens; level 0 takes
+    its top-k from the last draft extend's q, no forward), a verify of n rows, and a draft extend
+    over the accepted tokens from the target's three captured layers (the fast engine pads them
+    to S+1 rows a request, the explicit engine runs about τ); plain decoding one row.
     Predicted speed-up = τ * C_AR / (C_draft + C_verify + C_extend); the textbook τ / (1 + r)
     beside it. profile: each batch size's decode forward, verify and draft level (of K rows, from
     the head's own state) by kernel group against the roofline (bench_roofline.py)."""
@@ -284,9 +286,9 @@ def shape_table(config: Config, shape: str, batch_sizes: list[int], repeat: int,
         target = CausalLM(target_cfg).to(dtype).eval()
         head = Eagle3Head(ModelConfig.from_json({**raw, "num_hidden_layers": 1}), min(EAGLE3_DRAFT_VOCAB, V), H,
                           taps).to(dtype).eval()
-    cost = forward_ms
+    cost, extend_rows = forward_ms, max(1, round(tau))
     if cfg.backend == "fast":  # the fast engine's forwards: fused, Triton attention, one CUDA graph each
-        cost = fast_forward_ms
+        cost, extend_rows = fast_forward_ms, S + 1
     print(f"predicted, not measured end to end: costs at the {shape} shape (random weights, {kv_len}-token "
           f"context, {cfg.device} {str(dtype)[6:]}, {cfg.backend} forwards, an EAGLE-3 head of "
           f"{min(EAGLE3_DRAFT_VOCAB, V)} draft tokens), tau {tau:.3f} of the embedded eagle3 ({S},{K},{n})")
@@ -295,9 +297,9 @@ def shape_table(config: Config, shape: str, batch_sizes: list[int], repeat: int,
     table = {}
     for bs in batch_sizes:
         c_ar = cost(target, kv_len, bs, 1, repeat)
-        c_draft = cost(head, kv_len, bs, 1, repeat, len(taps) * H) + (S - 1) * cost(head, kv_len, bs, K, repeat, H)
+        c_draft = (S - 1) * cost(head, kv_len, bs, K, repeat, H)
         c_verify = cost(target, kv_len, bs, n, repeat)
-        c_extend = cost(head, kv_len, bs, max(1, round(tau)), repeat, len(taps) * H)
+        c_extend = cost(head, kv_len, bs, extend_rows, repeat, len(taps) * H)
         r = c_draft / c_verify
         predicted = tau * c_ar / (c_draft + c_verify + c_extend)
         table[bs] = dict(tau=tau, c_ar=c_ar, c_draft=c_draft, c_verify=c_verify, c_extend=c_extend,

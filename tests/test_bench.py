@@ -2,6 +2,7 @@
 verdict (fp32 greedy), so τ at every batch is the τ of the same requests run alone."""
 import torch
 
+from spectrace import bench
 from spectrace.bench import algos_table, batch_table, shape_table
 from spectrace.bench_hf import hf_table
 from spectrace.cli import main
@@ -109,6 +110,20 @@ def test_shape_lab_predicts_from_its_own_costs(tmp_path, monkeypatch, capsys):
         assert f"tau {c['tau']:.3f} of the embedded eagle3" in out
         assert min(c["c_ar"], c["c_draft"], c["c_verify"], c["c_extend"]) > 0
         assert c["predicted"] == c["tau"] * c["c_ar"] / (c["c_draft"] + c["c_verify"] + c["c_extend"])
+    costs = []  # the forwards each batch prices, as (head?, rows, features): a fake cost of their own
+
+    def cost(model, kv_len, bs, rows, repeat, features=0):
+        costs.append((features > 0, rows, features))
+        return 1 + rows / 100 + features / 1e5
+    for backend, fake in (("explicit", "forward_ms"), ("fast", "fast_forward_ms")):
+        monkeypatch.setattr(bench, fake, cost)
+        costs.clear()
+        c = shape_table(lambda **kw: config(backend=backend, **kw), "embedded", [1], repeat=1, kv_len=32, tau=2.6)[1]
+        H = 256  # the embedded target's width: a head's own state; the captured layers' features are 3H
+        extend_rows = 6 if backend == "fast" else 3  # the fast engine pads accept_tokens to S + 1; else τ rounded
+        assert sorted(costs) == sorted([(False, 1, 0), (True, 4, H), (False, 8, 0), (True, extend_rows, 3 * H)])
+        # a step of (5, 4, 8): four draft forwards of K rows (level 0 is the last extend's q), one verify, one extend
+        assert c["c_draft"] == 4 * cost(None, 0, 1, 4, 1, H) and c["c_extend"] == cost(None, 0, 1, extend_rows, 1, 3 * H)
     assert main(["bench", "--target-shape", "llama-9", "--batch-sizes", "1"]) == 2
     assert "unknown --target-shape 'llama-9'" in capsys.readouterr().err
     for profile in ([], ["--profile"]):
