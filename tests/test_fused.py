@@ -181,19 +181,19 @@ def test_the_streaming_linear_is_f_linear(lead, k, n, bias, dtype, seed):
 @pytest.mark.skipif(DEVICE == "cuda" and torch.cuda.get_device_capability()[0] < 9, reason="TMA: Hopper and later")
 @settings(max_examples=8, deadline=None)
 @given(rows=st.integers(2, gemv.MAX_ROWS), k=st.sampled_from([16, 72, 1496]), n=st.sampled_from([8, 100]),
-       bias=st.booleans(), seed=st.integers(0, 2**16))
-def test_rows_linear_by_tma_is_f_linear(rows, k, n, bias, seed):
-    """rows_linear with W's tiles read through a TMA descriptor (SPECTRACE_TMA=1 on Hopper), forced
-    on: interpreted on the CPU in float16, compiled on a Hopper GPU in bfloat16. The copy's zeros
-    past W's last row and column stand in for the masks. 1,496 columns: a second, partial tile
-    (TMA wants rows of a multiple of 16 bytes)."""
+       bias=st.booleans(), tma=st.booleans(), seed=st.integers(0, 2**16))
+def test_rows_linear_either_way_is_f_linear(rows, k, n, bias, tma, seed):
+    """rows_linear with W's tiles read through a TMA descriptor (Hopper's way) or by pointer loads
+    (SPECTRACE_TMA=0, and GPUs before Hopper), forced either way: interpreted on the CPU in float16,
+    compiled on a Hopper GPU in bfloat16. The copy's zeros past W's last row and column stand in
+    for the masks. 1,496 columns: a second, partial tile (TMA wants rows of a multiple of 16 bytes)."""
     torch.manual_seed(seed)
     x = (torch.randn(rows, k) * 3).to(DEVICE, HALF)
     w = (torch.randn(n, k) / k ** 0.5).to(DEVICE, HALF)
     b = torch.randn(n).to(DEVICE, HALF) if bias else None
-    tma_device, gemv._tma_device = gemv._tma_device, lambda device: True
+    tma_device, gemv._tma_device = gemv._tma_device, lambda device: tma
     try:
-        assert gemv.by_tma(x, w)
+        assert gemv.by_tma(x, w) == tma
         y = gemv.rows_linear(x, w, b)
     finally:
         gemv._tma_device = tma_device

@@ -31,11 +31,12 @@ side of the product, x's rows (padded to 16, tl.dot's smallest tile) as the righ
 at Llama-3.1-8B's matrices and its EAGLE-3 head's (the 8192-column QKV, the 32k-token lm_head),
 2-16 rows took 619-632 µs against cuBLAS's 670-680, 2.4-3.1 TB/s against 2.0-2.8 (H100, one tile
 for all: 64 x 256, 4 warps, 4 stages; docs/benchmarks.md). It too fetches its first tile before
-it waits: without PDL, a whole forward ran at about cuBLAS's time. With SPECTRACE_TMA=1 on Hopper
-its tiles of W come through TMA (`by_tma`): one descriptor copy per tile, W's edges filled with
-zeros by the copy engine, no address arithmetic or masks in the program. It is off by default
-until a GPU run has measured it against the pointer loads (it passes the CPU and sm90 compile
-checks; docs/benchmarks.md says how to compare). Measured and left out: a split of K across
+it waits: without PDL, a whole forward ran at about cuBLAS's time. On Hopper its tiles of W come
+through TMA (`by_tma`): one descriptor copy per tile, W's edges filled with zeros by the copy
+engine, no address arithmetic or masks in the program. At the 8B matrices that took 2.7% off the
+kernels' sum at 4 rows (3,945 µs a forward against 4,056 with pointer loads; an H200) and 1.3%
+off a verify of 8 tokens (4.59 ms against 4.65-4.66); SPECTRACE_TMA=0 turns it off to compare.
+Measured and left out: a split of K across
 programs (an atomic add into float32), no faster where it was chosen (down_proj) than a deeper
 pipeline without it.
 """
@@ -179,13 +180,13 @@ def _gemv(x, weight, bias, prologue=PLAIN, delta=None, norm_weight=None, eps=0.0
 
 @functools.lru_cache(maxsize=None)
 def _tma_device(device: torch.device) -> bool:
-    return (device.type == "cuda" and os.environ.get("SPECTRACE_TMA") == "1"
+    return (device.type == "cuda" and os.environ.get("SPECTRACE_TMA") != "0"
             and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
 def by_tma(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether rows_linear reads W through a TMA descriptor: SPECTRACE_TMA=1 on a Hopper GPU (or
-    later), and W laid out as TMA copies it (rows of contiguous columns, 16-byte aligned)."""
+    """Whether rows_linear reads W through a TMA descriptor: a Hopper GPU (or later) without
+    SPECTRACE_TMA=0, and W laid out as TMA copies it (rows of contiguous columns, 16-byte aligned)."""
     return (_tma_device(x.device) and weight.stride(1) == 1 and weight.stride(0) * weight.element_size() % 16 == 0
             and weight.data_ptr() % 16 == 0)
 
