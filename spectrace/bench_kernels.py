@@ -79,7 +79,7 @@ class Table:
 
     def __init__(self, bandwidth: float):
         self.bandwidth = bandwidth
-        print(f"{'kernel':<34} {'shape':<28} {'graph ms':>9} {'eager ms':>9} {'explicit ms':>12} {'speed-up':>9} "
+        print(f"{'kernel':<34} {'shape':<32} {'graph ms':>9} {'eager ms':>9} {'explicit ms':>12} {'speed-up':>9} "
               f"{'% copy BW':>10}")
 
     def row(self, kernel: str, shape: str, twin: tuple[float, float], explicit_ms: float | None,
@@ -88,7 +88,7 @@ class Table:
         ref = f"{explicit_ms:>12.3f}" if explicit_ms is not None else f"{'-':>12}"
         speed = f"{explicit_ms / eager_ms:>8.{1 if explicit_ms > eager_ms else 3}f}x" if explicit_ms else f"{'-':>9}"
         bw = f"{100 * nbytes / (graph_ms / 1e3) / self.bandwidth:>9.0f}%" if nbytes else f"{'-':>10}"
-        print(f"{kernel:<34} {shape:<28} {graph_ms:>9.3f} {eager_ms:>9.3f} {ref} {speed} {bw}  {note}".rstrip())
+        print(f"{kernel:<34} {shape:<32} {graph_ms:>9.3f} {eager_ms:>9.3f} {ref} {speed} {bw}  {note}".rstrip())
 
 
 def draft_tree_inputs(bs: int, topk: int, steps: int, n: int, vocab: int, gen: torch.Generator):
@@ -299,23 +299,32 @@ def bench_kv(table: Table, device: str, batch_sizes, layers: int, kv_heads: int,
                   2 * 2 * layers * n * kv_heads * head_dim * pool.k.element_size())
 
 
-def bench_linear(table: Table, device: str, hidden: int, intermediate: int, vocab: int, gen) -> None:
-    """kernels/gemv.py against F.linear (cuBLAS) at one row, a decoder layer's matrices and lm_head,
-    in bf16 (float16 interpreted: the interpreter has no bf16 products); what each reads, per second."""
+def bench_linear(table: Table, device: str, hidden: int, intermediate: int, vocab: int, gen,
+                 draft_vocab: int = 32_000) -> None:
+    """kernels/gemv.py against F.linear (cuBLAS), in bf16 (float16 interpreted: the interpreter has
+    no bf16 products): a decoder layer's matrices and lm_head at one row (a batch-1 decode: the
+    GEMV) and at 4 and 8 rows (a draft level's top-k, a verify: `rows_linear`), and at 4 rows an
+    EAGLE-3 head's own (its QKV over the 2H-column [embedding, hidden] input, its draft-vocabulary
+    lm_head); what each reads, per second. On Hopper `rows_linear` reads W through TMA unless
+    SPECTRACE_TMA=0, so the two switches compare here."""
     from spectrace.kernels.gemv import linear
 
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float16
     head_dim, kv = 128 if hidden >= 1024 else 32, 8 if hidden >= 1024 else 2
-    q = hidden // head_dim
-    shapes = {"qkv": ((q + 2 * kv) * head_dim, hidden), "o_proj": (hidden, hidden),
-              "gate_up": (2 * intermediate, hidden), "down": (hidden, intermediate), "lm_head": (vocab, hidden)}
-    for name, (n, k) in shapes.items():
+    qkv = (hidden // head_dim + 2 * kv) * head_dim
+    layer = {"qkv": (qkv, hidden), "o_proj": (hidden, hidden), "gate_up": (2 * intermediate, hidden),
+             "down": (hidden, intermediate), "lm_head": (vocab, hidden)}
+    head = {"eagle3 qkv": (qkv, 2 * hidden), "eagle3 lm_head": (min(draft_vocab, vocab), hidden)}
+    runs = [(rows, name, shape) for rows in (1, 4, 8) for name, shape in layer.items()]
+    runs += [(4, name, shape) for name, shape in head.items()]
+    for rows, name, (n, k) in runs:
         w = (torch.randn(n, k, generator=gen) / k ** 0.5).to(device, dtype)
-        x = torch.randn(1, k, generator=gen).to(device, dtype)
+        x = torch.randn(rows, k, generator=gen).to(device, dtype)
         graph_ms = replay_ms(lambda: linear(x, w), device)
         cublas_ms = replay_ms(lambda: F.linear(x, w), device)
         rate = w.numel() * w.element_size() / 1e9
-        table.row("gemv linear (one row)", f"{name} {n}x{k} {str(dtype)[6:]}",
+        kernel = "gemv linear (one row)" if rows == 1 else f"rows_linear ({rows} rows)"
+        table.row(kernel, f"{name} {n}x{k} {str(dtype)[6:]}",
                   (graph_ms, time_ms(lambda: linear(x, w), device)), time_ms(lambda: F.linear(x, w), device),
                   note=f"{rate / graph_ms:.2f} TB/s; F.linear {cublas_ms:.3f} ms graph, {rate / cublas_ms:.2f} TB/s")
 

@@ -271,7 +271,8 @@ def test_bench_kernels_prints_a_row_per_twin(capsys):
     out = capsys.readouterr().out
     for name in ("build_tree_kernel_efficient", "verify_tree_greedy", "tree_spec_sampling_target_only",
                  "chain_speculative_sampling", "vllm RejectionSampler greedy", "vllm sample_recovered_tokens",
-                 "extend_attention_fwd", "assign_req_to_token_pool", "move_kv_cache", "gemv linear (one row)"):
+                 "extend_attention_fwd", "assign_req_to_token_pool", "move_kv_cache", "gemv linear (one row)",
+                 "rows_linear (4 rows)", "rows_linear (8 rows)", "eagle3 qkv 192x128", "eagle3 lm_head 64x64"):
         assert name in out
 
 
