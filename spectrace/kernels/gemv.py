@@ -43,6 +43,7 @@ pipeline without it.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 
 import torch
@@ -180,13 +181,17 @@ def _gemv(x, weight, bias, prologue=PLAIN, delta=None, norm_weight=None, eps=0.0
 
 @functools.lru_cache(maxsize=None)
 def _tma_device(device: torch.device) -> bool:
+    """A Hopper GPU (or later) without SPECTRACE_TMA=0, and a Triton with host-side tensor
+    descriptors (`triton.tools.tensor_descriptor`: not every release pyproject accepts has them;
+    without, rows_linear keeps its pointer loads)."""
     return (device.type == "cuda" and os.environ.get("SPECTRACE_TMA") != "0"
-            and torch.cuda.get_device_capability(device)[0] >= 9)
+            and torch.cuda.get_device_capability(device)[0] >= 9
+            and importlib.util.find_spec("triton.tools.tensor_descriptor") is not None)
 
 
 def by_tma(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether rows_linear reads W through a TMA descriptor: a Hopper GPU (or later) without
-    SPECTRACE_TMA=0, and W laid out as TMA copies it (rows of contiguous columns, 16-byte aligned)."""
+    """Whether rows_linear reads W through a TMA descriptor: on a device that can (`_tma_device`),
+    and W laid out as TMA copies it (rows of contiguous columns, 16-byte aligned)."""
     return (_tma_device(x.device) and weight.stride(1) == 1 and weight.stride(0) * weight.element_size() % 16 == 0
             and weight.data_ptr() % 16 == 0)
 
@@ -200,7 +205,7 @@ def rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         block_n, block_k, config = 64, max(16, min(1024, triton.next_power_of_2(K))), {}
     tma, w = by_tma(x, weight), weight
     if tma:
-        from triton.tools.tensor_descriptor import TensorDescriptor  # not in every Triton pyproject accepts
+        from triton.tools.tensor_descriptor import TensorDescriptor  # (_tma_device: not in every Triton)
 
         w = TensorDescriptor.from_tensor(weight, [block_n, block_k])
     _rows_kernel[(triton.cdiv(N, block_n),)](
