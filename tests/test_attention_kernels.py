@@ -4,6 +4,8 @@ head dims that are not powers of two, empty prefixes, causal and tree masks. Two
 checks need no explicit side: a causal mask written out as a custom mask equals the causal path
 (SGLang's test), and every node of a tree sees exactly the causal chain of its ancestors (vLLM's
 tree-attention test). Interpreted on CPU at small shapes; tests/test_gpu.py compiles them."""
+from contextlib import contextmanager
+
 import pytest
 import torch
 from hypothesis import example, given, settings
@@ -59,17 +61,28 @@ def run(module, case, **overrides):
     return args["o_extend"]
 
 
+@contextmanager
+def programs_take(every_kv_head: bool):
+    """The attention kernel's programs take every KV head of a request, or one each."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(attention, "heads_per_program", lambda device, heads: heads if every_kv_head else 1)
+        yield
+
+
 head_shapes = st.sampled_from([(2, 2, 16), (4, 2, 13), (6, 2, 32), (3, 1, 80), (4, 4, 64)])  # heads, kv heads, d
 
 
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 2**31), shape=head_shapes, tree=st.booleans(),
        lens=st.lists(st.tuples(st.integers(0, 70), st.integers(1, 9)), min_size=1, max_size=3),
-       splits=st.sampled_from([1, 3]))
-def test_extend_attention_twin_equals_the_explicit_attention(seed, shape, tree, lens, splits):
-    """splits 3: each prefix shared by three programs (some with no key of it) and merged."""
+       splits=st.sampled_from([1, 3]), together=st.booleans())
+def test_extend_attention_twin_equals_the_explicit_attention(seed, shape, tree, lens, splits, together):
+    """splits 3: each prefix shared by three programs (some with no key of it) and merged.
+    together: a program takes every KV head (the interpreter's form), else one (a GPU's)."""
     case, _ = attention_case(seed, [p for p, _ in lens], [n for _, n in lens], *shape, tree=tree)
-    torch.testing.assert_close(run(attention, case, num_kv_splits=splits), run(explicit, case), atol=1e-5, rtol=1e-5)
+    with programs_take(together):
+        got = run(attention, case, num_kv_splits=splits)
+    torch.testing.assert_close(got, run(explicit, case), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("skip_prefix", [True, False])
@@ -161,8 +174,8 @@ def test_a_one_token_forward_takes_shorter_tiles_only_where_splits_of_64_keys_le
 
 
 @settings(max_examples=12, deadline=None)
-@given(data=st.data(), splits=st.sampled_from([1, 2]))
-def test_decode_over_req_to_token_rows_and_paths_equals_its_kv_indices(data, splits):
+@given(data=st.data(), splits=st.sampled_from([1, 2]), together=st.booleans())
+def test_decode_over_req_to_token_rows_and_paths_equals_its_kv_indices(data, splits, together):
     """The fast engine's decode form (row r of request r // R reads its request's committed
     columns, then its path's columns after them, all L of them or its own path_lens) equals, bit
     for bit, the kv_indptr/kv_indices form given the slots those columns hold as one list: the
@@ -187,7 +200,8 @@ def test_decode_over_req_to_token_rows_and_paths_equals_its_kv_indices(data, spl
                  dict(req_to_token=req_to_token, prefix_lens=prefix_lens, paths=paths if L else None,
                       path_lens=path_lens)):
         o = torch.zeros_like(q)
-        attention.decode_attention_fwd(q, k_buffer, v_buffer, o, num_kv_splits=splits, **form)
+        with programs_take(together):
+            attention.decode_attention_fwd(q, k_buffer, v_buffer, o, num_kv_splits=splits, **form)
         outs.append(o)
     torch.testing.assert_close(outs[1], outs[0], atol=0, rtol=0, equal_nan=True)
 

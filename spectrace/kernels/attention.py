@@ -11,6 +11,8 @@ is each request's FULL_MASK rows, row-major (extend_len, prefix_len + extend_len
 One program per (request, KV head, block of new tokens). The query heads that share a KV head are
 packed into the block's rows (row r = token r // GROUP, head r % GROUP), as vLLM's unified
 attention does, so each K/V tile is loaded once per KV head rather than once per query head.
+Interpreted, a program takes every KV head (`heads_per_program`): its rows are all query heads,
+its tiles every KV head's keys side by side, and a row sees its own head's columns only.
 Softmax is the online (flash) form in float32; with float32 inputs the dot products are IEEE
 (no TF32), so the result matches `attend` to rounding.
 
@@ -25,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from spectrace.kernels import check
+from spectrace.kernels import check, heads_per_program
 from spectrace.kernels.pdl import launch_options, wait_first
 
 __all__ = ["extend_attention_fwd", "decode_attention_fwd", "create_kv_indices", "pack_custom_mask"]
@@ -63,9 +65,9 @@ def _fwd_kernel(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_i
                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_EXTEND: tl.constexpr, USE_CUSTOM_MASK: tl.constexpr,
                 SKIP_PREFIX_CUSTOM_MASK: tl.constexpr, IEEE: tl.constexpr, SPLITS: tl.constexpr,
                 KV_ROWS: tl.constexpr, QLEN_MASK: tl.constexpr, ROWS_PER_REQ: tl.constexpr, PATH_LEN: tl.constexpr,
-                PATH_LENS: tl.constexpr, PDL: tl.constexpr):
+                PATH_LENS: tl.constexpr, KV_HEADS: tl.constexpr, PDL: tl.constexpr):
     wait_first(PDL)
-    b, kvh = tl.program_id(0), tl.program_id(1)
+    b, kvh = tl.program_id(0), tl.program_id(1) * KV_HEADS  # the program's (first) KV head
     block, split = tl.program_id(2) // SPLITS, tl.program_id(2) % SPLITS
     if HAS_EXTEND:
         qo_start = tl.load(qo_indptr + b)
@@ -86,10 +88,11 @@ def _fwd_kernel(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_i
         keys = prefix_len + tl.load(path_lens + b)
 
     rows = tl.arange(0, BLOCK_M)
-    tokens_per_block: tl.constexpr = BLOCK_M // GROUP
-    m = block * tokens_per_block + rows // GROUP  # which new token of the request a row is
-    head = kvh * GROUP + rows % GROUP  # which query head
-    row_ok = (rows < tokens_per_block * GROUP) & (m < extend_len)
+    heads: tl.constexpr = GROUP * KV_HEADS  # query heads a program takes
+    tokens_per_block: tl.constexpr = BLOCK_M // heads
+    m = block * tokens_per_block + rows // heads  # which new token of the request a row is
+    head = kvh * GROUP + rows % heads  # which query head
+    row_ok = (rows < tokens_per_block * heads) & (m < extend_len)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < D
     q = tl.load(q_extend + (qo_start + m)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
@@ -103,11 +106,18 @@ def _fwd_kernel(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_i
 
     # stage 1, the prefix: keys from the pool through kv_indices (attend's kv.req_to_token[req, :seq_len]);
     # this split's share of it, whole BLOCK_N tiles each
-    cols = tl.arange(0, BLOCK_N)
+    # a tile's columns: BLOCK_N keys of the program's KV head, or of each of its KV_HEADS side by
+    # side (key = column % BLOCK_N), a row seeing its own head's only
+    cols = tl.arange(0, BLOCK_N * KV_HEADS)
+    if KV_HEADS == 1:
+        key, col_head = cols, kvh
+    else:
+        key, col_head = cols % BLOCK_N, (kvh + cols // BLOCK_N)[:, None]
+        own_head = (head // GROUP)[:, None] == (kvh + cols // BLOCK_N)[None, :]
     chunk = tl.cdiv(tl.cdiv(keys, SPLITS), BLOCK_N) * BLOCK_N
     prefix_end = tl.minimum((split + 1) * chunk, keys)
     for start in range(split * chunk, prefix_end, BLOCK_N):
-        n = start + cols
+        n = start + key
         n_ok = n < prefix_end
         col = n
         if PATH_LEN > 0:  # past the prefix: column prefix_len + paths[b, n - prefix_len]
@@ -115,10 +125,12 @@ def _fwd_kernel(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_i
             path = paths + req * stride_pr + (b % ROWS_PER_REQ) * stride_pk + n - prefix_len
             col = tl.where(on_path, prefix_len + tl.load(path, mask=on_path, other=0), n)
         slot = tl.load(kv_indices + kv_start + col, mask=n_ok, other=0)
-        kv_offs = slot[:, None] * stride_bt + kvh * stride_bh + d[None, :]
+        kv_offs = slot[:, None] * stride_bt + col_head * stride_bh + d[None, :]
         k_tile = tl.load(k_buffer + kv_offs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         v_tile = tl.load(v_buffer + kv_offs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
         visible = row_ok[:, None] & n_ok[None, :]
+        if KV_HEADS > 1:
+            visible = visible & own_head
         if USE_CUSTOM_MASK and not SKIP_PREFIX_CUSTOM_MASK:
             visible = visible & (tl.load(mask_row[:, None] + n[None, :], mask=visible, other=0) != 0)
         m_i, l_i, acc = _attend_tile(q, k_tile, v_tile, visible, m_i, l_i, acc, sm_scale, logit_cap, IEEE)
@@ -130,12 +142,14 @@ def _fwd_kernel(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_i
         else:  # causal: no row of this block sees past its last token
             extend_end = tl.minimum(extend_len, (block + 1) * tokens_per_block)
         for start in range(0, extend_end, BLOCK_N):
-            n = start + cols
+            n = start + key
             n_ok = n < extend_end
-            kv_offs = (qo_start + n)[:, None] * stride_kt + kvh * stride_kh + d[None, :]
+            kv_offs = (qo_start + n)[:, None] * stride_kt + col_head * stride_kh + d[None, :]
             k_tile = tl.load(k_extend + kv_offs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
             v_tile = tl.load(v_extend + kv_offs, mask=n_ok[:, None] & d_ok[None, :], other=0.0)
             visible = row_ok[:, None] & n_ok[None, :]
+            if KV_HEADS > 1:
+                visible = visible & own_head
             if USE_CUSTOM_MASK:
                 offs = n if QLEN_MASK else prefix_len + n
                 visible = visible & (tl.load(mask_row[:, None] + offs[None, :], mask=visible, other=0) != 0)
@@ -170,10 +184,13 @@ def _merge_splits_kernel(mid_o, mid_ml, o, stride_ot, stride_oh, NUM_HEADS: tl.c
     tl.store(o + t * stride_ot + head * stride_oh + d, out.to(o.dtype.element_ty), mask=d < D)
 
 
-def _block_sizes(tokens: int, group: int) -> tuple[int, int]:
-    """BLOCK_M rows hold whole groups of query heads, enough for the request's new tokens (at
-    least 16, tl.dot's smallest tile; at most 64); BLOCK_N keys per tile."""
-    block_m = min(max(16, triton.next_power_of_2(group * max(tokens, 1))), max(64, triton.next_power_of_2(group)))
+def _block_sizes(tokens: int, group: int, kv_heads: int) -> tuple[int, int]:
+    """BLOCK_M rows hold whole groups of query heads of the program's kv_heads, enough for the
+    request's new tokens (at least 16, tl.dot's smallest tile; at most 64 a KV head); BLOCK_N keys
+    per tile."""
+    heads = group * kv_heads
+    most = max(64 * kv_heads, triton.next_power_of_2(heads))
+    block_m = min(max(16, triton.next_power_of_2(heads * max(tokens, 1))), most)
     return block_m, 64
 
 
@@ -224,8 +241,9 @@ def _launch(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr, 
     if num_heads % num_kv_heads:
         raise ValueError(f"{num_heads} query heads do not group over {num_kv_heads} KV heads")
     group = num_heads // num_kv_heads
-    block_m, block_n = _block_sizes(max_len_extend, group)
-    blocks = triton.cdiv(max(max_len_extend, 1), block_m // group)
+    kv_heads = heads_per_program(q.device, num_kv_heads)
+    block_m, block_n = _block_sizes(max_len_extend, group, kv_heads)
+    blocks = triton.cdiv(max(max_len_extend, 1), block_m // (group * kv_heads))
     prefix_tokens = bs * kv_indices.shape[1] if kv_rows else kv_indices.numel()  # at most, known without a sync
     if max_len_extend == 1 and not num_kv_splits:  # a fixed split count (decode_rows_batch) keeps 64-key tiles
         block_n = decode_tile(q.device, bs * num_kv_heads, prefix_tokens, bs)
@@ -236,7 +254,7 @@ def _launch(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr, 
         mid_ml = torch.empty(q.shape[0], num_heads, splits, 2, dtype=torch.float32, device=q.device)
     use_mask = custom_mask is not None
     block_d = max(16, triton.next_power_of_2(head_dim))
-    _fwd_kernel[(bs, num_kv_heads, blocks * splits)](
+    _fwd_kernel[(bs, num_kv_heads // kv_heads, blocks * splits)](
         q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
         kv_indptr if paths is None else paths, 0 if paths is None else paths.stride(0),
         0 if paths is None else paths.stride(1), kv_indptr if path_lens is None else path_lens,
@@ -249,7 +267,7 @@ def _launch(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr, 
         HAS_EXTEND=has_extend, USE_CUSTOM_MASK=use_mask, SKIP_PREFIX_CUSTOM_MASK=skip_prefix_custom_mask,
         IEEE=q.dtype == torch.float32, SPLITS=splits, KV_ROWS=kv_rows, QLEN_MASK=qlen_mask,
         ROWS_PER_REQ=rows_per_req, PATH_LEN=0 if paths is None else paths.shape[-1], PATH_LENS=path_lens is not None,
-        **launch_options(q))
+        KV_HEADS=kv_heads, **launch_options(q))
     if splits > 1 and q.shape[0]:
         _merge_splits_kernel[(q.shape[0], num_heads)](mid_o, mid_ml, o, o.stride(0), o.stride(1), NUM_HEADS=num_heads,
                                                       D=head_dim, SPLITS=splits,
