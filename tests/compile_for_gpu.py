@@ -55,7 +55,7 @@ from spectrace.kernels.acceptance.tree_rejection import tree_rejection_walk  # n
 
 pdl._supported = lambda device: True  # the kernels as an H100 launches them: programmatic dependent launch on
 gemv._tma_device = lambda device: True  # and rows_linear reading W through TMA descriptors, and
-attention.heads_per_program = fused.heads_per_program = lambda device, heads: 1  # a head a program
+attention.kv_heads_per_program = lambda device, heads: 1  # a KV head a program
 gen = torch.Generator().manual_seed(0)
 bs, n, V = 2, 8, 64
 parent_list, sel, draft_tokens = draft_tree_inputs(bs, 4, 3, n, V, gen)
@@ -112,7 +112,9 @@ for dtype in (torch.float32, torch.bfloat16):  # the fast engine's fused layer p
     fused.split_rope(torch.randn(3, (4 + 2 * 2) * 32, dtype=dtype), cos, sin, 4, 2, 32)
     cache = torch.zeros(8, 2, 32, dtype=dtype)
     fused.split_rope(torch.randn(3, (4 + 2 * 2) * 32, dtype=dtype), cos, sin, 4, 2, 32, cache, cache.clone(),
-                     torch.tensor([1, 4, 6]), (RMSNorm(32, 1e-6).to(dtype), RMSNorm(32, 1e-6).to(dtype)))  # Qwen3's
+                     torch.tensor([1, 4, 6]))
+    fused.split_rope(torch.randn(3, (4 + 2 * 2) * 32, dtype=dtype), cos, sin, 4, 2, 32,  # Qwen3's head norms
+                     head_norms=(RMSNorm(32, 1e-6).to(dtype), RMSNorm(32, 1e-6).to(dtype)))
     fused.silu_mul(torch.randn(3, 2 * 704, dtype=dtype))
     fused.add_rms_norm(torch.randn(3, 256, dtype=dtype), torch.randn(3, 256, dtype=dtype),
                        RMSNorm(256, 1e-5).to(dtype))

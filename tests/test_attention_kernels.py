@@ -65,7 +65,7 @@ def run(module, case, **overrides):
 def programs_take(every_kv_head: bool):
     """The attention kernel's programs take every KV head of a request, or one each."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(attention, "heads_per_program", lambda device, heads: heads if every_kv_head else 1)
+        mp.setattr(attention, "kv_heads_per_program", lambda device, heads: heads if every_kv_head else 1)
         yield
 
 

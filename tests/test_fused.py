@@ -45,12 +45,9 @@ def test_rms_norm_equals_the_explicit_norm(rows, hidden, dtype, seed):
 
 @settings(max_examples=10, deadline=None)
 @given(tokens=st.integers(1, 5), heads=st.sampled_from([(4, 2), (2, 2), (4, 1)]), head_dim=st.sampled_from([8, 32]),
-       dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**16), qk_norm=st.booleans(), llama3=st.booleans(),
-       together=st.booleans())
-def test_split_rope_equals_the_explicit_projections_and_rope(tokens, heads, head_dim, dtype, seed, qk_norm, llama3,
-                                                             together):
-    """With qk_norm, Qwen3's per-head RMSNorms of q and k first; llama3: Llama 3.1's RoPE frequencies;
-    together: a program takes every head of its token (as interpreted), else one (as on a GPU)."""
+       dtype=st.sampled_from(DTYPES), seed=st.integers(0, 2**16), qk_norm=st.booleans(), llama3=st.booleans())
+def test_split_rope_equals_the_explicit_projections_and_rope(tokens, heads, head_dim, dtype, seed, qk_norm, llama3):
+    """With qk_norm, Qwen3's per-head RMSNorms of q and k first; llama3: Llama 3.1's RoPE frequencies."""
     torch.manual_seed(seed)
     h, kvh = heads
     qkv = (torch.randn(tokens, (h + 2 * kvh) * head_dim) * 3).to(DEVICE, dtype)
@@ -65,9 +62,7 @@ def test_split_rope_equals_the_explicit_projections_and_rope(tokens, heads, head
         with torch.no_grad():
             for norm in norms:
                 norm.weight.uniform_(0.5, 1.5)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(fused, "heads_per_program", lambda device, heads: heads if together else 1)
-        q, k, v = fused.split_rope(qkv, cos, sin, h, kvh, head_dim, k_cache, v_cache, slots, norms)
+    q, k, v = fused.split_rope(qkv, cos, sin, h, kvh, head_dim, k_cache, v_cache, slots, norms)
     want_q, want_k, want_v = qkv.split([h * head_dim, kvh * head_dim, kvh * head_dim], dim=1)
     want_q, want_k = want_q.reshape(tokens, h, head_dim), want_k.reshape(tokens, kvh, head_dim)
     if qk_norm:

@@ -60,14 +60,6 @@ def require(device: str) -> None:
                              "(slow, for parity checks), or use --device cuda")
 
 
-def heads_per_program(device: torch.device, heads: int) -> int:
-    """How many heads a kernel's program takes (the attention's KV heads, RoPE's heads of a token):
-    one on a GPU, where programs run side by side; every one interpreted, where they run one
-    after another and each costs the ops it runs, not the size of its tiles (the embedded
-    target's attention runs 4 times fewer programs, RoPE 16 times)."""
-    return 1 if device.type == "cuda" else heads
-
-
 def check(name: str, t: torch.Tensor, dtype: torch.dtype | tuple | None = None, shape: tuple | None = None,
           device: torch.device | None = None, strided: bool = False) -> None:
     """One clear line for a tensor a twin cannot take: its dtype, shape (None: any size there),

@@ -40,7 +40,7 @@ import triton.language as tl
 from spectrace.core.drafters.eagle import DraftHead
 from spectrace.core.drafters.eagle3 import Eagle3Head
 from spectrace.core.model import MLP, Attention, CausalLM, ForwardOutput, RMSNorm, RotaryEmbedding
-from spectrace.kernels import gemv, heads_per_program
+from spectrace.kernels import gemv
 from spectrace.kernels.gemv import linear as streaming_linear
 from spectrace.kernels.matmul import invariant_linear
 from spectrace.kernels.pdl import launch_options, wait_first
@@ -137,41 +137,43 @@ def eagle3_input(ids: torch.Tensor, embed: torch.Tensor, h: torch.Tensor, input_
 @triton.jit
 def _split_rope_kernel(qkv, cos, sin, cos_stride, q, k, v, slots, k_cache, v_cache, q_norm, k_norm, eps,
                        NQ: tl.constexpr, NKV: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-                       HEADS: tl.constexpr, WRITE_KV: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr):
+                       WRITE_KV: tl.constexpr, QK_NORM: tl.constexpr, PDL: tl.constexpr):
     wait_first(PDL)
-    t = tl.program_id(0)  # one token's HEADS heads (rows) of q, then k, then v
-    head = (tl.program_id(1) * HEADS + tl.arange(0, HEADS))[:, None]
-    j = tl.arange(0, BLOCK)[None, :]
-    ok = (head < NQ + 2 * NKV) & (j < D)
-    is_q, is_v = head < NQ, head >= NQ + NKV
+    t, head = tl.program_id(0), tl.program_id(1)  # one token's one head of q, k or v
+    j = tl.arange(0, BLOCK)
+    ok = j < D
     width: tl.constexpr = (NQ + 2 * NKV) * D
     x = tl.load(qkv + t * width + head * D + j, mask=ok, other=0.0)
-    # q and k: x * cos + rotate_half(x) * sin, rounded after each op as the explicit tensors are
-    half: tl.constexpr = D // 2
-    pj = (j + half) % D
-    roped = ok & ~is_v
-    partner = tl.load(qkv + t * width + head * D + pj, mask=roped, other=0.0)
-    y = x
-    if QK_NORM:  # Qwen3: the head RMS-normalised first (RMSNorm over d), its partner with the same rms
-        xf = y.to(tl.float32)
-        rstd = tl.rsqrt(tl.sum(xf * xf, axis=1) / D + eps)[:, None]
-        w, w_partner = tl.where(is_q, q_norm + j, k_norm + j), tl.where(is_q, q_norm + pj, k_norm + pj)
-        y = (tl.load(w, mask=roped, other=0.0).to(tl.float32) * rounded(xf * rstd, x.dtype)).to(x.dtype)
-        partner = (tl.load(w_partner, mask=roped, other=0.0).to(tl.float32)
-                   * rounded(partner.to(tl.float32) * rstd, x.dtype)).to(x.dtype)
-    rotated = tl.where(j < half, -partner, partner)
-    c = tl.load(cos + t * cos_stride + j, mask=j < D, other=0.0).to(tl.float32)
-    s = tl.load(sin + t * cos_stride + j, mask=j < D, other=0.0).to(tl.float32)
-    # torch rounds x * cos and rotate_half(x) * sin to the dtype before adding them
-    y = (rounded(y.to(tl.float32) * c, x.dtype) + rounded(rotated.to(tl.float32) * s, x.dtype)).to(x.dtype)
-    tl.store(q + (t * NQ + head) * D + j, y, mask=ok & is_q)
-    k_row, v_row = head - NQ, head - NQ - NKV  # the head's row among k's, v's
-    tl.store(k + (t * NKV + k_row) * D + j, y, mask=roped & ~is_q)
-    tl.store(v + (t * NKV + v_row) * D + j, x, mask=ok & is_v)  # v: copied as is
     if WRITE_KV:
         slot = tl.load(slots + t)
-        tl.store(k_cache + (slot * NKV + k_row) * D + j, y, mask=roped & ~is_q)
-        tl.store(v_cache + (slot * NKV + v_row) * D + j, x, mask=ok & is_v)
+    if head >= NQ + NKV:  # v: copied as is
+        tl.store(v + (t * NKV + head - NQ - NKV) * D + j, x, mask=ok)
+        if WRITE_KV:
+            tl.store(v_cache + (slot * NKV + head - NQ - NKV) * D + j, x, mask=ok)
+    else:  # x * cos + rotate_half(x) * sin, rounded after each op as the explicit tensors are
+        half: tl.constexpr = D // 2
+        pj = (j + half) % D
+        partner = tl.load(qkv + t * width + head * D + pj, mask=ok, other=0.0)
+        if QK_NORM:  # Qwen3: the head RMS-normalised first (RMSNorm over d), its partner with the same rms
+            xf = x.to(tl.float32)
+            rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / D + eps)
+            w = q_norm if head < NQ else k_norm
+            x = (tl.load(w + j, mask=ok, other=0.0).to(tl.float32) * rounded(xf * rstd, x.dtype)).to(x.dtype)
+            partner = (tl.load(w + pj, mask=ok, other=0.0).to(tl.float32)
+                       * rounded(partner.to(tl.float32) * rstd, x.dtype)).to(x.dtype)
+        rotated = tl.where(j < half, -partner, partner)
+        c = tl.load(cos + t * cos_stride + j, mask=ok, other=0.0).to(tl.float32)
+        s = tl.load(sin + t * cos_stride + j, mask=ok, other=0.0).to(tl.float32)
+        # torch rounds x * cos and rotate_half(x) * sin to the dtype before adding them
+        xc = rounded(x.to(tl.float32) * c, x.dtype)
+        rs = rounded(rotated.to(tl.float32) * s, x.dtype)
+        y = (xc + rs).to(x.dtype)
+        if head < NQ:
+            tl.store(q + (t * NQ + head) * D + j, y, mask=ok)
+        else:
+            tl.store(k + (t * NKV + head - NQ) * D + j, y, mask=ok)
+            if WRITE_KV:
+                tl.store(k_cache + (slot * NKV + head - NQ) * D + j, y, mask=ok)
 
 
 def split_rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int,
@@ -189,15 +191,12 @@ def split_rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_head
         cos, sin = cos.contiguous(), sin.contiguous()
     write = slots is not None
     q_norm, k_norm = head_norms or (None, None)
-    heads = num_heads + 2 * num_kv_heads
-    per_program = heads_per_program(qkv.device, heads)
     if N:
-        _split_rope_kernel[(N, triton.cdiv(heads, per_program))](
+        _split_rope_kernel[(N, num_heads + 2 * num_kv_heads)](
             qkv.contiguous(), cos, sin, cos.stride(0), q, k, v, slots if write else qkv, k_cache if write else qkv,
             v_cache if write else qkv, q_norm.weight if head_norms else qkv, k_norm.weight if head_norms else qkv,
             q_norm.eps if head_norms else 0.0, NQ=num_heads, NKV=num_kv_heads, D=head_dim,
-            BLOCK=triton.next_power_of_2(head_dim), HEADS=triton.next_power_of_2(per_program), WRITE_KV=write,
-            QK_NORM=head_norms is not None,
+            BLOCK=triton.next_power_of_2(head_dim), WRITE_KV=write, QK_NORM=head_norms is not None,
             **launch_options(qkv))
     return q, k, v
 
