@@ -104,8 +104,6 @@ def _fwd_kernel(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_i
     if USE_CUSTOM_MASK:  # this row of the FULL_MASK (extend_len, seq_len), or of the QLEN_ONLY (extend_len, extend_len)
         mask_row = custom_mask + tl.load(mask_indptr + b) + m * (extend_len if QLEN_MASK else seq_len)
 
-    # stage 1, the prefix: keys from the pool through kv_indices (attend's kv.req_to_token[req, :seq_len]);
-    # this split's share of it, whole BLOCK_N tiles each
     # a tile's columns: BLOCK_N keys of the program's KV head, or of each of its KV_HEADS side by
     # side (key = column % BLOCK_N), a row seeing its own head's only
     cols = tl.arange(0, BLOCK_N * KV_HEADS)
@@ -114,6 +112,9 @@ def _fwd_kernel(q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, qo_i
     else:
         key, col_head = cols % BLOCK_N, (kvh + cols // BLOCK_N)[:, None]
         own_head = (head // GROUP)[:, None] == (kvh + cols // BLOCK_N)[None, :]
+
+    # stage 1, the prefix: keys from the pool through kv_indices (attend's kv.req_to_token[req, :seq_len]);
+    # this split's share of it, whole BLOCK_N tiles each
     chunk = tl.cdiv(tl.cdiv(keys, SPLITS), BLOCK_N) * BLOCK_N
     prefix_end = tl.minimum((split + 1) * chunk, keys)
     for start in range(split * chunk, prefix_end, BLOCK_N):
