@@ -187,8 +187,9 @@ TMA_OK = DEVICE == "cpu" or torch.cuda.get_device_capability()[0] >= 9  # the in
 def test_rows_linear_either_way_is_f_linear(rows, k, n, bias, tma, seed):
     """rows_linear with W's tiles read through a TMA descriptor (Hopper's way) or by pointer loads
     (SPECTRACE_TMA=0, and GPUs before Hopper, which draw only these), forced either way: interpreted
-    on the CPU in float16, compiled on a GPU in bfloat16. The copy's zeros past W's last row and column stand in
-    for the masks. 1,496 columns: a second, partial tile (TMA wants rows of a multiple of 16 bytes)."""
+    on the CPU in float16, compiled on a GPU in bfloat16. The copy's zeros past W's last row and
+    column stand in for the masks. 1,496 columns: a second, partial tile (TMA wants rows of a
+    multiple of 16 bytes)."""
     torch.manual_seed(seed)
     x = (torch.randn(rows, k) * 3).to(DEVICE, HALF)
     w = (torch.randn(n, k) / k ** 0.5).to(DEVICE, HALF)
