@@ -1,0 +1,5 @@
+import sys
+
+from spectrace.zoo.grow import main
+
+sys.exit(main())
