@@ -9,6 +9,8 @@
     --compare-hf  transformers' own paths on the same prompts and models: bench_hf.py
     shape_table   --target-shape: a predicted speed-up by batch size at a real model's shape,
                   from phase costs measured there with random weights and τ from the embedded pair
+    realised_table  and beside it the speed-up measured end to end at that shape, on the grown
+                  pair (spectrace/zoo/grow: the embedded pair computed by a model of that shape)
 
 `config(algo, prompts, batch, trace)` builds the RunConfig of one run from the command's options.
 The first run of each measurement warms up and is not counted.
@@ -17,10 +19,12 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Callable
 
 import torch
 
+from spectrace.algos import ALGOS
 from spectrace.core.metrics import predicted_speedup
 from spectrace.errors import SpectraceError
 from spectrace.core.config import read_config_json
@@ -74,7 +78,7 @@ def algos_table(config: Config, algos: list[str], prompts: list[str], repeat: in
     print(f"{'algo':<20} {'steps,topk,n':>12} {'tokens/s':>9} {'tau':>6} {'alpha':>6} {'verify_ct':>9} "
           f"{'draft ms':>8} {'verify ms':>9} {'other ms':>8} {'r':>6} {'tau/(1+r)':>9} {'step model':>10} "
           f"{'realised':>8}" + (f" {'recording':>9} {'+records':>8}" if recording else ""))
-    outputs, none_tps, c_ar, loaded = {}, None, None, {}
+    outputs, none_tps, c_ar, loaded, speedups = {}, None, None, {}, {}
     for algo in algos:
         tokens = wall = verify = correct = proposed = steps = 0
         traced = [0.0, 0.0]  # the loop's wall time, and with the records built after it
@@ -114,6 +118,9 @@ def algos_table(config: Config, algos: list[str], prompts: list[str], repeat: in
             cells += [f"{traced[0] / wall:>8.2f}x", f"{traced[1] / wall:>7.2f}x"]
         progress(None)
         print(f"{algo:<20} {shape_of(algo, res):>12} " + " ".join(cells))
+        if algo != "none" and none_tps:
+            speedups[algo] = (tps / none_tps, tokens / verify)
+    launch_bound_note(config, speedups, prompts)
     return outputs
 
 
@@ -143,7 +150,7 @@ def batch_table(config: Config, algos: list[str], prompts: list[str], batch_size
     cost_head = f" {'recording':>9} {'+records':>8}" if record_level != "off" else ""
     print(f"{'batch':>5} {'none tok/s':>10}{cost_head}" + "".join(
         f" | {n + ' tok/s':>19} {'tau':>6} {'speed-up':>8}{cost_head}" for n in names))
-    table, loaded = {}, {}
+    table, loaded, slow = {}, {}, {}
     for bs in batch_sizes:
         row, cost = {}, {}
         for name, (algo, over) in zip(["none"] + names, [("none", {})] + columns):
@@ -162,17 +169,49 @@ def batch_table(config: Config, algos: list[str], prompts: list[str], batch_size
                 cost[name] = f" {traced[0] / wall:>8.2f}x {traced[1] / wall:>7.2f}x"
         table[bs] = row
         progress(None)
+        for a in names:
+            if " " not in a and a not in slow and row[a][0] < row["none"][0]:
+                slow[a] = (row[a][0] / row["none"][0], row[a][1])
         print(f"{bs:>5} {row['none'][0]:>10.1f}{cost.get('none', '')}" + "".join(
             f" | {row[n][0]:>19.1f} {f'{row[n][1]:.3f}' if row[n][1] else '-':>6} {row[n][0] / row['none'][0]:>7.2f}x"
             f"{cost.get(n, '')}" for n in names))
+    launch_bound_note(config, slow, prompts)
     return table
+
+
+def launch_bound_note(config: Config, speedups: dict[str, tuple[float, float]], prompts: list[str]) -> None:
+    """Where drafting ran slower than plain decoding on the embedded pair on a GPU (speedups:
+    algo -> (speed-up, τ)), why, in kernels, and what to run instead. The embedded pair's weights
+    (about 15 MB) stay in cache: a step costs what its kernels cost to launch, so a step of
+    drafting, verifying and extending must launch fewer kernels than τ plain tokens to pay."""
+    from spectrace.zoo import TARGET_DIR
+
+    base = config(algo="none", prompts=[], batch=None, trace=None)
+    slow = {a: v for a, v in speedups.items() if v[0] < 1.0}
+    if not slow or not base.device.startswith("cuda") or Path(base.target_model) != TARGET_DIR:
+        return
+    counts = {}
+    if base.backend == "fast":
+        from spectrace.bench_profile import profile_algo
+        for algo in ["none", *slow]:
+            counts[algo] = profile_algo(config, algo, prompts[:1], base.device)["phases"]["total"]["kernels"]
+    for algo, (speedup, tau) in slow.items():
+        kernels = (f" (counted on the first prompt: plain decoding launches {counts['none']:.0f} kernels a token, "
+                   f"{algo} {counts[algo]:.0f} a step of {tau:.2f} tokens)") if counts else \
+            " (spectrace bench --profile --backend fast counts them)"
+        print(f"note: {algo} runs {speedup:.2f}x plain decoding here. The embedded pair is launch-bound on a GPU: "
+              f"its weights stay in cache, so a step costs what its kernels cost{kernels}. At a real model's shape "
+              "the bound is memory and drafting pays: spectrace bench --device cuda --backend fast --target-shape "
+              "llama-3.1-8b --batch-sizes 1 measures it on the grown pair (Llama-3.1-8B's shape computing the "
+              "embedded pair).")
 
 
 # ---- predicted speed-up at real model shapes -------------------------------------------------
 
 # the published models' config.json fields (zoo/random_checkpoint.py), whose costs --target-shape
-# measures with random weights; "embedded", the embedded target's, for a quick look on any machine
-TARGET_SHAPES = {**SHAPES, "embedded": None}
+# measures with random weights; "small", the grown pair's CPU size (zoo/grow), and "embedded", the
+# embedded target's, for a quick look on any machine
+TARGET_SHAPES = {**SHAPES, "small": None, "embedded": None}
 EAGLE3_DRAFT_VOCAB = 32000  # the published EAGLE-3 heads' draft vocabulary (Llama 3.1 8B's, SpecForge's default)
 # EAGLE-3's paper (SGLang, Llama-3.1-8B, one H100): speed-up by batch size
 EAGLE3_PAPER_SGLANG = {2: 1.81, 64: 1.38}
@@ -246,7 +285,7 @@ def fast_forward_graph(model, kv_len: int, bs: int, rows: int, features: int = 0
 
 def shape_table(config: Config, shape: str, batch_sizes: list[int], repeat: int, kv_len: int = 1024,
                 tau: float | None = None, prompts: list[str] | None = None,
-                profile: bool = False) -> dict[int, dict[str, float]]:
+                profile: bool = False, grown: Path | None = None) -> dict[int, dict[str, float]]:
     """A *predicted* speed-up by batch size at a real model shape: the phase costs measured at
     that shape with random weights, the acceptance measured on the embedded pair. An EAGLE-3 step
     (num_steps S, topk K, n verify tokens) costs, as the engines run it (SGLang's EAGLE worker's
@@ -257,11 +296,12 @@ def shape_table(config: Config, shape: str, batch_sizes: list[int], repeat: int,
     to S+1 rows a request, the explicit engine runs about τ); plain decoding one row.
     Predicted speed-up = τ * C_AR / (C_draft + C_verify + C_extend); the textbook τ / (1 + r)
     beside it. profile: each batch size's decode forward, verify and draft level (of K rows, from
-    the head's own state) by kernel group against the roofline (bench_roofline.py)."""
+    the head's own state) by kernel group against the roofline (bench_roofline.py). grown: a grown
+    pair's directory, whose target's decode is timed beside the random one's (C_AR grown)."""
     from spectrace.core.config import ModelConfig
     from spectrace.core.drafters.eagle3 import Eagle3Head
     from spectrace.core.drafters.eagle3_layouts import default_capture_layers
-    from spectrace.core.model import CausalLM
+    from spectrace.core.model import CausalLM, load_model
 
     if shape not in TARGET_SHAPES:
         raise SpectraceError(f"unknown --target-shape {shape!r} (choose from {', '.join(TARGET_SHAPES)})")
@@ -277,26 +317,33 @@ def shape_table(config: Config, shape: str, batch_sizes: list[int], repeat: int,
     spec, _ = resolve(cfg)  # SGLang's automatic shape for an EAGLE-3 head over a Llama target
     S, K, n = spec.num_steps, spec.topk, spec.num_draft_tokens
     dtype = cfg.torch_dtype
-    raw = read_config_json(TARGET_DIR) if shape == "embedded" else TARGET_SHAPES[shape]
+    if shape == "embedded":
+        raw = read_config_json(TARGET_DIR)
+    else:
+        from spectrace.zoo.grow import target_config
+        raw = TARGET_SHAPES[shape] or target_config(shape)
     target_cfg = ModelConfig.from_json(raw)
     H, L, V = target_cfg.hidden_size, target_cfg.num_hidden_layers, target_cfg.vocab_size
     taps = default_capture_layers(L)
+    from spectrace.zoo.grow import PLANS
+    draft_vocab = PLANS[shape].draft_vocab if shape in PLANS else min(EAGLE3_DRAFT_VOCAB, V)
     torch.manual_seed(0)
     with torch.device(cfg.device):  # initialised where they run: an 8B model never visits host memory
         target = CausalLM(target_cfg).to(dtype).eval()
-        head = Eagle3Head(ModelConfig.from_json({**raw, "num_hidden_layers": 1}), min(EAGLE3_DRAFT_VOCAB, V), H,
-                          taps).to(dtype).eval()
+        head = Eagle3Head(ModelConfig.from_json({**raw, "num_hidden_layers": 1}), draft_vocab, H, taps).to(dtype).eval()
+    grown_target = load_model(grown / "target", dtype, cfg.device) if grown else None
     cost, extend_rows = forward_ms, max(1, round(tau))
     if cfg.backend == "fast":  # the fast engine's forwards: fused, Triton attention, one CUDA graph each
         cost, extend_rows = fast_forward_ms, S + 1
     print(f"predicted, not measured end to end: costs at the {shape} shape (random weights, {kv_len}-token "
           f"context, {cfg.device} {str(dtype)[6:]}, {cfg.backend} forwards, an EAGLE-3 head of "
-          f"{min(EAGLE3_DRAFT_VOCAB, V)} draft tokens), tau {tau:.3f} of the embedded eagle3 ({S},{K},{n})")
+          f"{draft_vocab} draft tokens), tau {tau:.3f} of the embedded eagle3 ({S},{K},{n})")
     print(f"{'batch':>5} {'C_AR ms':>8} {'draft ms':>8} {'verify ms':>9} {'extend ms':>9} {'r':>6} "
-          f"{'tau/(1+r)':>9} {'predicted':>9} {'EAGLE-3 paper':>13}")
+          f"{'tau/(1+r)':>9} {'predicted':>9} {'EAGLE-3 paper':>13}" + (f" {'C_AR grown':>10}" if grown else ""))
     table = {}
     for bs in batch_sizes:
         c_ar = cost(target, kv_len, bs, 1, repeat)
+        c_ar_grown = f" {cost(grown_target, kv_len, bs, 1, repeat):>10.2f}" if grown else ""
         c_draft = (S - 1) * cost(head, kv_len, bs, K, repeat, H)
         c_verify = cost(target, kv_len, bs, n, repeat)
         c_extend = cost(head, kv_len, bs, extend_rows, repeat, len(taps) * H)
@@ -306,7 +353,7 @@ def shape_table(config: Config, shape: str, batch_sizes: list[int], repeat: int,
                          predicted=predicted)
         paper = f"{EAGLE3_PAPER_SGLANG[bs]:.2f}x" if bs in EAGLE3_PAPER_SGLANG and shape == "llama-3.1-8b" else "-"
         print(f"{bs:>5} {c_ar:>8.2f} {c_draft:>8.2f} {c_verify:>9.2f} {c_extend:>9.2f} {r:>6.3f} "
-              f"{predicted_speedup(tau, r):>8.2f}x {predicted:>8.2f}x {paper:>13}")
+              f"{predicted_speedup(tau, r):>8.2f}x {predicted:>8.2f}x {paper:>13}{c_ar_grown}")
         if profile:
             from spectrace.bench_roofline import print_roofline
             print_roofline(target, fast_forward_graph(target, kv_len, bs, 1), bs, kv_len)
@@ -314,3 +361,61 @@ def shape_table(config: Config, shape: str, batch_sizes: list[int], repeat: int,
             print_roofline(head, fast_forward_graph(head, kv_len, bs, K, H), bs, kv_len,
                            f"a draft level of {K} tokens", unread=(head.fc,))
     return table
+
+
+# ---- measured at real model shapes: grown pairs ------------------------------------------------
+
+GROWN_DIR = Path("runs/grown")
+
+
+def grown_pair(shape: str, algos: list[str], device: str) -> Path:
+    """runs/grown/<shape>: the embedded pair grown to `shape` (spectrace/zoo/grow): the target and
+    the drafters of `algos`, each grown (on `device`, in bfloat16) where it is not there yet."""
+    from spectrace.zoo import grow
+
+    out = GROWN_DIR / shape
+    heads = sorted({grow.head_dir(ALGOS[a].checkpoint) for a in algos if ALGOS[a].checkpoint})
+    missing = [h for h in ["target", *heads] if not (out / h / "README.md").is_file()]
+    if missing:
+        print(f"growing the embedded {', '.join(missing)} to the {shape} shape into {out} (once)", flush=True)
+        grow.make(shape, out, [h for h in missing if h != "target"], device=device, target="target" in missing)
+    return out
+
+
+def run_context(prompts: list[str], max_new_tokens: int) -> int:
+    """The mean context of a decode step over the prompts' runs: a prompt and half the new tokens,
+    the context at which --target-shape prices the steps it sets beside measured runs."""
+    from spectrace.tokenizer import load_tokenizer
+    from spectrace.zoo import TARGET_DIR
+
+    tok = load_tokenizer(TARGET_DIR)
+    return round(sum(len(tok.encode(p)) for p in prompts) / len(prompts) + max_new_tokens / 2)
+
+
+def grown_config(config: Config, out: Path) -> Config:
+    """config, running the grown target and each algorithm's grown drafter."""
+    from spectrace.zoo.grow import head_dir
+
+    def with_grown(**over):
+        fmt = ALGOS[over["algo"]].checkpoint
+        return config(**{"target_model": str(out / "target"),
+                         **({"draft_model": str(out / head_dir(fmt))} if fmt else {}), **over})
+    return with_grown
+
+
+def realised_table(config: Config, out: Path, algos: list[str], prompts: list[str], batch_sizes: list[int],
+                   repeat: int, predicted: dict[int, dict[str, float]], progress: Progress = _silent) -> dict:
+    """The batch lab (batch_table) on the grown pair in `out`, then EAGLE-3's realised speed-up
+    beside the step model's prediction from shape_table's costs at the run's own τ (the grown
+    pair's, which in bfloat16 is not bit for bit the embedded pair's)."""
+    torch.cuda.empty_cache()
+    print(f"measured end to end: the grown pair in {out} (the embedded pair at this shape), the prompts above")
+    measured = batch_table(grown_config(config, out), algos, prompts, batch_sizes, repeat, progress)
+    if "eagle3" in algos:
+        print(f"{'batch':>5} {'eagle3 tau':>10} {'predicted':>9} {'realised':>8} {'of predicted':>12}")
+        for bs in batch_sizes:
+            c, (tps, tau) = predicted[bs], measured[bs]["eagle3"]
+            model = tau * c["c_ar"] / (c["c_draft"] + c["c_verify"] + c["c_extend"])
+            realised = tps / measured[bs]["none"][0]
+            print(f"{bs:>5} {tau:>10.3f} {model:>8.2f}x {realised:>7.2f}x {realised / model:>11.1%}")
+    return measured

@@ -43,9 +43,13 @@ def add_measure_commands(sub, add_run_options) -> None:
                        help="also transformers' generate, its static-cache compiled decode, assisted generation and "
                             "prompt lookup on the same prompts and models")
     bench.add_argument("--target-shape", dest="target_shape", metavar="NAME",
-                       help="llama-3.1-8b, llama-3.2-1b, qwen3-8b, qwen3-0.6b or embedded: with --batch-sizes, "
-                            "eagle3's predicted speed-up at that model's shape (random weights, costs only) from the "
-                            "embedded pair's tau")
+                       help="llama-3.1-8b, llama-3.2-1b, qwen3-8b, qwen3-0.6b, small (the grown pair's CPU size) or "
+                            "embedded: with --batch-sizes, "
+                            "eagle3's predicted speed-up at that model's shape (costs with random weights, the "
+                            "embedded pair's tau), and for llama-3.1-8b and small the speed-up measured end to end on the "
+                            "grown pair (the embedded pair at that shape; --algos, default eagle3)")
+    bench.add_argument("--random-weights", dest="random_weights", action="store_true",
+                       help="with --target-shape: the prediction only, no grown pair")
     bench.add_argument("--profile", action="store_true",
                        help="kernels per step, phase by phase, and the most frequent ones (--backend fast): measured "
                             "with torch.profiler on a GPU, counted as the code runs interpreted on a CPU; with "
@@ -145,9 +149,21 @@ def cmd_bench(args, run_config) -> int:
         from spectrace.bench_profile import profile_table
         profile_table(config, args.algos, prompts, args.device, args.json, Progress(0).say)
         return 0
+    if args.random_weights and not args.target_shape:
+        raise SpectraceError("--random-weights chooses --target-shape's weights: add --target-shape")
     if args.target_shape:
-        bench.shape_table(config, args.target_shape, args.batch_sizes or [1], args.repeat, prompts=prompts,
-                          profile=args.profile)
+        from spectrace.zoo.grow import PLANS
+
+        algos = args.algos if "--algos" in args.given else ["eagle3"]
+        grown = None
+        if args.target_shape in PLANS and not args.random_weights:
+            grown = bench.grown_pair(args.target_shape, algos, args.device)
+        sizes = args.batch_sizes or [1]
+        kv_len = bench.run_context(prompts, args.max_new_tokens) if grown else 1024  # priced where runs decode
+        table = bench.shape_table(config, args.target_shape, sizes, args.repeat, kv_len, prompts=prompts,
+                                  profile=args.profile, grown=grown)
+        if grown:
+            bench.realised_table(config, grown, algos, prompts, sizes, args.repeat, table, Progress(0).say)
         return 0
     if args.batch_sizes:
         bench.batch_table(config, args.algos, prompts, args.batch_sizes, args.repeat, Progress(0).say, policy,

@@ -116,11 +116,25 @@ def card(out: Path, what: str, tiny: Path, plan: Plan, counts: dict, extra: str 
         f"{counts['params']:,} parameters, {counts['zeros'] / max(counts['params'], 1):.2%} of them exactly 0.{extra}\n")
 
 
-def make(shape: str, out: Path, heads=tuple(HEADS), dtype=torch.bfloat16, device="cpu", seed=0) -> dict:
-    """Grow the embedded target and `heads` into OUT/target, OUT/<head>; returns each one's counts."""
+def target_config(shape: str) -> dict:
+    """The grown target's config.json at `shape` (no weights made)."""
+    plan = PLANS[shape]
+    return models.lm(TARGET_DIR, plan.target, Filler(0, "cpu"), plan.taps)[0]
+
+
+def head_dir(checkpoint: str) -> str:
+    """The directory under OUT of a drafter's checkpoint format (algos.Algo.checkpoint)."""
+    return "draft" if checkpoint == "lm" else checkpoint
+
+
+def make(shape: str, out: Path, heads=tuple(HEADS), dtype=torch.bfloat16, device="cpu", seed=0,
+         target: bool = True) -> dict:
+    """Grow the embedded target (unless target is False) and `heads` into OUT/target, OUT/<head>;
+    returns each one's parameter and zero counts. A model's README.md is written last."""
     plan, fill, counts = PLANS[shape], Filler(seed, device), {}
-    for name, tiny, shape_, taps in [("target", TARGET_DIR, plan.target, plan.taps)] + \
-            ([("draft", DRAFT_DIR, plan.draft, ())] if "draft" in heads else []):
+    lms = ([("target", TARGET_DIR, plan.target, plan.taps)] if target else []) + \
+        ([("draft", DRAFT_DIR, plan.draft, ())] if "draft" in heads else [])
+    for name, tiny, shape_, taps in lms:
         cfg, tensors = models.lm(tiny, shape_, fill, taps)
         counts[name] = write(out / name, cfg, tensors, dtype)
         for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
