@@ -160,3 +160,36 @@ def test_a_draft_level_streams_every_weight_of_the_head_but_fc(drafters):
     level = streamed_bytes(head, 2, 10, unread=(head.fc,))
     assert every["linear"] - level["linear"] == head.fc.weight.numel() * size
     assert level["attention"] == every["attention"] == 2 * 2 * 10 * cfg.num_key_value_heads * cfg.head_dim * size
+
+
+def test_the_grown_pair_is_measured_beside_the_prediction(tmp_path, monkeypatch, capsys):
+    """--target-shape small: the grown pair (spectrace/zoo/grow) is made once under runs/grown/,
+    its target's decode timed beside the random one's, then run end to end: eagle3's realised
+    speed-up is its tokens/s over none's, set beside the step model at the run's own τ."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "p.txt").write_text("def add(a, b):\n")
+    args = ["bench", "--target-shape", "small", "--batch-sizes", "1", "--repeat", "1", "--max-new-tokens", "8",
+            "--prompts", "p.txt"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "growing the embedded target, eagle3 to the small shape" in out and "C_AR grown" in out
+    lines = out.splitlines()
+    lab = lines[lines.index(next(x for x in lines if x.startswith("measured end to end"))) + 2].replace("|", " ").split()
+    none_tps, eagle3_tps, tau = float(lab[1]), float(lab[2]), float(lab[3])
+    realised = lines[-1].split()
+    assert realised[0] == "1" and float(realised[1]) == tau
+    assert abs(float(realised[3].rstrip("x")) - eagle3_tps / none_tps) < 0.011
+    assert main(args) == 0 and "growing" not in capsys.readouterr().out  # made once
+    assert main([*args, "--random-weights"]) == 0
+    assert "measured end to end: the grown pair" not in capsys.readouterr().out
+    assert main(["bench", "--random-weights"]) == 2 and "add --target-shape" in capsys.readouterr().err
+
+
+def test_drafting_slower_than_plain_on_the_embedded_pair_on_a_gpu_says_why(capsys):
+    bench.launch_bound_note(lambda **kw: RunConfig(device="cuda", **kw), {"eagle3": (0.94, 3.16), "eagle": (1.2, 3.0)},
+                            HELD_OUT_PROMPTS)
+    out = capsys.readouterr().out
+    assert out.startswith("note: eagle3 runs 0.94x plain decoding here") and "launch-bound" in out
+    assert "--target-shape llama-3.1-8b" in out and "eagle " not in out
+    bench.launch_bound_note(lambda **kw: RunConfig(device="cpu", **kw), {"eagle3": (0.94, 3.16)}, HELD_OUT_PROMPTS)
+    assert capsys.readouterr().out == ""
