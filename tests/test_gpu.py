@@ -467,3 +467,54 @@ def test_gpu_bench_runs_eagle3_at_llama31_8b_width(tmp_path, capsys):
                  "--max-new-tokens", "16"]) == 0
     rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines() if line.split()}
     assert float(rows["none"][2]) > 0 and float(rows["eagle3"][2]) > 0 and rows["eagle3"][1] == "5,4,8"
+
+
+def test_gpu_the_grown_8b_pair_is_the_embedded_pair(tmp_path):
+    """Llama-3.1-8B's shape computing the embedded pair (spectrace/zoo/grow, made on the GPU): in
+    float32 the grown target's greedy tokens are the embedded target's on the 8 held-out prompts x
+    64 tokens on both engines, and each grown drafter drafts the embedded drafter's trees step for
+    step on the fast engine; in bfloat16 each grown pair's τ is within 3% of the embedded pair's.
+    The drafters but the 1B draft LM are stored in bfloat16 (their numbers are bf16-exact); the
+    draft LM in float32, since its q carries sqrt(2) (head_dim 64 over 32)."""
+    import shutil
+
+    from spectrace.algos import ALGOS
+    from spectrace.run import RunConfig, run
+    from spectrace.zoo.grow import HEADS, head_dir, make as grow
+
+    root = tmp_path / "grown"
+    try:
+        grow("llama-3.1-8b", root, [h for h in HEADS if h != "draft"], device="cuda")
+        grow("llama-3.1-8b", root, ["draft"], dtype=torch.float32, device="cuda", target=False)
+
+        def records(algo, grown, backend, dtype, loaded):
+            steps = []
+            fmt = ALGOS[algo].checkpoint
+            where = {"target_model": str(root / "target"), **({"draft_model": str(root / head_dir(fmt))} if fmt else {})}
+            cfg = RunConfig(algo=algo, prompts=list(HELD_OUT_PROMPTS), batch=8, max_new_tokens=64, device="cuda",
+                            dtype=dtype, backend=backend, trace_level="off", **(where if grown else {}))
+            res = run(cfg, loaded=loaded, on_step=lambda r: steps.append(
+                (r["request"], r["accept_len"], (r.get("draft") or {}).get("tokens"))))
+            for key in [k for k in loaded if len(k) > 4]:  # the drafter goes, the target stays
+                del loaded[key]
+            m = res.metrics
+            return [r.output_ids for r in res.requests], steps, m["completion_tokens"] / max(m["verify_ct"], 1)
+
+        algos = ["none", "standalone", "eagle", "eagle3", "mtp", "frozen_kv_mtp", "medusa", "dflash"]
+        tiny, big = {}, {}
+        assert records("none", True, "explicit", "float32", big)[0] == records("none", False, "explicit", "float32",
+                                                                                 tiny)[0]
+        tiny.clear(), big.clear()
+        for algo in algos:
+            a, b = records(algo, False, "fast", "float32", tiny), records(algo, True, "fast", "float32", big)
+            print(f"float32 fast {algo}: {len(a[1])} steps, tau {a[2]:.4f} / {b[2]:.4f}, "
+                  f"same steps {sum(x == y for x, y in zip(a[1], b[1]))}")
+            assert a[:2] == b[:2], algo
+        tiny.clear(), big.clear()
+        torch.cuda.empty_cache()
+        for algo in algos[1:]:
+            a, b = records(algo, False, "fast", "bfloat16", tiny)[2], records(algo, True, "fast", "bfloat16", big)[2]
+            print(f"bfloat16 fast {algo}: tau embedded {a:.4f}, grown {b:.4f} ({b / a - 1:+.2%})")
+            assert abs(b / a - 1) <= 0.03, algo
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

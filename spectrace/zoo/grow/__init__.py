@@ -85,9 +85,10 @@ def write(out: Path, config: dict, tensors: models.Tensors, dtype: torch.dtype, 
             save_file(shard, out / f"{name}-{len(shards):05d}.safetensors", metadata={"format": "pt"})
             shard.clear()
     for key, t in tensors:
-        t = (t.to(dtype) if t.is_floating_point() else t).cpu().contiguous()
         if t.is_floating_point():
-            params, zeros = params + t.numel(), zeros + int((t == 0).sum())
+            t = t.to(dtype)
+            params, zeros = params + t.numel(), zeros + int((t == 0).sum())  # counted where it was made
+        t = t.cpu().contiguous()
         if size + t.nbytes > SHARD_BYTES:
             flush()
             size = 0
