@@ -378,7 +378,9 @@ def grown_pair(shape: str, algos: list[str], device: str) -> Path:
     missing = [h for h in ["target", *heads] if not (out / h / "README.md").is_file()]
     if missing:
         print(f"growing the embedded {', '.join(missing)} to the {shape} shape into {out} (once)", flush=True)
-        grow.make(shape, out, [h for h in missing if h != "target"], device=device, target="target" in missing)
+        counts = grow.make(shape, out, [h for h in missing if h != "target"], device=device, target="target" in missing)
+        print("; ".join(f"{name} {c['params']:,} parameters, {c['zeros'] / c['params']:.2%} exactly 0"
+                        for name, c in counts.items()))
     return out
 
 
