@@ -14,12 +14,20 @@ each check recomputes an int32 add, sub or mul in int64 and compares it with the
 more interpreted ops), then hands the result to a device_assert that only debug mode keeps, as
 a GPU build drops it. With them off, an interpreted forward of the fast engine takes about a
 quarter less time.
+
+And it sums a float32 tl.dot's products in a fixed order per output: numpy's matmul hands float32
+tiles to OpenBLAS, whose micro-kernels order a row's sum by where the row sits in the tile, so a
+row came out one ulp apart alone and inside a batch, which a GPU's tl.dot never does (and
+kernels/matmul.py's batch-invariant linear promises). einsum without optimisation runs over k in
+order for every output element.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import inspect
+
+import numpy as np
 
 
 class _Reused:
@@ -65,3 +73,12 @@ def patch_once_a_launch() -> None:
     builder = interpreter.interpreter_builder
     if getattr(builder.options, "sanitize_overflow", False) and not builder.options.debug:  # (module docstring)
         builder.options = dataclasses.replace(builder.options, sanitize_overflow=False)
+    dot = type(builder).create_dot
+
+    def create_dot(self, a, b, d, *args):
+        acc = d.data.dtype  # float32 (or float16) accumulation: numpy would call BLAS for float32
+        if acc.kind != "f" or a.dtype.primitive_bitwidth == 8 or b.dtype.primitive_bitwidth == 8:
+            return dot(self, a, b, d, *args)
+        out = np.einsum("...ik,...kj->...ij", a.data.astype(acc), b.data.astype(acc), optimize=False)
+        return interpreter.TensorHandle(out + d.data, d.dtype.scalar)
+    type(builder).create_dot = create_dot
