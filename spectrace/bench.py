@@ -9,14 +9,15 @@
     --compare-hf  transformers' own paths on the same prompts and models: bench_hf.py
     shape_table   --target-shape: a predicted speed-up by batch size at a real model's shape,
                   from phase costs measured there with random weights and τ from the embedded pair
-    realised_table  and beside it the speed-up measured end to end at that shape, on the grown
-                  pair (spectrace/zoo/grow: the embedded pair computed by a model of that shape)
+                  (bench_grown.py: and beside it the speed-up measured at that shape on the grown
+                  pair, the embedded pair computed by models of that shape)
 
 `config(algo, prompts, batch, trace)` builds the RunConfig of one run from the command's options.
 The first run of each measurement warms up and is not counted.
 """
 from __future__ import annotations
 
+import gc
 import time
 from collections import Counter
 from pathlib import Path
@@ -24,10 +25,10 @@ from typing import Callable
 
 import torch
 
-from spectrace.algos import ALGOS
 from spectrace.core.metrics import predicted_speedup
 from spectrace.errors import SpectraceError
 from spectrace.core.config import read_config_json
+from spectrace.loading import drop_drafters
 from spectrace.run import RunConfig, RunResult, resolve, run
 from spectrace.zoo import TARGET_DIR
 from spectrace.zoo.random_checkpoint import SHAPES
@@ -45,10 +46,21 @@ def best_run(config: Config, repeat: int, loaded: dict | None = None, **kw) -> R
     loaded once (an 8B model takes seconds to load; a run's time does not count it)."""
     best = None
     for rep in range(repeat + 1):
-        res = run(config(**kw), loaded=loaded)
+        cfg = config(**kw)
+        res = run(cfg, loaded=loaded)
+        release(cfg.device)
         if rep and (best is None or res.metrics["wall_s"] < best.metrics["wall_s"]):
             best = res
     return best
+
+
+def release(device: str) -> None:
+    """A finished run's engine sits in reference cycles with its CUDA graphs' memory pools and
+    KV: collected now and the cached blocks handed back, or runs of an 8B model one after another
+    fill the device with pools nothing uses any more."""
+    if device.startswith("cuda"):
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 def add_traced(traced: list[float], res: RunResult) -> None:
@@ -133,14 +145,14 @@ def batch_runs(prompts: list[str], bs: int) -> list[list[str]]:
 
 
 def batch_table(config: Config, algos: list[str], prompts: list[str], batch_sizes: list[int], repeat: int,
-                progress: Progress = _silent, policy: str | None = None,
-                record_level: str = "off") -> dict[int, dict[str, tuple]]:
+                progress: Progress = _silent, policy: str | None = None, record_level: str = "off",
+                one_drafter: bool = False) -> dict[int, dict[str, tuple]]:
     """At each batch size, runs of that many requests per algorithm (`batch_runs`): tokens/s
     (every request's tokens over the runs' wall time), τ, and tokens/s over `none`'s at the same
     batch; with `policy` (--batch-policy) each algorithm once more at the shape the policy picks
     for the batch, or drafting off; with record_level "full" or "steps" the same runs traced, over
     the untraced: the loop's time, and with the records built after it. Returns {batch: {algo or
-    "algo policy": (tokens/s, τ)}}."""
+    "algo policy": (tokens/s, τ, tokens/s of the decode steps alone: no prefill, no first token)}}."""
     algos = ["none"] + [a for a in algos if a != "none"]
     columns = [(a, {}) for a in algos[1:]]
     if policy is not None:
@@ -155,11 +167,16 @@ def batch_table(config: Config, algos: list[str], prompts: list[str], batch_size
         row, cost = {}, {}
         for name, (algo, over) in zip(["none"] + names, [("none", {})] + columns):
             progress(f"bench: batch {bs}, {name}")
+            if one_drafter:  # the target stays loaded; the last column's drafter goes
+                drop_drafters(loaded)
             runs = [best_run(config, repeat, loaded, algo=algo, prompts=group, batch=bs, trace=None, **over)
                     for group in batch_runs(prompts, bs)]
             tokens, wall = sum(r.metrics["completion_tokens"] for r in runs), sum(r.metrics["wall_s"] for r in runs)
             drafted = runs[0].spec.algo != "none"
-            row[name] = (tokens / wall, tokens / sum(r.metrics["verify_ct"] for r in runs) if drafted else None)
+            decoding = (tokens - sum(len(r.requests) for r in runs)) / \
+                (wall - sum(r.metrics["prefill_ms"] for r in runs) / 1e3)  # the first tokens come from prefill
+            row[name] = (tokens / wall, tokens / sum(r.metrics["verify_ct"] for r in runs) if drafted else None,
+                         decoding)
             if cost_head:
                 traced = [0.0, 0.0]
                 for i, group in enumerate(batch_runs(prompts, bs)):
@@ -184,8 +201,6 @@ def launch_bound_note(config: Config, speedups: dict[str, tuple[float, float]], 
     algo -> (speed-up, τ)), why, in kernels, and what to run instead. The embedded pair's weights
     (about 15 MB) stay in cache: a step costs what its kernels cost to launch, so a step of
     drafting, verifying and extending must launch fewer kernels than τ plain tokens to pay."""
-    from spectrace.zoo import TARGET_DIR
-
     base = config(algo="none", prompts=[], batch=None, trace=None)
     slow = {a: v for a, v in speedups.items() if v[0] < 1.0}
     if not slow or not base.device.startswith("cuda") or Path(base.target_model) != TARGET_DIR:
@@ -361,63 +376,3 @@ def shape_table(config: Config, shape: str, batch_sizes: list[int], repeat: int,
             print_roofline(head, fast_forward_graph(head, kv_len, bs, K, H), bs, kv_len,
                            f"a draft level of {K} tokens", unread=(head.fc,))
     return table
-
-
-# ---- measured at real model shapes: grown pairs ------------------------------------------------
-
-GROWN_DIR = Path("runs/grown")
-
-
-def grown_pair(shape: str, algos: list[str], device: str) -> Path:
-    """runs/grown/<shape>: the embedded pair grown to `shape` (spectrace/zoo/grow): the target and
-    the drafters of `algos`, each grown (on `device`, in bfloat16) where it is not there yet."""
-    from spectrace.zoo import grow
-
-    out = GROWN_DIR / shape
-    heads = sorted({grow.head_dir(ALGOS[a].checkpoint) for a in algos if ALGOS[a].checkpoint})
-    missing = [h for h in ["target", *heads] if not (out / h / "README.md").is_file()]
-    if missing:
-        print(f"growing the embedded {', '.join(missing)} to the {shape} shape into {out} (once)", flush=True)
-        counts = grow.make(shape, out, [h for h in missing if h != "target"], device=device, target="target" in missing)
-        print("; ".join(f"{name} {c['params']:,} parameters, {c['zeros'] / c['params']:.2%} exactly 0"
-                        for name, c in counts.items()))
-    return out
-
-
-def run_context(prompts: list[str], max_new_tokens: int) -> int:
-    """The mean context of a decode step over the prompts' runs: a prompt and half the new tokens,
-    the context at which --target-shape prices the steps it sets beside measured runs."""
-    from spectrace.tokenizer import load_tokenizer
-    from spectrace.zoo import TARGET_DIR
-
-    tok = load_tokenizer(TARGET_DIR)
-    return round(sum(len(tok.encode(p)) for p in prompts) / len(prompts) + max_new_tokens / 2)
-
-
-def grown_config(config: Config, out: Path) -> Config:
-    """config, running the grown target and each algorithm's grown drafter."""
-    from spectrace.zoo.grow import head_dir
-
-    def with_grown(**over):
-        fmt = ALGOS[over["algo"]].checkpoint
-        return config(**{"target_model": str(out / "target"),
-                         **({"draft_model": str(out / head_dir(fmt))} if fmt else {}), **over})
-    return with_grown
-
-
-def realised_table(config: Config, out: Path, algos: list[str], prompts: list[str], batch_sizes: list[int],
-                   repeat: int, predicted: dict[int, dict[str, float]], progress: Progress = _silent) -> dict:
-    """The batch lab (batch_table) on the grown pair in `out`, then EAGLE-3's realised speed-up
-    beside the step model's prediction from shape_table's costs at the run's own τ (the grown
-    pair's, which in bfloat16 is not bit for bit the embedded pair's)."""
-    torch.cuda.empty_cache()
-    print(f"measured end to end: the grown pair in {out} (the embedded pair at this shape), the prompts above")
-    measured = batch_table(grown_config(config, out), algos, prompts, batch_sizes, repeat, progress)
-    if "eagle3" in algos:
-        print(f"{'batch':>5} {'eagle3 tau':>10} {'predicted':>9} {'realised':>8} {'of predicted':>12}")
-        for bs in batch_sizes:
-            c, (tps, tau) = predicted[bs], measured[bs]["eagle3"]
-            model = tau * c["c_ar"] / (c["c_draft"] + c["c_verify"] + c["c_extend"])
-            realised = tps / measured[bs]["none"][0]
-            print(f"{bs:>5} {tau:>10.3f} {model:>8.2f}x {realised:>7.2f}x {realised / model:>11.1%}")
-    return measured

@@ -125,7 +125,7 @@ def cmd_bench(args, run_config) -> int:
         raise SpectraceError("--json writes --profile's numbers: add --profile")
     if args.profile and args.backend != "fast":
         raise SpectraceError("--profile counts the fast engine's kernels: add --backend fast")
-    from spectrace import bench, bench_hf
+    from spectrace import bench, bench_grown, bench_hf
 
     name, prompts = prompt_set(args)
     batches = f"batch sizes {' '.join(map(str, args.batch_sizes))}" if args.batch_sizes else "batch 1"
@@ -157,13 +157,13 @@ def cmd_bench(args, run_config) -> int:
         algos = args.algos if "--algos" in args.given else ["eagle3"]
         grown = None
         if args.target_shape in PLANS and not args.random_weights:
-            grown = bench.grown_pair(args.target_shape, algos, args.device)
+            grown = bench_grown.grown_pair(args.target_shape, algos, args.device)
         sizes = args.batch_sizes or [1]
-        kv_len = bench.run_context(prompts, args.max_new_tokens) if grown else 1024  # priced where runs decode
+        kv_len = bench_grown.run_context(prompts, args.max_new_tokens) if grown else 1024  # priced where runs decode
         table = bench.shape_table(config, args.target_shape, sizes, args.repeat, kv_len, prompts=prompts,
                                   profile=args.profile, grown=grown)
         if grown:
-            bench.realised_table(config, grown, algos, prompts, sizes, args.repeat, table, Progress(0).say)
+            bench_grown.realised_table(config, grown, algos, prompts, sizes, args.repeat, table, Progress(0).say)
         return 0
     if args.batch_sizes:
         bench.batch_table(config, args.algos, prompts, args.batch_sizes, args.repeat, Progress(0).say, policy,

@@ -140,6 +140,12 @@ def load_models(target_path: str, draft_path: str | None, algo: str, tok: Tokeni
     return loaded[key], loaded[draft_key] if draft_path else None
 
 
+def drop_drafters(loaded: dict) -> None:
+    """Forget the drafter models a `loaded` cache of load_models keeps; its targets stay."""
+    for key in [k for k in loaded if len(k) > 4]:  # a drafter's key extends its target's (load_models)
+        del loaded[key]
+
+
 def model_identity(path: str, model, name: str | None = None) -> dict:
     """What a trace records of a model: its directory (and the hub name it was asked by), weights'
     digest, class and shape."""

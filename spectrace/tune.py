@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Callable
 
 from spectrace.batch_policy import Shape, check_shape
-from spectrace.bench import batch_runs, best_run
+from spectrace.bench import batch_runs, best_run, release
 from spectrace.errors import SpectraceError
 from spectrace.run import run
 
@@ -91,8 +91,9 @@ def tune(config: Callable, algo: str, batch_sizes: list[int], shapes, prompts: l
           f"runs of {cost_tokens} new tokens, best of {repeat}")
     for shape in shapes:
         progress(f"tune: tau of {shape}")
-        m = run(config(algo=algo, prompts=prompts, batch=None, trace=None, **shape_options(shape)),
-                loaded=loaded).metrics
+        cfg = config(algo=algo, prompts=prompts, batch=None, trace=None, **shape_options(shape))
+        m = run(cfg, loaded=loaded).metrics
+        release(cfg.device)
         taus[shape] = m["completion_tokens"] / m["verify_ct"]
         steps[shape] = [(r["completion_tokens"] - 1, r["spec_verify_ct"]) for r in m["per_request"]]  # plain, spec
     print("tau  " + "  ".join(f"{s[0]},{s[1]},{s[2]}: {taus[s]:.3f}" for s in shapes))

@@ -176,9 +176,10 @@ def test_the_grown_pair_is_measured_beside_the_prediction(tmp_path, monkeypatch,
     lines = out.splitlines()
     lab = lines[lines.index(next(x for x in lines if x.startswith("measured end to end"))) + 2].replace("|", " ").split()
     none_tps, eagle3_tps, tau = float(lab[1]), float(lab[2]), float(lab[3])
-    realised = lines[-1].split()
+    realised = lines[-1].split()  # batch, tau, predicted, decoding, of predicted, end to end
     assert realised[0] == "1" and float(realised[1]) == tau
-    assert abs(float(realised[3].rstrip("x")) - eagle3_tps / none_tps) < 0.011
+    assert abs(float(realised[5].rstrip("x")) - eagle3_tps / none_tps) < 0.011
+    assert abs(float(realised[4].rstrip("%")) / 100 - float(realised[3][:-1]) / float(realised[2][:-1])) < 0.01
     assert main(args) == 0 and "growing" not in capsys.readouterr().out  # made once
     assert main([*args, "--random-weights"]) == 0
     assert "measured end to end: the grown pair" not in capsys.readouterr().out

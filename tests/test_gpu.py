@@ -479,6 +479,7 @@ def test_gpu_the_grown_8b_pair_is_the_embedded_pair(tmp_path):
     import shutil
 
     from spectrace.algos import ALGOS
+    from spectrace.loading import drop_drafters
     from spectrace.run import RunConfig, run
     from spectrace.zoo.grow import HEADS, head_dir, make as grow
 
@@ -495,8 +496,7 @@ def test_gpu_the_grown_8b_pair_is_the_embedded_pair(tmp_path):
                             dtype=dtype, backend=backend, trace_level="off", **(where if grown else {}))
             res = run(cfg, loaded=loaded, on_step=lambda r: steps.append(
                 (r["request"], r["accept_len"], (r.get("draft") or {}).get("tokens"))))
-            for key in [k for k in loaded if len(k) > 4]:  # the drafter goes, the target stays
-                del loaded[key]
+            drop_drafters(loaded)  # the drafter goes, the target stays
             m = res.metrics
             return [r.output_ids for r in res.requests], steps, m["completion_tokens"] / max(m["verify_ct"], 1)
 

@@ -95,7 +95,8 @@ class FastEngine:
     def generate(self, prompts: list[list[int]]) -> tuple[list[Request], dict]:
         """Prefill, then steps until every request is finished. The next step is launched before the
         last one is read (SGLang's overlap scheduler: a request that finished runs one step more,
-        frozen) but where n-gram's drafts, an adaptive tier or tree_rejection's trees follow it."""
+        frozen) but where n-gram's drafts, an adaptive tier or tree_rejection's trees follow it, and
+        where the step in flight may finish every request (`may_finish_all`)."""
         reqs = [Request(i, list(p), gen=request_generator(self.spec.seed, i)) for i, p in enumerate(prompts)]
         self.sibling_ranks = SiblingRanks.of(reqs, self.spec, self.drafter)
         t0 = time.perf_counter()
@@ -104,7 +105,7 @@ class FastEngine:
             pending = self.launch(reqs) if any(not r.finish_reason for r in reqs) else None
             overlap = not self.adaptive and not self.sibling_ranks and not self.host_drafts
             while pending is not None:
-                ahead = self.launch(reqs) if overlap else None
+                ahead = self.launch(reqs) if overlap and not self.may_finish_all(reqs) else None
                 self.finish_step(reqs, pending)
                 pending = None if all(r.finish_reason for r in reqs) else ahead or self.launch(reqs)
             if self.device.type == "cuda":  # a step launched ahead finishes inside the measured time
@@ -114,6 +115,13 @@ class FastEngine:
             built = self.recorder.finish() if self.recorder else {}
         return reqs, {**self.metrics.summary(wall), "per_request": [self.metrics.per_request(r.req_pool_idx)
                                                                     for r in reqs], **built}
+
+    def may_finish_all(self, reqs: list[Request]) -> bool:
+        """Whether the step in flight (up to num_steps + 1 tokens a request) may reach max_new_tokens
+        for every request still running: a step launched ahead would then run frozen, for nothing
+        (a whole step at a real shape, where the host's wait for the last one costs microseconds)."""
+        most = self.tier.num_steps + 1 if self.drafter is not None else 1
+        return all(r.finish_reason or self.spec.max_new_tokens - len(r.output_ids) <= most for r in reqs)
 
     @torch.no_grad()
     def prefill(self, reqs: list[Request]) -> None:
