@@ -1,5 +1,7 @@
 """The explicit path on a GPU: the same numbers as on the CPU in fp32, and bf16 close to
 transformers' bf16. Runs where torch sees a GPU (the project's H200 machine); CI has none."""
+from pathlib import Path
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -475,7 +477,10 @@ def test_gpu_the_grown_8b_pair_is_the_embedded_pair(tmp_path):
     64 tokens on both engines, and each grown drafter drafts the embedded drafter's trees step for
     step on the fast engine; in bfloat16 each grown pair's τ is within 3% of the embedded pair's.
     The drafters but the 1B draft LM are stored in bfloat16 (their numbers are bf16-exact); the
-    draft LM in float32, since its q carries sqrt(2) (head_dim 64 over 32)."""
+    draft LM in float32, since its q carries sqrt(2) (head_dim 64 over 32). SPECTRACE_GROWN_8B:
+    a directory holding the bfloat16 pair already (what `spectrace bench --target-shape
+    llama-3.1-8b` leaves in runs/grown/llama-3.1-8b), else it is grown here."""
+    import os
     import shutil
 
     from spectrace.algos import ALGOS
@@ -483,15 +488,18 @@ def test_gpu_the_grown_8b_pair_is_the_embedded_pair(tmp_path):
     from spectrace.run import RunConfig, run
     from spectrace.zoo.grow import HEADS, head_dir, make as grow
 
-    root = tmp_path / "grown"
+    root = Path(os.environ.get("SPECTRACE_GROWN_8B") or tmp_path / "grown")
     try:
-        grow("llama-3.1-8b", root, [h for h in HEADS if h != "draft"], device="cuda")
-        grow("llama-3.1-8b", root, ["draft"], dtype=torch.float32, device="cuda", target=False)
+        missing = [h for h in ["target", *HEADS] if h != "draft" and not (root / h / "README.md").is_file()]
+        if missing:
+            grow("llama-3.1-8b", root, [h for h in missing if h != "target"], device="cuda", target="target" in missing)
+        grow("llama-3.1-8b", tmp_path, ["draft"], dtype=torch.float32, device="cuda", target=False)
 
         def records(algo, grown, backend, dtype, loaded):
             steps = []
             fmt = ALGOS[algo].checkpoint
-            where = {"target_model": str(root / "target"), **({"draft_model": str(root / head_dir(fmt))} if fmt else {})}
+            where = {"target_model": str(root / "target"),
+                     **({"draft_model": str((tmp_path if fmt == "lm" else root) / head_dir(fmt))} if fmt else {})}
             cfg = RunConfig(algo=algo, prompts=list(HELD_OUT_PROMPTS), batch=8, max_new_tokens=64, device="cuda",
                             dtype=dtype, backend=backend, trace_level="off", **(where if grown else {}))
             res = run(cfg, loaded=loaded, on_step=lambda r: steps.append(
@@ -517,4 +525,4 @@ def test_gpu_the_grown_8b_pair_is_the_embedded_pair(tmp_path):
             print(f"bfloat16 fast {algo}: tau embedded {a:.4f}, grown {b:.4f} ({b / a - 1:+.2%})")
             assert abs(b / a - 1) <= 0.03, algo
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(tmp_path, ignore_errors=True)
