@@ -57,7 +57,7 @@ def test_the_grown_target_computes_the_embedded_target(grown):
 
 def test_the_free_entries_change_no_bit(grown, tmp_path):
     """Another seed changes every random entry; the logits stay bit for bit the same."""
-    main(["--shape", "small", "--dtype", "float32", "--heads", "--seed", "1", str(tmp_path)])
+    main(["--shape", "small", "--dtype", "float32", "--heads", "", "--seed", "1", str(tmp_path)])
     ids = list(range(1, 40))
     a, _ = hf_logits(grown / "target", ids)
     b, _ = hf_logits(tmp_path / "target", ids)
@@ -126,7 +126,9 @@ def test_shapes_that_cannot_be_grown_are_refused():
     assert place_layers(8, 32, (2, 4, 5), (2, 16, 29)) == [0, 1, 2, 9, 16, 29, 30, 31]
 
 
-def test_the_grow_command_refuses_an_unknown_shape(tmp_path, capsys):
+@pytest.mark.parametrize("args, says", [(["--shape", "llama-9"], "invalid choice"),
+                                        (["--shape", "small", "--heads", "eagle3,eagle9"], "no drafter 'eagle9'")])
+def test_the_grow_command_refuses_what_it_cannot_grow(tmp_path, capsys, args, says):
     with pytest.raises(SystemExit) as e:
-        main(["--shape", "llama-9", str(tmp_path)])
-    assert e.value.code == 2 and "invalid choice" in capsys.readouterr().err
+        main([*args, str(tmp_path)])
+    assert e.value.code == 2 and says in capsys.readouterr().err

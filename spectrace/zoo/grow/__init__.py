@@ -152,11 +152,20 @@ def make(shape: str, out: Path, heads=tuple(HEADS), dtype=torch.bfloat16, device
     return counts
 
 
+def heads_list(text: str) -> list[str]:
+    heads = [h for h in text.split(",") if h]
+    bad = [h for h in heads if h not in HEADS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"no drafter {bad[0]!r} (choose from {', '.join(HEADS)})")
+    return heads
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m spectrace.zoo.grow", description=__doc__.split("\n")[0],
                                  allow_abbrev=False)
     ap.add_argument("--shape", required=True, choices=list(PLANS))
-    ap.add_argument("--heads", nargs="*", default=list(HEADS), choices=list(HEADS), help="drafters to grow (default: all)")
+    ap.add_argument("--heads", type=heads_list, default=list(HEADS), metavar="A,B",
+                    help=f"drafters to grow, comma-separated, '' for none (default: all of {','.join(HEADS)})")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--device", default="cpu", help="where the weights are made (cuda: an 8B pair in seconds)")
     ap.add_argument("--seed", type=int, default=0, help="of the random entries (they change no output)")
