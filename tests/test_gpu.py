@@ -479,11 +479,14 @@ def test_gpu_the_grown_8b_pair_is_the_embedded_pair(tmp_path):
     The drafters but the 1B draft LM are stored in bfloat16 (their numbers are bf16-exact); the
     draft LM in float32, since its q carries sqrt(2) (head_dim 64 over 32). SPECTRACE_GROWN_8B:
     a directory holding the bfloat16 pair already (what `spectrace bench --target-shape
-    llama-3.1-8b` leaves in runs/grown/llama-3.1-8b), else it is grown here."""
+    llama-3.1-8b` leaves in runs/grown/llama-3.1-8b), else it is grown here. It holds an 8B model
+    in float32 (32 GB) beside the embedded ones: run it alone on an 80 GB card (`-k grown_8b`),
+    the rest with `-n 6 -k "not grown_8b"`."""
     import os
     import shutil
 
     from spectrace.algos import ALGOS
+    from spectrace.bench import release
     from spectrace.loading import drop_drafters
     from spectrace.run import RunConfig, run
     from spectrace.zoo.grow import HEADS, head_dir, make as grow
@@ -505,6 +508,7 @@ def test_gpu_the_grown_8b_pair_is_the_embedded_pair(tmp_path):
             res = run(cfg, loaded=loaded, on_step=lambda r: steps.append(
                 (r["request"], r["accept_len"], (r.get("draft") or {}).get("tokens"))))
             drop_drafters(loaded)  # the drafter goes, the target stays
+            release("cuda")  # and the run's CUDA-graph pools with it
             m = res.metrics
             return [r.output_ids for r in res.requests], steps, m["completion_tokens"] / max(m["verify_ct"], 1)
 

@@ -21,7 +21,7 @@ def test_a_step_stays_within_its_kernel_budget(algo):
     shape = dict(num_steps=5, topk=4, num_draft_tokens=8) if algo != "none" else {}
     # a prompt of a few tokens, and a few steps: interpreted, each token's RoPE over each head is a
     # program of its own, at about 7 ms
-    options = dict(algo=algo, prompts=["Once upon a time"], raw_prompt=True, max_new_tokens=5 if shape else 3,
+    options = dict(algo=algo, prompts=["Once upon a time"], raw_prompt=True, max_new_tokens=8 if shape else 4,
                    trace_level="off", **shape)
     counter = KernelCounter()
     fast = run(RunConfig(backend="fast", **options), probe=counter)

@@ -76,7 +76,7 @@ def test_tune_keeps_only_what_paid_end_to_end(capsys, tmp_path, monkeypatch, swe
     monkeypatch.setattr(tune, "realised", lambda config, algo, prompts, bs, shape, loaded, repeat:
                         tokens_per_s[(shape, bs)])
     out = tmp_path / "policy.json"
-    kept = tune.tune(lambda **kw: types.SimpleNamespace(max_new_tokens=6, **kw), "eagle", [1, 2], [small, large],
+    kept = tune.tune(lambda **kw: types.SimpleNamespace(max_new_tokens=6, device="cpu", **kw), "eagle", [1, 2], [small, large],
                      ["a", "b"], 4, 1, out, lambda message: None, "prompts", sweep)
     assert json.loads(out.read_text()) == want
     assert kept == {int(bs): tuple(s) if s != "off" else None for bs, s in want.items()}
