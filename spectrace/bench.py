@@ -332,15 +332,12 @@ def shape_table(config: Config, shape: str, batch_sizes: list[int], repeat: int,
     spec, _ = resolve(cfg)  # SGLang's automatic shape for an EAGLE-3 head over a Llama target
     S, K, n = spec.num_steps, spec.topk, spec.num_draft_tokens
     dtype = cfg.torch_dtype
-    if shape == "embedded":
-        raw = read_config_json(TARGET_DIR)
-    else:
-        from spectrace.zoo.grow import target_config
-        raw = TARGET_SHAPES[shape] or target_config(shape)
+    from spectrace.zoo.grow import PLANS, target_config
+
+    raw = read_config_json(TARGET_DIR) if shape == "embedded" else TARGET_SHAPES[shape] or target_config(shape)
     target_cfg = ModelConfig.from_json(raw)
     H, L, V = target_cfg.hidden_size, target_cfg.num_hidden_layers, target_cfg.vocab_size
     taps = default_capture_layers(L)
-    from spectrace.zoo.grow import PLANS
     draft_vocab = PLANS[shape].draft_vocab if shape in PLANS else min(EAGLE3_DRAFT_VOCAB, V)
     torch.manual_seed(0)
     with torch.device(cfg.device):  # initialised where they run: an 8B model never visits host memory

@@ -104,7 +104,8 @@ def write(out: Path, config: dict, tensors: models.Tensors, dtype: torch.dtype, 
             f.rename(out / final)
             weight_map.update({k: final for k in s})
         (out / f"{name}.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}, indent=1) + "\n")
-    (out / "config.json").write_text(json.dumps({**config, "torch_dtype": str(dtype)[6:]}, indent=2) + "\n")
+    config = {k: v for k, v in config.items() if k != "torch_dtype"}  # transformers 5 reads `dtype`
+    (out / "config.json").write_text(json.dumps({**config, "dtype": str(dtype)[6:]}, indent=2) + "\n")
     return {"params": params, "zeros": zeros}
 
 
