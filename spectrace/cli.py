@@ -5,6 +5,7 @@
     spectrace replay TRACE                        the walkthrough of any trace (no model needed)
     spectrace render TRACE --step N -o tree.svg   a step's draft tree as a Graphviz figure
     spectrace export TRACE -o run.json            the run's phases for Perfetto (or --format csv)
+    spectrace report TRACE -o run.html            one self-contained page of the run, for a browser
     spectrace rejudge TRACE --acceptance RULE -o NEW.jsonl
                                                   a --record-probs trace's steps judged again
     spectrace bench, spectrace tune               measuring: cli_measure.py
@@ -131,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--record-probs", dest="record_probs", action="store_true",
                      help="keep every step's target and draft distributions and random numbers in a sidecar "
                           "beside the trace (TRACE.probs.safetensors), for spectrace rejudge")
+    run.add_argument("--report", metavar="FILE.html", help="also write the run's report page (spectrace report)")
     replay = sub.add_parser("replay", help="open the walkthrough of a trace")
     replay.add_argument("trace", metavar="TRACE")
     render = sub.add_parser("render", help="draw a step's draft tree with Graphviz")
@@ -139,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--request", type=int, default=None, help="request of that step (default: the first)")
     render.add_argument("--all", action="store_true", help="every step: OUT's name gets -step<N>-req<R>")
     render.add_argument("-o", "--out", required=True, metavar="FILE", help="FILE.svg, FILE.png or FILE.dot")
+    report = sub.add_parser("report", help="one self-contained HTML page of a trace, to open in a browser")
+    report.add_argument("trace", metavar="TRACE")
+    report.add_argument("-o", "--out", required=True, metavar="FILE.html")
     export = sub.add_parser("export", help="a trace's phases as a Perfetto / chrome://tracing timeline, or CSV")
     export.add_argument("trace", metavar="TRACE")
     export.add_argument("--format", choices=["perfetto", "csv"], default="perfetto", help="perfetto: Chrome "
@@ -195,7 +200,7 @@ ALGORITHM_OPTIONS = [
 
 def _check_supported(args) -> None:
     """Options whose machinery arrives in later work are refused, not ignored."""
-    if args.command in ("replay", "render", "export", "rejudge"):
+    if args.command in ("replay", "render", "export", "rejudge", "report"):
         return
     if args.topk == 1 and args.num_draft_tokens is not None and args.num_steps is not None \
             and args.num_draft_tokens != args.num_steps + 1:
@@ -252,6 +257,8 @@ def _run_config(args, **over):
 
 
 def cmd_run(args) -> int:
+    if args.report and args.trace_level == "off":
+        raise UsageError("--report draws the run's trace: drop --trace-level off")
     progress = Progress(args.max_new_tokens * max(len(args.prompt), args.batch or 1))
     if not (args.no_tui or args.trace_level == "off" or progress.lines) and on_a_terminal():
         progress.say("opening the walkthrough")  # the app first; the run loads in a child behind it
@@ -262,9 +269,10 @@ def cmd_run(args) -> int:
         from spectrace.viz.tui.live import walk_a_live_run
 
         try:
-            return walk_a_live_run(child, trace, "run " + " ".join(args.argv))
+            code = walk_a_live_run(child, trace, "run " + " ".join(args.argv))
         finally:
             progress.done()
+        return report_of(trace, args.report) if args.report and code == 0 else code
     progress.say("loading torch")
     from spectrace.run import run
     from spectrace.viz.text import run_summary
@@ -279,7 +287,18 @@ def cmd_run(args) -> int:
     finally:
         progress.done()
     print(run_summary(result, result.spec.algo, args.backend))
+    return report_of(result.trace_path, args.report) if args.report else 0
+
+
+def report_of(trace, out) -> int:
+    from spectrace.report.page import write_report
+
+    print(f"report: {write_report(trace, out)}")
     return 0
+
+
+def cmd_report(args) -> int:
+    return report_of(args.trace, args.out)
 
 
 def cmd_replay(args) -> int:
@@ -387,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in ("bench", "tune"):
             return (cmd_bench if args.command == "bench" else cmd_tune)(args, _run_config)
         return {"run": cmd_run, "replay": cmd_replay, "render": cmd_render, "export": cmd_export,
-                "rejudge": cmd_rejudge}[args.command](args)
+                "rejudge": cmd_rejudge, "report": cmd_report}[args.command](args)
     except (UsageError, SpectraceError, TraceError, *device_memory_errors()) as e:
         print(f"spectrace: error: {e}", file=sys.stderr)
         return 2
