@@ -42,7 +42,7 @@ def test_readme_quick_start_runs(tmp_path):
     assert (tmp_path / "t.jsonl").stat().st_size > 0
 
 
-@pytest.mark.parametrize("command", ["run", "replay", "render", "export", "rejudge", "bench", "tune"])
+@pytest.mark.parametrize("command", ["run", "replay", "render", "export", "rejudge", "report", "bench", "tune"])
 def test_every_flag_of_every_command_is_documented(command):
     from spectrace.cli import build_parser
 

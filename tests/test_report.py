@@ -5,8 +5,6 @@ hostile traces that must run nothing. The browser tests skip where there is no c
 SPECTRACE_BROWSER_TESTS=1 (.ci/run sets it, and installs the browser)."""
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,8 +19,6 @@ from spectrace.viz.steptree import step_tree
 from spectrace.viz.tui import panels
 
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM, CHROMEDRIVER = shutil.which("chromium") or "/usr/bin/chromium", shutil.which("chromedriver") \
-    or "/usr/bin/chromedriver"
 # a run of each drafter and each acceptance rule, the fast engine, a batch, a steps-level trace
 RUNS = {
     "none": ["--algo", "none"],
@@ -145,29 +141,15 @@ def test_run_report_writes_the_page_of_its_trace(tmp_path, capsys):
 # ---- the page, in chromium ----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def browser():
-    required = os.environ.get("SPECTRACE_BROWSER_TESTS") == "1"
-    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not Path(p).exists()]
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        missing.append("selenium")
-    if missing:
-        if required:
-            pytest.fail(f"SPECTRACE_BROWSER_TESTS=1 but there is no {', '.join(missing)}")
-        pytest.skip(f"no {', '.join(missing)} (apt-get install chromium chromium-driver; pip install selenium)")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    profile = tempfile.mkdtemp(prefix="spectrace-chromium-")
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-quic", f"--user-data-dir={profile}", "--window-size=1280,1300"):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    yield driver
-    driver.quit()
-    shutil.rmtree(profile, ignore_errors=True)
+    from spectrace.report.browser import headless_chromium, missing
+
+    lacking = missing()
+    if lacking:
+        if os.environ.get("SPECTRACE_BROWSER_TESTS") == "1":
+            pytest.fail(f"SPECTRACE_BROWSER_TESTS=1 but there is no {', '.join(lacking)}")
+        pytest.skip(f"no {', '.join(lacking)} (apt-get install chromium chromium-driver; pip install selenium)")
+    with headless_chromium() as driver:
+        yield driver
 
 
 def open_page(browser, trace_path, tmp_path) -> Path:
@@ -223,8 +205,23 @@ def test_the_page_shows_the_traces_summary_text_and_trees_step_by_step(browser, 
     last.click()  # the inspector follows a click
     assert by_id("inspector").splitlines()[0] == f"node {index}"
     assert console_errors(browser) == []
-    if os.environ.get("SPECTRACE_UPDATE_SCREENSHOT") == "1":  # the README's picture
-        browser.get_screenshot_as_file(str(ROOT / "docs" / "report.png"))
+
+
+def test_the_readme_picture_is_the_committed_runs_page(browser, tmp_path):
+    """tests/data/walkthrough.jsonl's page at the ACCEPT of a step; SPECTRACE_UPDATE_SCREENSHOT=1
+    writes it to docs/report.png (README's picture), else beside the test."""
+    from selenium.webdriver.common.keys import Keys
+
+    trace = TraceFile(ROOT / "tests" / "data" / "walkthrough.jsonl")
+    open_page(browser, trace.path, tmp_path)
+    press(browser, Keys.PAGE_DOWN, 2)
+    phases = panels.phases_of(trace.step(2), trace.header["config"]["algo"])
+    press(browser, Keys.ARROW_RIGHT, phases.index("ACCEPT"))
+    assert browser.find_element("id", "phases").get_attribute("data-current") == "ACCEPT"
+    assert len(browser.find_elements("css selector", "#tree g.node")) == len(step_tree(trace.step(2), trace.token_text))
+    assert console_errors(browser) == []
+    out = ROOT / "docs" / "report.png" if os.environ.get("SPECTRACE_UPDATE_SCREENSHOT") == "1" else tmp_path / "r.png"
+    assert browser.get_screenshot_as_file(str(out))
 
 
 HOSTILE = ['</script><script>window.__pwned = 1</script>', '<img src=x onerror="window.__pwned = 2">',

@@ -375,4 +375,5 @@
   renderText();
   render();
   document.body.setAttribute("data-ready", "1");
+  document.body.setAttribute("data-ready-ms", String(Math.round(performance.now())));  // docs/report_times.py
 })();
