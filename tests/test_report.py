@@ -303,3 +303,13 @@ def test_every_algorithm_and_rule_opens_and_walks(browser, traces, tmp_path, nam
     assert len(browser.find_elements("css selector", "#text .tok")) == len(token_classes(trace, 0))
     press(browser, Keys.END)
     assert console_errors(browser) == []
+
+
+def test_a_rejudged_trace_says_so_on_its_page(tmp_path):
+    trace, judged = tmp_path / "t.jsonl", tmp_path / "j.jsonl"
+    assert main(["run", "--no-tui", "--algo", "eagle", "--max-new-tokens", "6", "--record-probs", "--trace",
+                 str(trace)]) == 0
+    assert main(["rejudge", str(trace), "--acceptance", "target_only", "--temperature", "1", "-o", str(judged)]) == 0
+    data = report_data(TraceFile(judged))
+    assert any(n.startswith(f"re-judged from {trace}") for n in data["notices"])
+    assert len(data["steps"]) == len(TraceFile(judged))

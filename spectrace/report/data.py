@@ -87,6 +87,10 @@ def report_data(trace: TraceFile) -> dict:
     meta = {k: cfg.get(k) for k in META_FIELDS if k in cfg}
     meta["path"] = str(trace.path)
     meta = {k: shown(v) if isinstance(v, str) else v for k, v in meta.items()}
-    return {"meta": meta, "summary": shown_summary, "notices": [shown(n) for n in trace.notices],
+    notices = list(trace.notices)
+    rejudged = trace.header.get("rejudged")
+    if isinstance(rejudged, dict):  # spectrace rejudge: what the verdicts are, as the walkthrough says
+        notices.append(f"re-judged from {rejudged.get('from')}: {rejudged.get('step_local')}")
+    return {"meta": meta, "summary": shown_summary, "notices": [shown(n) for n in notices],
             "tokens": {str(t): shown(trace.token_text(t)) for t in sorted(used)},
             "fates": list(FATES), "requests": [requests[k] for k in sorted(requests)], "steps": steps}
