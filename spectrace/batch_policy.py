@@ -57,6 +57,10 @@ class BatchPolicy:
         return f"batch {batch}: " + ("drafting off" if shape is None else "({}, {}, {})".format(*shape))
 
 
+class _Pairs(list):
+    """A JSON object as the list of its (key, value) pairs, in order."""
+
+
 def parse_policy(text: str, device: str = "cuda") -> BatchPolicy:
     """`auto` (the embedded pair's table for the device), a JSON object, or a file holding one."""
     if text == "auto":
@@ -68,16 +72,19 @@ def parse_policy(text: str, device: str = "cuda") -> BatchPolicy:
         except (OSError, UnicodeDecodeError) as e:
             raise SpectraceError(f"--batch-policy {text}: not auto, a JSON object or a file holding one "
                                  f"({getattr(e, 'strerror', None) or e})") from None
-    try:
-        raw = json.loads(source)
+    try:  # an object as its (key, value) pairs: a key given twice is refused, not the last one kept
+        raw = json.loads(source, object_pairs_hook=_Pairs)
     except json.JSONDecodeError as e:
         raise SpectraceError(f"--batch-policy: not auto, a JSON object or a file holding one ({e.msg})") from None
-    if not isinstance(raw, dict) or not raw:
+    if not isinstance(raw, _Pairs) or not raw:
         raise SpectraceError('--batch-policy: expected an object of batch sizes, e.g. {"1": [5, 4, 8], "32": "off"}')
     table = {}
-    for key, value in raw.items():
-        if not (key.isdigit() and int(key) >= 1):
+    for key, value in raw:
+        if not (key.isascii() and key.isdigit() and int(key) >= 1):
             raise SpectraceError(f"--batch-policy: {key!r} is not a batch size (a whole number from 1)")
+        if int(key) in table:
+            raise SpectraceError(f"--batch-policy: batch size {int(key)} is given twice")
+        value = dict(value) if isinstance(value, _Pairs) else value
         table[int(key)] = None if value == "off" else check_shape(key, value)
     return BatchPolicy(table)
 

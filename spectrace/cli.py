@@ -8,7 +8,7 @@
     spectrace report TRACE -o run.html            one self-contained page of the run, for a browser
     spectrace rejudge TRACE --acceptance RULE -o NEW.jsonl
                                                   a --record-probs trace's steps judged again
-    spectrace bench, spectrace tune               measuring: cli_measure.py
+    spectrace bench, spectrace tune               measuring: cli_measure.py (the viewers: cli_view.py)
 
 Every user error (and running out of device memory) is one line on stderr and exit code 2.
 """
@@ -20,13 +20,18 @@ import signal
 import sys
 
 from spectrace.algos import ALGOS, DEFAULT_ALGO
-from spectrace.cli_measure import add_measure_commands, cmd_bench, cmd_tune
+from spectrace.cli_measure import add_measure_commands, cmd_bench, cmd_tune, kernels_parser
+from spectrace.cli_view import cmd_export, cmd_rejudge, cmd_render, cmd_replay, cmd_report, report_of
 from spectrace.core.ranges import RANGES, check_ranges
 from spectrace.errors import Interrupted, SpectraceError, device_memory_errors
 from spectrace.progress import WRITTEN, Progress, on_a_terminal, start_run
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        # no prefix matching: `--speculative-alg` would pass the one-spelling check as another option
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
+
     def error(self, message):  # one line, exit 2, as for every other user error
         self.exit(2, f"{self.prog}: error: {message}\n")
 
@@ -44,7 +49,8 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                         "(5, 4, 8) on a Llama target except for standalone, (3, 1, 4) otherwise")
     p.add_argument("--topk", "--speculative-eagle-topk", dest="topk", type=int, default=None,
                    help="branching of the draft tree; 1 is a chain")
-    p.add_argument("--num-draft-tokens", "--speculative-num-draft-tokens", dest="num_draft_tokens", type=int)
+    p.add_argument("--num-draft-tokens", "--speculative-num-draft-tokens", dest="num_draft_tokens", type=int,
+                   metavar="N", help="tree size, the root included (SGLang's num_draft_tokens)")
     p.add_argument("--speculative-config", dest="speculative_config", default=None, metavar="JSON",
                    help='vLLM\'s form: \'{"method": "eagle", "num_speculative_tokens": 3, "model": DIR}\' (methods '
                         "eagle, eagle3, mtp, ngram, draft_model, dflash, medusa; prompt_lookup_min/max for ngram): "
@@ -198,6 +204,12 @@ ALGORITHM_OPTIONS = [
 ]
 
 
+# the n-gram options each --ngram-style reads: vLLM's prompt lookup, SGLang's trie
+NGRAM_STYLE_OPTIONS = {"vllm": {"--prompt-lookup-min", "--prompt-lookup-max", "--ngram-match"},
+                       "sglang": {"--speculative-ngram-match-type", "--speculative-ngram-min-bfs-breadth",
+                                  "--speculative-ngram-max-bfs-breadth", "--speculative-ngram-max-trie-depth"}}
+
+
 def _check_supported(args) -> None:
     """Options whose machinery arrives in later work are refused, not ignored."""
     if args.command in ("replay", "render", "export", "rejudge", "report"):
@@ -212,6 +224,10 @@ def _check_supported(args) -> None:
         named = sorted(flag for flag in args.given if flag in flags)  # mismatched flags
         if named and not any(algo(a) for a in algos):
             raise UsageError(f"{named[0]} {what}; --algo {' '.join(algos)} {others}")
+    style = getattr(args, "ngram_style", "vllm")
+    other = sorted(f for st, flags in NGRAM_STYLE_OPTIONS.items() if st != style for f in flags if f in args.given)
+    if other and "ngram" in algos:
+        raise UsageError(f"{other[0]} shapes the other n-gram drafter; --ngram-style {style} does not read it")
     if args.use_rejection:
         if args.acceptance not in (None, "rejection"):
             raise UsageError(f"--speculative-use-rejection-sampling contradicts --acceptance {args.acceptance}")
@@ -290,94 +306,6 @@ def cmd_run(args) -> int:
     return report_of(result.trace_path, args.report) if args.report else 0
 
 
-def report_of(trace, out) -> int:
-    from spectrace.report.page import write_report
-
-    print(f"report: {write_report(trace, out)}")
-    return 0
-
-
-def cmd_report(args) -> int:
-    return report_of(args.trace, args.out)
-
-
-def cmd_replay(args) -> int:
-    progress = Progress(0)  # a large trace takes a moment to index: say so instead of a blank terminal
-    progress.say("loading the walkthrough")
-    from spectrace.recovery import open_trace
-    from spectrace.viz.tui.app import replay
-
-    progress.say(f"reading {args.trace}")
-    try:
-        replay(open_trace(args.trace))
-    finally:
-        progress.done()
-    return 0
-
-
-def cmd_render(args) -> int:
-    """One figure (--step N [--request R]) or one per step (--all)."""
-    from pathlib import Path
-
-    from spectrace.recovery import open_trace
-    from spectrace.viz.graph import step_graph, write_figure
-
-    trace = open_trace(args.trace)
-    for notice in trace.notices:
-        print(f"spectrace: note: {notice}", file=sys.stderr)
-    picked = [i for i, m in enumerate(trace.index)
-              if (args.all or m.step == args.step) and args.request in (None, m.request)]
-    if not args.all:
-        if args.step is None:
-            raise UsageError("render needs --step N (or --all)")
-        if not picked:
-            steps = sorted({m.step for m in trace.index})
-            which = f"no step {args.step}" + (f" of request {args.request}" if args.request is not None else "")
-            where = f"steps {steps[0]}..{steps[-1]}" if steps else "no decode steps"
-            raise UsageError(f"{which} in {args.trace} ({where})")
-        picked = picked[:1]
-    out = Path(args.out)
-    if not out.name:
-        raise UsageError(f"-o {args.out!r} names no file (e.g. -o tree.svg)")
-    for i in picked:
-        rec = trace.step(i)
-        path = out if not args.all else out.with_name(f"{out.stem}-step{rec['step']}-req{rec['request']}{out.suffix}")
-        print(write_figure(trace.view(i, lambda rec: step_graph(rec, trace.token_text)), path))
-    return 0
-
-
-def cmd_export(args) -> int:
-    """spectrace/timeline.py: the trace's phases for Perfetto, or a CSV for pandas."""
-    from pathlib import Path
-
-    from spectrace.core.trace import MALFORMED, TraceError
-    from spectrace.recovery import read_whole
-    from spectrace.timeline import export
-
-    trace = read_whole(args.trace)
-    try:
-        print(export(trace, args.format, Path(args.out)))  # built whole, then written: never half a file
-    except OSError as e:
-        raise UsageError(f"cannot write {args.out}: {e.strerror}") from None
-    except MALFORMED as e:
-        raise TraceError(f"trace {args.trace}: a step record has a field of the wrong shape ({str(e)[:80]})") from None
-    return 0
-
-
-def cmd_rejudge(args) -> int:
-    """spectrace/rejudge.py: the recorded steps under another rule; before -> after on stdout."""
-    from pathlib import Path
-
-    from spectrace.rejudge import Rejudge, report
-
-    check_ranges(seed=args.seed)
-    if Path(args.out).resolve() == Path(args.trace).resolve():
-        raise UsageError("-o would overwrite the trace being re-judged: give another path")
-    job = Rejudge(args.trace, args.acceptance, args.threshold_single, args.threshold_acc, args.temperature, args.seed)
-    print(report(job, job.write(Path(args.out))))
-    return 0
-
-
 def _check_one_spelling(parser: argparse.ArgumentParser, args) -> None:
     """An option spelled two ways (spectrace's name and SGLang's, e.g. --algo and
     --speculative-algorithm) is one setting: given under both names, the run is refused rather than
@@ -390,11 +318,22 @@ def _check_one_spelling(parser: argparse.ArgumentParser, args) -> None:
             raise UsageError(f"{' and '.join(both)} are one option (SGLang's name and spectrace's): give it once")
 
 
+def _terminated(signum, frame):
+    """SIGTERM (kill, a job scheduler) stops a run as Ctrl-C does: the steps so far and their
+    --record-probs sidecar are kept."""
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     from spectrace.core.trace import TraceError
 
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given[:2] == ["bench", "kernels"] and {"-h", "--help"} & set(given):
+        kernels_parser().print_help()
+        return 0
     parser = build_parser()
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminated)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     args.given = {a.split("=")[0] for a in args.argv if a.startswith("--")}
     try:

@@ -66,6 +66,18 @@ def add_measure_commands(sub, add_run_options) -> None:
     tune.add_argument("-o", "--out", required=True, metavar="POLICY.json")
 
 
+def kernels_parser():
+    """`spectrace bench kernels --help`: the one option the kernel table reads."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="spectrace bench kernels", allow_abbrev=False,
+                                description="each Triton twin timed against its explicit function, at the "
+                                            "embedded pair's and Llama-3.1-8B's shapes (on a CPU: small shapes, "
+                                            "interpreted, to see the table work)")
+    p.add_argument("--device", default="cpu", help="cuda to measure; cpu needs TRITON_INTERPRET=1")
+    return p
+
+
 def read_prompts(path: str) -> list[str]:
     """--prompts FILE: a prompt a non-empty line, or JSON Lines whose objects hold a "prompt"
     string (the shape of SGLang's and vLLM's benchmark datasets), for prompts of several lines."""
@@ -110,6 +122,9 @@ def cmd_bench(args, run_config) -> int:
     --batch-sizes; best wall time of --repeat runs. `bench kernels`: spectrace/bench_kernels.py."""
     check_counts(args)
     if args.what == "kernels":
+        ignored = sorted(f for f in args.given if f != "--device")
+        if ignored:
+            raise SpectraceError(f"bench kernels reads only --device, not {ignored[0]} (spectrace bench kernels --help)")
         from spectrace.kernels import require
         from spectrace.run import check_gpu
         check_gpu(args.device)

@@ -25,3 +25,8 @@ def device_memory_errors() -> tuple[type, ...]:
     the CLI need not import torch to catch it)."""
     torch = sys.modules.get("torch")
     return (torch.OutOfMemoryError,) if torch is not None and hasattr(torch, "OutOfMemoryError") else ()
+
+
+def first_line(e: Exception) -> str:
+    """An exception's message in one line (its repr where it has none), for a one-line error."""
+    return str(e).splitlines()[0] if str(e) else repr(e)

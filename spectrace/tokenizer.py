@@ -21,7 +21,7 @@ from functools import cache, cached_property
 from pathlib import Path
 from typing import Callable
 
-from spectrace.errors import SpectraceError
+from spectrace.errors import SpectraceError, first_line
 
 GENERIC_TOKENIZERS = (None, "PreTrainedTokenizerFast", "TokenizersBackend")
 
@@ -77,7 +77,7 @@ class Tokenizer:
             ids = self.templating.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                                       tokenize=True, return_dict=False)
         except Exception as e:  # noqa: BLE001 -- a template is a program: it may raise anything
-            raise SpectraceError(f"the chat template of {self.path} fails: {str(e).splitlines()[0] if str(e) else e!r}"
+            raise SpectraceError(f"the chat template of {self.path} fails: {first_line(e)}"
                                  " (--raw-prompt sends the text as it is)") from None
         return list(ids)
 
@@ -112,4 +112,4 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         return Tokenizer(lambda text: tok.encode(text, add_special_tokens=True), tok.decode, tok.get_vocab(),
                          tok.eos_token_id, tok.convert_ids_to_tokens, path)
     except Exception as e:  # noqa: BLE001 -- the tokenizers library raises plain Exception on a bad file
-        raise SpectraceError(f"no usable tokenizer in {path}: {str(e).splitlines()[0] if str(e) else e!r}") from None
+        raise SpectraceError(f"no usable tokenizer in {path}: {first_line(e)}") from None

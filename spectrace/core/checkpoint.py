@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ import torch
 import torch.nn as nn
 
 from spectrace.core.config import read_config_json
-from spectrace.errors import SpectraceError
+from spectrace.errors import SpectraceError, first_line
 
 # safetensors' dtype names
 SAFE_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -76,9 +77,13 @@ def read_weight_file(file: Path) -> Weights:
             return {k: Stored(file, k, tuple(f.get_slice(k).get_shape()), SAFE_DTYPES[f.get_slice(k).get_dtype()])
                     for k in f.keys()}
     try:  # a zip-format torch file maps lazily; an old-format one is read whole
-        state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError:
-        state = torch.load(file, map_location="cpu", weights_only=True)
+        try:
+            state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError:
+            state = torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:  # weights_only met something other than tensors: code, or objects
+        raise ValueError(f"{file.name} is not a plain state dict of tensors (loading it would run "
+                         "code or build objects; weights_only refuses it)") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError("not a state dict of tensors")
     return {k: Stored(file, k, tuple(v.shape), v.dtype, v) for k, v in state.items()}
@@ -95,7 +100,7 @@ def read_checkpoint(path: str | Path) -> tuple[dict, Weights]:
         for file in weight_files(path):
             weights.update(read_weight_file(file))
     except (OSError, ValueError, KeyError, SafetensorError, RuntimeError) as e:  # unreadable, truncated, not weights
-        raise SpectraceError(f"cannot load model from {path}: {str(e).splitlines()[0] if str(e) else e!r}") from None
+        raise SpectraceError(f"cannot load model from {path}: {first_line(e)}") from None
     return raw, {k: v for k, v in weights.items() if not k.endswith("rotary_emb.inv_freq")}
 
 
@@ -108,6 +113,9 @@ def check_keys(model: nn.Module, weights: Weights, path, what: str, optional=())
     if missing or unexpected:
         raise SpectraceError(f"checkpoint {path} is not a {what}: missing {missing[:3]}, unexpected {unexpected[:3]}")
     for k, v in weights.items():
+        if expected[k].is_floating_point() and not v.dtype.is_floating_point:
+            raise SpectraceError(f"checkpoint {path}: {k} is stored as {str(v.dtype)[6:]} (a quantised "
+                                 "checkpoint?); spectrace loads float16, bfloat16 or float32 weights")
         if tuple(v.shape) != tuple(expected[k].shape):
             raise SpectraceError(f"checkpoint {path} does not match its config.json: {k} is {tuple(v.shape)}, "
                                  f"the config makes it {tuple(expected[k].shape)}")
@@ -176,7 +184,7 @@ def load_weights(model: nn.Module, weights: Weights, path, progress: Progress | 
             if progress:
                 progress(done, total)
     except (OSError, SafetensorError, RuntimeError) as e:
-        raise SpectraceError(f"cannot load model from {path}: {str(e).splitlines()[0] if str(e) else e!r}") from None
+        raise SpectraceError(f"cannot load model from {path}: {first_line(e)}") from None
 
 
 def finish_loading(build: Callable[[], nn.Module], weights: Weights, target: nn.Module, path, what: str,

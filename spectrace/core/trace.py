@@ -17,6 +17,7 @@ import json
 import math
 import os
 import re
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,13 @@ from typing import Callable, Iterable
 
 from spectrace.errors import SpectraceError
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: traces are not locked
+    fcntl = None
+
 SCHEMA = "spectrace.trace/1"
+MAX_TOKEN_CHARS = 2 ** 20  # a token's text: real vocabularies stay under a few hundred characters
 SCHEMA_PREFIX = "spectrace.trace/"
 STEP_FIELDS = {"step": int, "request": int, "correct_drafts": list, "bonus_token": int,
                "accept_tokens": list, "accept_len": int, "draft": (dict, type(None)),
@@ -72,6 +79,21 @@ class RecordFormat:
         return (text + "\n").encode("utf-8")
 
 
+def _locked(path: Path):
+    """The file opened for writing, emptied once this process holds its lock: a second run writing
+    the same trace is refused instead of interleaving its lines into the first one's (devices such
+    as /dev/null are shared freely)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    if stat.S_ISREG(os.fstat(fd).st_mode) and fcntl is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise TraceError(f"cannot write trace {path}: another run is writing it") from None
+        os.ftruncate(fd, 0)
+    return os.fdopen(fd, "wb")
+
+
 class TraceWriter:
     """Writes one JSON object per line, and flushes after each record, or after a step's records
     (write(..., flush=False), then flush()), so readers see every finished step."""
@@ -80,7 +102,9 @@ class TraceWriter:
         self.path = Path(path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._f = open(self.path, "wb")  # UTF-8 lines, written whole
+            if self.path.exists() and stat.S_ISFIFO(os.stat(self.path).st_mode):  # its open would wait for a reader
+                raise TraceError(f"cannot write trace {self.path}: it is a FIFO, and a trace is a file")
+            self._f = _locked(self.path)  # UTF-8 lines, written whole
         except OSError as e:
             raise TraceError(f"cannot write trace {self.path}: {e.strerror}") from None
         self._format = RecordFormat(token_text)
@@ -194,10 +218,17 @@ def _check_step(rec: dict, lineno: int) -> None:
         raise TraceError(f"line {lineno}: accept_len != len(correct_drafts) + 1")
     if rec["accept_tokens"] != rec["correct_drafts"] + [rec["bonus_token"]]:
         raise TraceError(f"line {lineno}: accept_tokens != correct_drafts + [bonus_token]")
-    parents = rec["draft"].get("parents", []) if isinstance(rec.get("draft"), dict) else []
+    draft = rec["draft"] if isinstance(rec.get("draft"), dict) else {}
+    parents, depths = draft.get("parents", []), draft.get("depths", [])
     for node, parent in enumerate(parents, start=1):  # a tree lists a parent before its children
         if not isinstance(parent, int) or isinstance(parent, bool) or not 0 <= parent < node:
             raise TraceError(f"line {lineno}: draft node {node}'s parent {parent!r} is not an earlier node")
+        if isinstance(depths, list) and node <= len(depths) and \
+                depths[node - 1] != (depths[parent - 1] if parent else 0) + 1:  # bounds what viewers allocate
+            raise TraceError(f"line {lineno}: draft node {node}'s depth {depths[node - 1]!r} is not its parent's + 1")
+    levels = (draft.get("candidates") or {}).get("levels", []) if isinstance(draft.get("candidates"), dict) else []
+    if isinstance(levels, list) and any(not isinstance(v, int) or not 0 <= v < max(len(levels), 1) for v in levels):
+        raise TraceError(f"line {lineno}: a draft candidate's level is not between 0 and its count")
 
 
 # the writer's key order makes a step line start and end predictably: the index reads these
@@ -255,6 +286,8 @@ class TraceFile:
         (spectrace/recovery.py); without it they are named in a notice."""
         self.path = path = Path(path)
         try:
+            if not path.is_dir() and not stat.S_ISREG(os.stat(path).st_mode):
+                raise TraceError(f"{path} is not a regular file (a FIFO or a device): a trace is a file")
             raw = path.read_bytes()
         except FileNotFoundError:
             raise TraceError(f"no trace file at {path}") from None
@@ -284,6 +317,9 @@ class TraceFile:
             raise TraceError(f"{path} is not a spectrace trace (no spectrace.trace header)")
         if schema != SCHEMA:
             raise TraceError(f"trace schema {schema} is not readable by this spectrace, which reads {SCHEMA}")
+        for name in ("config", "models", "tokens"):
+            if not isinstance(header.get(name, {}), dict):
+                raise TraceError(f"{path} is not a spectrace trace (its header's {name} is not an object)")
         self.header = header
         self.prefills: list[dict] = []
         self.summary: dict | None = None
@@ -337,8 +373,13 @@ class TraceFile:
             self.notices.append(f"{built} step records built from {sidecar}, the frames the run kept of its steps")
 
     def _add_tokens(self, tokens, lineno: int = 1) -> None:
-        if not isinstance(tokens, dict) or not all(isinstance(v, str) and k.isdigit() for k, v in tokens.items()):
+        if not isinstance(tokens, dict) or not all(isinstance(v, str) and k.isascii() and k.isdigit()
+                                                   for k, v in tokens.items()):
             raise TraceError(f"trace {self.path} line {lineno}: \"tokens\" must map token ids to their text")
+        longest = max(map(len, tokens.values()), default=0)
+        if longest > MAX_TOKEN_CHARS:
+            raise TraceError(f"trace {self.path} line {lineno}: a token's text of {longest:,} characters "
+                             f"(a token has at most {MAX_TOKEN_CHARS:,})")
         self.tokens.update({int(k): v for k, v in tokens.items()})
 
     def view(self, i: int, show: Callable[[dict], object]):

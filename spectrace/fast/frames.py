@@ -21,6 +21,8 @@ import copy
 import dataclasses
 import itertools
 import json
+import os
+import stat
 import struct
 from pathlib import Path
 from typing import Iterator
@@ -123,11 +125,16 @@ class FrameWriter:
 def read_frames(path: Path) -> Iterator[tuple[dict, torch.Tensor]]:
     """Each whole frame of a sidecar: its head and its blob (uint8, on the host). A file that is
     not a sidecar yields nothing; a torn last frame ends the frames."""
+    if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the open, a device never end
+        return
     with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size  # what a frame may claim: lengths past it are a torn frame
         if f.read(len(MAGIC)) != MAGIC:
             return
         while len(lengths := f.read(_LENGTHS.size)) == _LENGTHS.size:
             head_size, blob_size = _LENGTHS.unpack(lengths)
+            if f.tell() + head_size + blob_size > size:  # read nothing that is not there
+                return
             head, blob = f.read(head_size), bytearray(f.read(blob_size))
             if len(head) < head_size or len(blob) < blob_size:
                 return

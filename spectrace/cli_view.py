@@ -1,0 +1,99 @@
+"""The viewing commands of `spectrace` (cli.py's other half, beside cli_measure.py): replay,
+render, export, rejudge and report, each reading a trace as spectrace/recovery.py opens it (a fast
+run's frames included). Torch-free at import; errors are SpectraceErrors: one line, exit code 2.
+"""
+from __future__ import annotations
+
+import sys
+
+from spectrace.core.ranges import check_ranges
+from spectrace.errors import SpectraceError
+from spectrace.progress import Progress
+
+
+def report_of(trace, out) -> int:
+    from spectrace.report.page import write_report
+
+    print(f"report: {write_report(trace, out)}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    return report_of(args.trace, args.out)
+
+
+def cmd_replay(args) -> int:
+    progress = Progress(0)  # a large trace takes a moment to index: say so instead of a blank terminal
+    progress.say("loading the walkthrough")
+    from spectrace.recovery import open_trace
+    from spectrace.viz.tui.app import replay
+
+    progress.say(f"reading {args.trace}")
+    try:
+        replay(open_trace(args.trace))
+    finally:
+        progress.done()
+    return 0
+
+
+def cmd_render(args) -> int:
+    """One figure (--step N [--request R]) or one per step (--all)."""
+    from pathlib import Path
+
+    from spectrace.recovery import open_trace
+    from spectrace.viz.graph import step_graph, write_figure
+
+    trace = open_trace(args.trace)
+    for notice in trace.notices:
+        print(f"spectrace: note: {notice}", file=sys.stderr)
+    picked = [i for i, m in enumerate(trace.index)
+              if (args.all or m.step == args.step) and args.request in (None, m.request)]
+    if not args.all:
+        if args.step is None:
+            raise SpectraceError("render needs --step N (or --all)")
+        if not picked:
+            steps = sorted({m.step for m in trace.index})
+            which = f"no step {args.step}" + (f" of request {args.request}" if args.request is not None else "")
+            where = f"steps {steps[0]}..{steps[-1]}" if steps else "no decode steps"
+            raise SpectraceError(f"{which} in {args.trace} ({where})")
+        picked = picked[:1]
+    out = Path(args.out)
+    if not out.name:
+        raise SpectraceError(f"-o {args.out!r} names no file (e.g. -o tree.svg)")
+    for i in picked:
+        rec = trace.step(i)
+        path = out if not args.all else out.with_name(f"{out.stem}-step{rec['step']}-req{rec['request']}{out.suffix}")
+        print(write_figure(trace.view(i, lambda rec: step_graph(rec, trace.token_text)), path))
+    return 0
+
+
+def cmd_export(args) -> int:
+    """spectrace/timeline.py: the trace's phases for Perfetto, or a CSV for pandas."""
+    from pathlib import Path
+
+    from spectrace.core.trace import MALFORMED, TraceError
+    from spectrace.recovery import read_whole
+    from spectrace.timeline import export
+
+    trace = read_whole(args.trace)
+    try:
+        print(export(trace, args.format, Path(args.out)))  # built whole, then written: never half a file
+    except OSError as e:
+        raise SpectraceError(f"cannot write {args.out}: {e.strerror}") from None
+    except MALFORMED as e:
+        raise TraceError(f"trace {args.trace}: a step record has a field of the wrong shape ({str(e)[:80]})") from None
+    return 0
+
+
+def cmd_rejudge(args) -> int:
+    """spectrace/rejudge.py: the recorded steps under another rule; before -> after on stdout."""
+    from pathlib import Path
+
+    from spectrace.rejudge import Rejudge, report
+
+    check_ranges(seed=args.seed)
+    if Path(args.out).resolve() == Path(args.trace).resolve():
+        raise SpectraceError("-o would overwrite the trace being re-judged: give another path")
+    job = Rejudge(args.trace, args.acceptance, args.threshold_single, args.threshold_acc, args.temperature, args.seed)
+    print(report(job, job.write(Path(args.out))))
+    return 0
