@@ -25,7 +25,8 @@ from pathlib import Path
 
 import matplotlib
 
-from spectrace.core.trace import TraceFile
+from spectrace.core.trace import TraceError, TraceFile
+from spectrace.errors import SpectraceError
 from spectrace.run import RunConfig, RunResult
 from spectrace.run import run as spectrace_run
 
@@ -55,11 +56,21 @@ if not NOTEBOOK:
     matplotlib.use("Agg")  # a script writes its figures to OUT and prints where
 
 
+def _cannot_write(e: Exception):
+    """A full disk (or a quota) under OUT: one line and exit 2, as a place the lessons cannot write."""
+    print(f"lessons: cannot write to SPECTRACE_LESSON_OUT={OUT}: {getattr(e, 'strerror', None) or e}",
+          file=sys.stderr)
+    sys.exit(2)
+
+
 def run(name: str, **options) -> tuple[RunResult, TraceFile]:
     """`spectrace run --no-tui` in-process, greedy fp32 on the CPU unless told; 24 new tokens."""
-    OUT.mkdir(parents=True, exist_ok=True)
     cfg = RunConfig(**{"max_new_tokens": 24, "trace": str(OUT / f"{name}.jsonl"), **options})
-    result = spectrace_run(cfg)
+    try:
+        OUT.mkdir(parents=True, exist_ok=True)
+        result = spectrace_run(cfg)
+    except (OSError, TraceError) as e:
+        _cannot_write(e)
     return result, TraceFile(result.trace_path)
 
 
@@ -68,8 +79,11 @@ def screen(trace: TraceFile | str, keys=(), size=(110, 32), name: str = "screen"
     from spectrace.viz.tui.snapshot import text_and_svg
 
     text, svg = text_and_svg(trace.path if isinstance(trace, TraceFile) else trace, keys, size)
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / f"{name}.svg").write_text(svg)
+    try:
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / f"{name}.svg").write_text(svg)
+    except OSError as e:
+        _cannot_write(e)
     return text
 
 
@@ -85,7 +99,10 @@ def tree_figure(trace: TraceFile, i: int, name: str) -> Path:
     """Step i's draft tree, as `spectrace render` draws it, in OUT/<name>.svg."""
     from spectrace.viz.graph import step_graph, write_figure
 
-    return write_figure(step_graph(trace.step(i), trace.token_text), OUT / f"{name}.svg")
+    try:
+        return write_figure(step_graph(trace.step(i), trace.token_text), OUT / f"{name}.svg")
+    except (OSError, SpectraceError) as e:
+        _cannot_write(e)
 
 
 def show(figure, name: str | None = None) -> None:
@@ -95,8 +112,11 @@ def show(figure, name: str | None = None) -> None:
         path = figure
     else:
         path = OUT / f"{name}.png"
-        OUT.mkdir(parents=True, exist_ok=True)
-        figure.savefig(path, dpi=120)
+        try:
+            OUT.mkdir(parents=True, exist_ok=True)
+            figure.savefig(path, dpi=120)
+        except OSError as e:
+            _cannot_write(e)
     if NOTEBOOK:
         from IPython.display import SVG, Image, display
 

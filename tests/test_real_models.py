@@ -31,7 +31,9 @@ def families(tmp_path_factory, qwen2_dir):
     dirs = {"llama3": make("llama-3.1-8b", root / "llama3", ("eagle3", "eagle3-sglang", "eagle3-speculators", "eagle"),
                            tiny=True, dtype=torch.float32),
             "llama3-tied": make("llama-3.2-1b", root / "llama3-tied", (), tiny=True, dtype=torch.float32),
-            "qwen3": make("qwen3-8b", root / "qwen3", ("eagle3",), tiny=True, dtype=torch.float32)}
+            "qwen3": make("qwen3-8b", root / "qwen3", ("eagle3",), tiny=True, dtype=torch.float32),
+            "qwen2.5": make("qwen2.5-7b", root / "qwen2.5", ("draft",), tiny=True, dtype=torch.float32),
+            "mistral-v0.3": make("mistral-7b", root / "mistral-v0.3", (), tiny=True, dtype=torch.float32)}
     torch.manual_seed(0)
     mistral = MistralForCausalLM(MistralConfig(vocab_size=1024, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
                                                num_attention_heads=4, num_key_value_heads=2, sliding_window=48))
@@ -50,7 +52,8 @@ def target_dir(families, family):
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the fused kernels: compiled there, else interpreted
 
 
-@pytest.mark.parametrize("family, fused", [(f, False) for f in ("llama3", "llama3-tied", "qwen2", "qwen3", "mistral")]
+@pytest.mark.parametrize("family, fused", [(f, False) for f in ("llama3", "llama3-tied", "qwen2", "qwen2.5", "qwen3",
+                                                                  "mistral", "mistral-v0.3")]
                          + [("llama3", True), ("qwen3", True)])
 def test_logits_equal_transformers(families, family, fused):
     """fp32 prefill (inside Mistral's window of 48): logits and every layer's input equal
@@ -83,7 +86,8 @@ def hf_greedy(path, prompt_ids, n):
 
 
 @pytest.mark.parametrize("family, backend", [("llama3", "explicit"), ("llama3-tied", "explicit"), ("qwen3", "explicit"),
-                                             ("mistral", "explicit"), ("qwen3", "fast")])
+                                             ("mistral", "explicit"), ("qwen3", "fast"), ("qwen2.5", "explicit"),
+                                             ("mistral-v0.3", "explicit")])
 def test_greedy_tokens_equal_transformers_generate(families, family, backend):
     """Plain decoding, 12 tokens: the ids of transformers' greedy generate from the same prompt ids
     (the fast engine on DEVICE: with CUDA graphs there, interpreted on a CPU)."""
@@ -92,6 +96,20 @@ def test_greedy_tokens_equal_transformers_generate(families, family, backend):
                     device=DEVICE if backend == "fast" else "cpu")
     req = run(cfg).requests[0]
     assert req.output_ids == hf_greedy(cfg.target_model, req.prompt_ids, len(req.output_ids))
+
+
+def test_a_qwen25_draft_lm_drafts_for_its_target(families):
+    """random_checkpoint's Qwen2.5 pair (7B's shape and 0.5B's as --tiny): standalone drafting gives
+    plain decoding's tokens, the chat template is Qwen's."""
+    root = families["qwen2.5"]
+    common = dict(target_model=str(root / "target"), prompts=["def fib(n):"], max_new_tokens=10, trace_level="off",
+                  dtype="float32")
+    plain, spec = run(RunConfig(algo="none", **common)), run(RunConfig(algo="standalone", draft_model=str(root / "draft"),
+                                                                       **common))
+    assert spec.requests[0].output_ids == plain.requests[0].output_ids and spec.metrics["verify_ct"] > 0
+    template = AutoTokenizer.from_pretrained(root / "target").apply_chat_template(
+        [{"role": "user", "content": "x"}], tokenize=False, add_generation_prompt=True)
+    assert template == "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"
 
 
 @pytest.mark.parametrize("head", ["eagle3", "eagle3-sglang", "eagle3-speculators", "eagle"])

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from spectrace.core.acceptance import Randoms
+from spectrace.core.trace import TraceError
 from spectrace.errors import SpectraceError
 
 SCHEMA = "spectrace.probs/1"
@@ -63,12 +64,16 @@ class ProbsRecorder:
 
     def save(self) -> str:
         """Write the sidecar; returns its sha256 for the trace's header."""
+        from safetensors import SafetensorError
         from safetensors.torch import save_file
 
         try:
             save_file(self.tensors, str(self.path), metadata={"schema": SCHEMA})
-        except OSError as e:
-            raise SpectraceError(f"cannot write {self.path}: {e.strerror}") from None
+        except (OSError, SafetensorError) as e:  # a full disk: safetensors says so as its own error
+            self.path.unlink(missing_ok=True)  # no half a sidecar for rejudge to trip on
+            why = e.strerror if isinstance(e, OSError) else str(e).rsplit(": ", 1)[-1].split(" (os error")[0]
+            raise TraceError(f"cannot write {self.path}: {why} (the trace holds the steps; rejudge needs "
+                             "the sidecar)") from None
         return sha256(self.path)
 
 

@@ -41,6 +41,12 @@ _LLAMA = dict(model_type="llama", architectures=["LlamaForCausalLM"], vocab_size
 _QWEN3 = dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"], vocab_size=151936, max_position_embeddings=40960,
               rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
               bos_token_id=151643, eos_token_id=151645, attention_bias=False, hidden_act="silu")
+_QWEN2 = dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], max_position_embeddings=32768, rms_norm_eps=1e-6,
+              rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, bos_token_id=151643,
+              eos_token_id=151645, hidden_act="silu", use_sliding_window=False)  # q/k/v bias: Qwen2's own
+_MISTRAL = dict(model_type="mistral", architectures=["MistralForCausalLM"], vocab_size=32768,
+                max_position_embeddings=32768, rms_norm_eps=1e-5, rope_parameters={"rope_type": "default",
+                "rope_theta": 1000000.0}, bos_token_id=1, eos_token_id=2, hidden_act="silu", sliding_window=None)
 SHAPES = {  # config.json fields of the published models (docs/models.md cites them)
     "llama-3.1-8b": dict(_LLAMA, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                          num_key_value_heads=8, head_dim=128, tie_word_embeddings=False),
@@ -51,8 +57,14 @@ SHAPES = {  # config.json fields of the published models (docs/models.md cites t
                      num_key_value_heads=8, head_dim=128, tie_word_embeddings=False),
     "qwen3-0.6b": dict(_QWEN3, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
                        num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
+    "qwen2.5-7b": dict(_QWEN2, vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                       num_attention_heads=28, num_key_value_heads=4, head_dim=128, tie_word_embeddings=False),
+    "qwen2.5-0.5b": dict(_QWEN2, vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, head_dim=64, tie_word_embeddings=True),
+    "mistral-7b": dict(_MISTRAL, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                       num_key_value_heads=8, head_dim=128, tie_word_embeddings=False),  # v0.3
 }
-DRAFT_OF = {"llama-3.1-8b": "llama-3.2-1b", "qwen3-8b": "qwen3-0.6b"}
+DRAFT_OF = {"llama-3.1-8b": "llama-3.2-1b", "qwen3-8b": "qwen3-0.6b", "qwen2.5-7b": "qwen2.5-0.5b"}
 # --tiny: 8 layers (EAGLE-3's taps 2, 4, 5 distinct); Qwen3's head_dim 32 != 64 / 4
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
             head_dim=16, vocab_size=1024)
@@ -65,6 +77,8 @@ def shape_config(shape: str, tiny: bool, layers: int | None, vocab: int | None) 
     if tiny:
         cfg.update(TINY, head_dim=32 if cfg["model_type"] == "qwen3" else 16)
     cfg.update({k: v for k, v in (("num_hidden_layers", layers), ("vocab_size", vocab)) if v})
+    if cfg["model_type"] == "mistral":  # <unk>, <s>, </s> first, as Mistral's tokenizer has them
+        return cfg
     specials = 256 if cfg["model_type"] == "llama" else 293  # Llama 3: ids from 128000; Qwen: from 151643
     base = cfg["vocab_size"] - specials
     if cfg["model_type"] == "llama":
@@ -80,6 +94,9 @@ LLAMA_CHAT = ("{{- bos_token }}{{- '<|start_header_id|>system<|end_header_id|>\\
               "2023\\nToday Date: 26 Jul 2024\\n\\n<|eot_id|>' }}{%- for message in messages %}{{- '<|start_header_id|>' + "
               "message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}{%- endfor %}"
               "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}")
+MISTRAL_CHAT = ("{{- bos_token }}{%- for message in messages %}{%- if message['role'] == 'user' %}{{- '[INST] ' + "
+                "message['content'] + '[/INST]' }}{%- else %}{{- message['content'] + eos_token }}{%- endif %}"
+                "{%- endfor %}")
 QWEN_CHAT = ("{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
              "'<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
 
@@ -91,6 +108,8 @@ def special_tokens(cfg: dict) -> list[str]:
                  "<|reserved_special_token_1|>", "<|finetune_right_pad_id|>", "<|reserved_special_token_2|>",
                  "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|eot_id|>", "<|python_tag|>"]
         return names + [f"<|reserved_special_token_{i}|>" for i in range(3, 3 + 256 - len(names))]
+    if cfg["model_type"] == "mistral":
+        return ["<unk>", "<s>", "</s>"]
     return ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
@@ -104,7 +123,8 @@ def write_tokenizer(cfg: dict, out: Path) -> None:
 
     base = json.loads((TARGET_DIR / "tokenizer.json").read_text())["model"]
     specials = special_tokens(cfg)
-    size = cfg["bos_token_id"]  # the regular vocabulary ends where the special tokens begin
+    first = cfg["model_type"] == "mistral"  # its special tokens come first, the others' after the vocabulary
+    size = cfg["vocab_size"] - len(specials) if first else cfg["bos_token_id"]  # the regular vocabulary
     pieces = [p for p, _ in sorted(base["vocab"].items(), key=lambda kv: kv[1]) if not p.startswith("<|")][:size]
     vocab = {p: i for i, p in enumerate(pieces)}
     merges = [m for m in base["merges"] if m[0] + m[1] in vocab]
@@ -116,6 +136,8 @@ def write_tokenizer(cfg: dict, out: Path) -> None:
             vocab[a + b] = len(pieces)
             pieces.append(a + b)
             merges.append([a, b])
+    if first:
+        vocab = {**{t: i for i, t in enumerate(specials)}, **{p: i + len(specials) for p, i in vocab.items()}}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[tuple(m) for m in merges]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -124,9 +146,12 @@ def write_tokenizer(cfg: dict, out: Path) -> None:
     if llama:  # Llama 3's tokenizer puts <|begin_of_text|> before every text
         tok.post_processor = processors.TemplateProcessing(single="<|begin_of_text|> $A",
                                                            special_tokens=[("<|begin_of_text|>", size)])
+    if first:  # Mistral's tokenizer puts <s> before every text too
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     eos = specials[9] if llama else specials[2]
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=specials[0], eos_token=eos,
-                                   chat_template=LLAMA_CHAT if llama else QWEN_CHAT)
+    chat = LLAMA_CHAT if llama else MISTRAL_CHAT if first else QWEN_CHAT
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=specials[1] if first else specials[0],
+                                   eos_token=eos, unk_token="<unk>" if first else None, chat_template=chat)
     fast.save_pretrained(out)
 
 
