@@ -76,7 +76,7 @@ def weight_bytes(path: str, dtype: torch.dtype) -> int:
     try:
         files = weight_files(Path(path))
     except SpectraceError:  # Medusa's medusa_lm_head.safetensors
-        files = sorted(Path(path).glob("*.safetensors"))
+        files = [f for f in sorted(Path(path).glob("*.safetensors")) if f.is_file()]
     try:
         return sum(s.nbytes(dtype) for f in files for s in read_weight_file(f).values())
     except Exception:  # noqa: BLE001 -- an unreadable file: its loader says what is wrong with it

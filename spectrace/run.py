@@ -34,7 +34,7 @@ from spectrace.core.ranges import check_ranges
 from spectrace.core.spec import SpecConfig
 from spectrace.core.trace import SCHEMA, TraceError, TraceWriter, default_trace_path
 from spectrace.engines import build_engine, context, kv_bytes, lookahead
-from spectrace.errors import Interrupted, SpectraceError
+from spectrace.errors import Interrupted, SpectraceError, first_line
 from spectrace.loading import check_fits, find_model, load_models, model_identity
 from spectrace.tokenizer import Tokenizer, load_tokenizer
 from spectrace.zoo import MODELS_DIR, TARGET_DIR
@@ -348,8 +348,14 @@ def eos_token_ids(path: str, target: CausalLM, tok: Tokenizer) -> tuple[int, ...
     ids = set(target.config.eos_token_ids)
     gen = Path(path) / "generation_config.json"
     if gen.is_file():
-        eos = json.loads(gen.read_text(encoding="utf-8")).get("eos_token_id")
-        ids |= set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        try:
+            eos = json.loads(gen.read_text(encoding="utf-8")).get("eos_token_id")
+        except (OSError, ValueError, AttributeError) as e:
+            raise SpectraceError(f"{gen}: not a JSON object ({first_line(e)})") from None
+        eos = eos if isinstance(eos, list) else [] if eos is None else [eos]
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in eos):
+            raise SpectraceError(f"{gen}: eos_token_id must be a token id or a list of them")
+        ids |= set(eos)
     if not ids and tok.eos_token_id is not None:
         ids.add(tok.eos_token_id)
     return tuple(sorted(ids))

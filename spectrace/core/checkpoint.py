@@ -56,16 +56,25 @@ Weights = dict[str, Stored]  # module name -> stored tensor
 
 
 def weight_files(path: Path) -> list[Path]:
-    """The directory's weight files, in the order the checkpoint lists them."""
-    if (path / "model.safetensors").is_file():
-        return [path / "model.safetensors"]
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-        return [path / shard for shard in shards]
-    if (path / "pytorch_model.bin").is_file():
-        return [path / "pytorch_model.bin"]
-    raise SpectraceError(f"{path} holds no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
+    """The directory's weight files, in the order the checkpoint lists them: regular files inside
+    it (a FIFO would hang the read; an index naming ../ would read another directory's)."""
+    if (path / "model.safetensors").exists():
+        files = [path / "model.safetensors"]
+    elif (path / "model.safetensors.index.json").is_file():
+        shards = json.loads((path / "model.safetensors.index.json").read_text(encoding="utf-8"))["weight_map"]
+        if not isinstance(shards, dict) or not all(isinstance(s, str) and s == Path(s).name and s not in ("", "..")
+                                                   for s in shards.values()):
+            raise SpectraceError(f"cannot load model from {path}: model.safetensors.index.json's weight_map "
+                                 "must name files in its own directory")
+        files = [path / shard for shard in sorted(set(shards.values()))]
+    elif (path / "pytorch_model.bin").exists():
+        files = [path / "pytorch_model.bin"]
+    else:
+        raise SpectraceError(f"{path} holds no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
+    for file in files:
+        if file.exists() and not file.is_file():
+            raise SpectraceError(f"cannot load model from {path}: {file.name} is not a regular file")
+    return files
 
 
 def read_weight_file(file: Path) -> Weights:
@@ -155,6 +164,14 @@ def building(dtype: torch.dtype, device):
         torch.set_default_dtype(saved)
 
 
+def _fill(param: torch.Tensor, stored: torch.Tensor, name: str, path) -> None:
+    """param <- stored, refusing a weight that is NaN or infinite anywhere (a corrupted file would
+    otherwise decode garbage without a word)."""
+    param.copy_(stored)
+    if param.is_floating_point() and not bool(torch.isfinite(param).all()):
+        raise SpectraceError(f"checkpoint {path}: {name} holds NaN or infinite values")
+
+
 @torch.no_grad()
 def load_weights(model: nn.Module, weights: Weights, path, progress: Progress | None = None) -> None:
     """Every stored tensor into the model's parameter or buffer of its name (keys checked first,
@@ -173,13 +190,13 @@ def load_weights(model: nn.Module, weights: Weights, path, progress: Progress | 
             if file.suffix == ".safetensors":
                 with safe_open(file, framework="pt", device=device) as f:
                     for name, s in items:
-                        params[name].copy_(f.get_tensor(s.key))
+                        _fill(params[name], f.get_tensor(s.key), name, path)
                         done += s.nbytes(params[name].dtype)
                         if progress:
                             progress(done, total)
             else:
                 for name, s in items:
-                    params[name].copy_(s.tensor)
+                    _fill(params[name], s.tensor, name, path)
                     done += s.nbytes(params[name].dtype)
             if progress:
                 progress(done, total)

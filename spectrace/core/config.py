@@ -14,6 +14,7 @@ attention while a run's positions fit inside it, so the run checks that (run.che
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,7 +62,7 @@ def read_rope(raw: dict) -> tuple[float, dict | None]:
     `rope_type`) beside a top-level `rope_theta`; with neither, plain RoPE with theta 10000."""
     field = "rope_parameters" if raw.get("rope_parameters") else "rope_scaling"
     rope = raw.get(field) or {}
-    theta = float(rope.get("rope_theta", raw.get("rope_theta") or 10000.0))
+    theta = positive_number("rope_theta", rope.get("rope_theta", raw.get("rope_theta") or 10000.0))
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type not in ROPE_TYPES:
         raise SpectraceError(f"config.json: {field}.rope_type {rope_type!r} is not supported "
@@ -73,10 +74,11 @@ def read_rope(raw: dict) -> tuple[float, dict | None]:
     missing = [k for k in ROPE_TYPES[rope_type] if rope.get(k) is None]
     if missing:
         raise SpectraceError(f"config.json: {field} of type {rope_type!r} has no {missing[0]}")
-    scaling = {k: float(rope[k]) for k in ROPE_TYPES[rope_type]}
+    scaling = {k: positive_number(f"{field}.{k}", rope[k]) for k in ROPE_TYPES[rope_type]}
     # transformers: the pre-scaling context defaults to max_position_embeddings
     old = rope.get("original_max_position_embeddings") or raw.get("max_position_embeddings")
-    return theta, {"rope_type": rope_type, **scaling, "original_max_position_embeddings": int(old)}
+    old = positive_int("original_max_position_embeddings", old)
+    return theta, {"rope_type": rope_type, **scaling, "original_max_position_embeddings": old}
 
 
 def read_sliding_window(model_type: str, c: dict) -> int | None:
@@ -90,6 +92,19 @@ def read_sliding_window(model_type: str, c: dict) -> int | None:
                                          for i in range(c["num_hidden_layers"])]
         return c.get("sliding_window") if "sliding_attention" in types else None
     return None
+
+
+def positive_int(name: str, v) -> int:
+    """v, or one line if config.json's `name` is not a positive integer (a hand-edited file)."""
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise SpectraceError(f"config.json: {name} must be a positive integer, got {v!r}")
+    return v
+
+
+def positive_number(name: str, v) -> float:
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < math.inf:
+        raise SpectraceError(f"config.json: {name} must be a finite number > 0, got {v!r}")
+    return float(v)
 
 
 @dataclass(frozen=True)
@@ -123,23 +138,25 @@ class ModelConfig:
         c = {**DEFAULTS[mt], **raw}
         if c["hidden_act"] != "silu":
             raise SpectraceError(f"config.json: hidden_act {c['hidden_act']!r} is not supported (SwiGLU with silu only)")
+        sizes = {name: positive_int(name, c[name]) for name in
+                 ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                  "max_position_embeddings")}
+        heads = sizes["num_attention_heads"]
+        kv_heads = positive_int("num_key_value_heads", c["num_key_value_heads"] or heads)
+        if heads % kv_heads:
+            raise SpectraceError(f"config.json: num_attention_heads {heads} is not a multiple of "
+                                 f"num_key_value_heads {kv_heads}")
         theta, scaling = read_rope(raw)
         qkv_bias, o_bias = ATTENTION_BIAS[mt] or (bool(c["attention_bias"]),) * 2
-        heads = c["num_attention_heads"]
         eos = c.get("eos_token_id")
         return cls(
             model_type=mt,
-            vocab_size=c["vocab_size"],
-            hidden_size=c["hidden_size"],
-            num_hidden_layers=c["num_hidden_layers"],
-            num_attention_heads=heads,
-            num_key_value_heads=c["num_key_value_heads"] or heads,
-            head_dim=c.get("head_dim") or c["hidden_size"] // heads,
-            intermediate_size=c["intermediate_size"],
-            rms_norm_eps=c["rms_norm_eps"],
+            **sizes,
+            num_key_value_heads=kv_heads,
+            head_dim=positive_int("head_dim", c.get("head_dim") or sizes["hidden_size"] // heads),
+            rms_norm_eps=positive_number("rms_norm_eps", c["rms_norm_eps"]),
             rope_theta=theta,
             rope_scaling=scaling,
-            max_position_embeddings=c["max_position_embeddings"],
             qkv_bias=qkv_bias,
             o_bias=o_bias,
             mlp_bias=bool(c["mlp_bias"]),

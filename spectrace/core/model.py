@@ -21,6 +21,7 @@ from spectrace.core.batch import ForwardBatch
 from spectrace.core.checkpoint import Progress, building, check_keys, load_weights, read_checkpoint
 from spectrace.core.config import ModelConfig
 from spectrace.core.kv import KVCache
+from spectrace.errors import SpectraceError
 
 
 class RMSNorm(nn.Module):
@@ -248,6 +249,14 @@ class CausalLM(nn.Module, KVCacheOwner):
         return self.model.layers
 
 
+def least_params(cfg: ModelConfig) -> int:
+    """The parameters cfg builds, but for norms and biases: the embedding (and an untied head), and
+    each layer's attention and MLP projections."""
+    h, q, kv = cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    layer = 2 * h * (q + kv) + 3 * h * cfg.intermediate_size
+    return cfg.vocab_size * h * (1 if cfg.tie_word_embeddings else 2) + cfg.num_hidden_layers * layer
+
+
 def load_model(path: str | Path, dtype=torch.float32, device="cpu", progress: Progress | None = None) -> CausalLM:
     """Config from config.json, weights from the directory's files straight onto `device` in
     `dtype`; the key set must match exactly (a tied head's stray lm_head.weight and RoPE buffers of
@@ -256,6 +265,10 @@ def load_model(path: str | Path, dtype=torch.float32, device="cpu", progress: Pr
     cfg = ModelConfig.from_json(raw)
     if cfg.tie_word_embeddings:  # lm_head is embed_tokens; transformers tolerates a stray copy
         weights.pop("lm_head.weight", None)
+    stored, least = sum(math.prod(w.shape) for w in weights.values()), least_params(cfg)
+    if least > 2 * stored:  # refused before building: a config.json edited to 10**9 layers allocates nothing
+        raise SpectraceError(f"checkpoint {path} does not match its config.json: the config makes at least "
+                             f"{least:,} parameters, the weight files hold {stored:,}")
     with building(dtype, device):
         model = CausalLM(cfg)
     check_keys(model, weights, path, cfg.model_type, optional=["lm_head.weight"] if cfg.tie_word_embeddings else ())

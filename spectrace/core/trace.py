@@ -75,7 +75,7 @@ class RecordFormat:
         try:
             text = json.dumps(record, ensure_ascii=False, allow_nan=False)
         except ValueError:  # NaN or ±inf somewhere (a diverged model's q, a clock): JSON has no such number
-            text = json.dumps(_finite(record), ensure_ascii=False, allow_nan=False)
+            text = json.dumps(finite(record), ensure_ascii=False, allow_nan=False)
         return (text + "\n").encode("utf-8")
 
 
@@ -172,14 +172,14 @@ def frames_path(trace: str | Path) -> Path:
     return trace.with_name(trace.name + ".frames")
 
 
-def _finite(x):
+def finite(x):
     """x with every float that is not finite replaced by None (null in the trace)."""
     if isinstance(x, float):
         return x if math.isfinite(x) else None
     if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
+        return {k: finite(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_finite(v) for v in x]
+        return [finite(v) for v in x]
     return x
 
 
@@ -300,7 +300,8 @@ class TraceFile:
         except UnicodeDecodeError:
             raise TraceError(f"{path} is not a spectrace trace (not UTF-8 text)") from None
         complete = text.endswith("\n")
-        lines = text.removesuffix("\n").split("\n")  # no empty string after the final newline
+        # no empty string after the final newline; a line an editor ended in CRLF reads as its text
+        lines = [line.removesuffix("\r") for line in text.removesuffix("\n").split("\n")]
         if not lines or not lines[0].strip():
             raise TraceError(f"trace {path} is empty")
         self.notices: list[str] = []

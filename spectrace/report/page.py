@@ -15,14 +15,16 @@ import os
 from importlib.resources import files
 from pathlib import Path
 
+from spectrace.core.trace import finite
 from spectrace.errors import SpectraceError
 
 _ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
 
 
 def inert_json(data) -> str:
-    """JSON that can sit inside a <script> element: no `<`, `>` or `&` left to end it."""
-    text = json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    """JSON that can sit inside a <script> element: no `<`, `>` or `&` left to end it; a number
+    that is not finite (a hand-edited trace's NaN) is null, as the trace writer writes it."""
+    text = json.dumps(finite(data), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     return "".join(_ESCAPES.get(ch, ch) for ch in text)
 
 
