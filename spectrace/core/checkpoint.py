@@ -61,7 +61,10 @@ def weight_files(path: Path) -> list[Path]:
     if (path / "model.safetensors").exists():
         files = [path / "model.safetensors"]
     elif (path / "model.safetensors.index.json").is_file():
-        shards = json.loads((path / "model.safetensors.index.json").read_text(encoding="utf-8"))["weight_map"]
+        try:
+            shards = json.loads((path / "model.safetensors.index.json").read_text(encoding="utf-8"))["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise SpectraceError(f"cannot load model from {path}: model.safetensors.index.json: {first_line(e)}") from None
         if not isinstance(shards, dict) or not all(isinstance(s, str) and s == Path(s).name and s not in ("", "..")
                                                    for s in shards.values()):
             raise SpectraceError(f"cannot load model from {path}: model.safetensors.index.json's weight_map "
