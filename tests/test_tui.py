@@ -9,6 +9,7 @@ import asyncio
 import io
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -400,3 +401,53 @@ def test_long_token_text_is_shortened_where_drawn_and_whole_in_the_inspector(tmp
     assert big in inspector.export_text().replace("\n", "").replace(" ", "x")  # wrapped, but whole
     dot = step_graph(rec, t.token_text).source
     assert "…(+99960 chars)" in dot and len(dot) < 5_000
+
+
+def test_at_80x24_the_inspector_shows_every_number_whole():
+    """The node inspector is 28 columns wide at 80x24: a token may give way to an ellipsis, a
+    probability never does. Every node of the first step, at DRAFT and at VERIFY: each q and p of
+    its top-k table is printed whole at the panel's width."""
+    trace = TraceFile(TRACE)
+
+    async def go():
+        app = Walkthrough(trace)
+        shown = []
+        async with app.run_test(size=(80, 24)) as pilot:
+            for phase_keys in ([], ["right_square_bracket"] * 2):
+                await pilot.press(*phase_keys)
+                for _ in range(len(app.nodes)):
+                    await pilot.pause()
+                    inspector = app.query_one("#inspector")
+                    console = Console(width=inspector.scrollable_content_region.width, file=io.StringIO(),
+                                      record=True)
+                    console.print(panels.inspector_panel(trace, app.record, app.nodes, app.phase_name, app.node))
+                    shown.append((app.phase_name, app.node, console.export_text()))
+                    await pilot.press("down")
+        return shown
+
+    rec = trace.step(0)
+    checked = 0
+    for phase, node, text in asyncio.run(go()):
+        if node == 0 or node > len(rec["draft"]["draft_topk"]):
+            continue  # the root and the bonus: their tables are the target's
+        pairs = rec["draft"]["draft_topk"][node - 1]
+        assert pairs and all(f"{p:.3f}" in text for _, p in pairs), (phase, node, text)
+        assert "0…" not in text and ".…" not in text
+        checked += 1
+    assert checked >= 2 * (len(rec["draft"]["tokens"]))
+
+
+def test_the_summary_after_the_walkthrough_starts_on_a_cleared_row():
+    """Back from the walkthrough's alternate screen the cursor is where the status line left it:
+    the row is cleared before the run's summary prints, so the summary does not run on from
+    "spectrace: opening the walkthrough"."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs"))
+    from startup_times import in_a_terminal
+
+    *_, code, out = in_a_terminal(["run", "--algo", "eagle", "--topk", "4", "--max-new-tokens", "8",
+                                   "--trace-level", "steps"], ("tree · DRAFT".encode(),))
+    out = out if isinstance(out, bytes) else out.encode("utf-8", "surrogateescape")
+    assert code == 0 and b"opening the walkthrough" in out
+    after = out[out.rindex(b"\x1b[?1049l"):]
+    cleared, summary = after.find(b"\r\x1b[K"), after.find(b"algo=eagle")
+    assert 0 < cleared < summary, after[:200]

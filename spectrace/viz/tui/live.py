@@ -117,6 +117,10 @@ def walk_a_live_run(child: subprocess.Popen, trace_path: str, command: str) -> i
         code = child.wait()
         if app.follower.is_alive():
             app.follower.join()  # the last lines the child wrote
+    # back from the alternate screen, the cursor is where the status line left it: clear that row,
+    # so the summary starts on it rather than after "opening the walkthrough"
+    sys.stderr.write("\r\x1b[K")
+    sys.stderr.flush()
     sys.stdout.write(summary)
     sys.stderr.writelines(app.said)
     if app.return_code:  # Textual has drawn what went wrong; the command fails with it

@@ -130,18 +130,20 @@ def draft_cut(nodes: list[ViewNode], dropped: list[Candidate], depth: int) -> Te
 
 
 def _topk_table(title_a: str, pairs_a: list, title_b: str, pairs_b: list, trace: TraceFile,
-                mark: int | None) -> Table | Text:
+                mark: int | None) -> Group | Text:
     if not pairs_a and not pairs_b:
         return Text(f"{title_a}: top-k not recorded (--trace-level {trace.header['config'].get('trace_level')})",
                     style="dim")
-    table = Table(box=None, padding=(0, 1), show_edge=False)
-    table.add_column(title_a, no_wrap=True)
-    table.add_column("", justify="right")
-    table.add_column(title_b, no_wrap=True)
-    table.add_column("", justify="right")
-    for k in range(max(len(pairs_a), len(pairs_b))):
+    # The titles on a line of their own, the table under them: tokens give way (an ellipsis) in a
+    # narrow panel, the numbers never do (a cut "0…" says nothing).
+    sides = [pairs for pairs in (pairs_a, pairs_b) if pairs or pairs is pairs_a]
+    table = Table(box=None, padding=(0, 1), show_edge=False, show_header=False)
+    for _ in sides:
+        table.add_column(no_wrap=True, overflow="ellipsis")
+        table.add_column(justify="right", no_wrap=True, min_width=5)
+    for k in range(max(len(pairs) for pairs in sides)):
         cells = []
-        for pairs in (pairs_a, pairs_b):
+        for pairs in sides:
             if k < len(pairs):
                 t, p = pairs[k]
                 style = "bold" if t == mark else ""
@@ -149,7 +151,7 @@ def _topk_table(title_a: str, pairs_a: list, title_b: str, pairs_b: list, trace:
             else:
                 cells += ["", ""]
         table.add_row(*cells)
-    return table
+    return Group(Text(f"{title_a}  |  {title_b}" if title_b else title_a, style="dim"), table)
 
 
 def inspector_panel(trace: TraceFile, rec: dict, nodes: list[ViewNode], phase: str, selected: int) -> Group:
