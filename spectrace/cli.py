@@ -201,6 +201,10 @@ ALGORITHM_OPTIONS = [
       "--speculative-ngram-max-bfs-breadth", "--speculative-ngram-max-trie-depth"},
      lambda a: a == "ngram", "shapes the n-gram drafter", "does not look up n-grams"),
     ({"--draft-model"}, lambda a: a not in ("none", "ngram"), "names the draft model", "drafts without one"),
+    ({"--num-steps", "--speculative-num-steps", "--topk", "--speculative-eagle-topk", "--num-draft-tokens",
+      "--speculative-num-draft-tokens", "--speculative-adaptive", "--adaptive", "--acceptance",
+      "--speculative-use-rejection-sampling", "--speculative-accept-threshold-single",
+      "--speculative-accept-threshold-acc"}, lambda a: a != "none", "shapes or judges the drafts", "drafts nothing"),
 ]
 
 
@@ -224,6 +228,10 @@ def _check_supported(args) -> None:
         named = sorted(flag for flag in args.given if flag in flags)  # mismatched flags
         if named and not any(algo(a) for a in algos):
             raise UsageError(f"{named[0]} {what}; --algo {' '.join(algos)} {others}")
+    sampling = sorted(flag for flag in ("--top-k", "--top-p") if flag in args.given)
+    if sampling and args.temperature == 0:
+        raise UsageError(f"{sampling[0]} shapes sampling; at --temperature 0 decoding is greedy and reads none: "
+                         "give --temperature > 0")
     style = getattr(args, "ngram_style", "vllm")
     other = sorted(f for st, flags in NGRAM_STYLE_OPTIONS.items() if st != style for f in flags if f in args.given)
     if other and "ngram" in algos:

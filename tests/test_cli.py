@@ -151,7 +151,7 @@ def other_vocab_model(tmp_path):
     (["--temperature", "nan"], "finite number >= 0"),
     (["--temperature", "inf"], "finite number >= 0"),
     (["--temperature", "-1"], "finite number >= 0"),
-    (["--top-p", "nan"], "--top-p must lie in (0, 1]"),
+    (["--top-p", "nan", "--temperature", "1"], "--top-p must lie in (0, 1]"),
     (["--top-k", "-2", "--temperature", "1"], "--top-k must be a count"),
     (["--algo", "eagle3", "--draft-model", "EAGLE1"], "is an EAGLE-1 head: use --algo eagle"),
     (["--algo", "eagle", "--draft-model", "MEDUSA"], "holds no model.safetensors"),

@@ -102,6 +102,20 @@ def test_an_ngram_option_of_the_other_style_is_refused(capsys, style, flag):
                              "--no-tui"], f"{flag} shapes the other n-gram drafter")
 
 
+@pytest.mark.parametrize("option", [["--num-steps", "3"], ["--speculative-num-steps", "3"], ["--topk", "2"],
+                                    ["--speculative-eagle-topk", "2"], ["--num-draft-tokens", "4"],
+                                    ["--speculative-adaptive"], ["--acceptance", "greedy"],
+                                    ["--speculative-accept-threshold-single", "0.5"]])
+def test_a_drafting_option_without_drafts_is_refused(capsys, option):
+    one_line_exit_2(capsys, ["run", "--algo", "none", *option, "--no-tui"],
+                    f"{option[0]} shapes or judges the drafts; --algo none drafts nothing")
+
+
+@pytest.mark.parametrize("option", [["--top-p", "0.9"], ["--top-k", "20"], ["--top-p=0.5", "--top-k=3"]])
+def test_a_sampling_option_of_a_greedy_run_is_refused(capsys, option):
+    one_line_exit_2(capsys, ["run", "--algo", "eagle", *option, "--no-tui"], "at --temperature 0 decoding is greedy")
+
+
 @pytest.mark.parametrize("option", [["--algos", "eagle"], ["--batch-sizes", "4"], ["--repeat", "3"],
                                     ["--target-shape", "llama-3.1-8b"], ["--backend", "fast"], ["--trace-level", "full"],
                                     ["--max-new-tokens", "8"], ["--compare-hf"], ["--prompts", "p.txt"]])
