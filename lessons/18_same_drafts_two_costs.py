@@ -75,9 +75,9 @@ DEVICE = "cuda" if GPU else "cpu"
 
 
 def config(**over):
-    """The fast engine on this machine (bf16 on a GPU), the prompts raw, 8 tokens where interpreted."""
+    """The fast engine on this machine (bf16 on a GPU), the prompts raw, 4 tokens where interpreted."""
     return RunConfig(**{"backend": "fast", "device": DEVICE, "dtype": "bfloat16" if GPU else "float32",
-                        "raw_prompt": not GPU, "max_new_tokens": 64 if GPU else 8,
+                        "raw_prompt": not GPU, "max_new_tokens": 64 if GPU else 4,
                         **({k: SHAPE[k] for k in ("num_steps", "topk", "num_draft_tokens")}
                            if over.get("algo") != "none" else {}), **over})
 
