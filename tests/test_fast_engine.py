@@ -220,3 +220,27 @@ def test_only_greedy_runs_draft_through_the_fused_loop(target, drafters, tempera
     engine = build_engine(target, drafters["eagle"], spec, [[1, 2, 3]], (0,), backend="fast",
                           on_step=(lambda rec: None) if recording else None, **options)
     assert engine.drafter.fused is fused
+
+
+@pytest.mark.parametrize("algo, dropped, recording", [("eagle", "extend", False), ("eagle", "verify", True),
+                                                      ("none", "verify", False), ("ngram", "verify", True)])
+def test_a_phase_in_no_launch_group_stops_the_step(target, drafters, algo, dropped, recording):
+    """Which phases share a CUDA graph is a table of Phase members (fast/graphs.py): a phase the
+    step enters that is in no launch group, or one entered out of its group's order, raises at the
+    first step on a CPU (and at capture, when the engine is built, on a GPU) instead of running
+    outside every graph; the engine's own groups cover every phase."""
+    from spectrace.engines import build_engine
+    from spectrace.fast.graphs import Phase
+    from spectrace.run import resolve
+
+    spec, options = resolve(RunConfig(algo=algo, topk=1 if algo != "eagle" else 4, max_new_tokens=4))
+    drafter = drafters.get(algo)
+    engine = build_engine(target, drafter, spec, [[1, 2, 3]], (0,), backend="fast",
+                          on_step=(lambda rec: None) if recording else None, **options)
+    assert engine.generate([[1, 2, 3]])[0][0].output_ids  # the engine's own groups: every phase in one
+    for name, phases in engine.launches:
+        if name == dropped:
+            kept = tuple(p for p in phases if p is not Phase.ACCEPT) if name == "verify" else ()
+            engine.launches = tuple((n, kept if n == name else ps) for n, ps in engine.launches if kept or n != name)
+    with pytest.raises(LookupError, match="Phase.ACCEPT|Phase.EXTEND"):
+        engine.generate([[1, 2, 3]])

@@ -17,7 +17,6 @@ requests stay in their row, frozen: `live` masks their commits. On a CPU the ste
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 from functools import partial
 
 import torch
@@ -34,8 +33,8 @@ from spectrace.errors import SpectraceError
 from spectrace.fast.acceptance import FAST_RULES, Verdict, greedy, host_row, plain_sample, sample_undrafted
 from spectrace.fast.batch import PromptBuffers, decode_rows_batch, extend_batch, features
 from spectrace.fast.acceptance.tree_rejection import SiblingRanks
-from spectrace.fast.graphs import (Launched, PhaseClock, PhaseGroups, StepOutputs, Tier, capture,
-                                   capture_step, launch_groups, to_host, with_record)
+from spectrace.fast.graphs import (Launched, Phase, PhaseClock, PhaseGroups, StepOutputs, Tier, capture,
+                                   capture_step, eager, launch_groups, to_host, with_record)
 from spectrace.fast.kv import StaticKV
 from spectrace.fast.sampling import DeviceRandoms, next_tokens
 from spectrace.fast.step_record import Kept, StepRecorder
@@ -219,20 +218,20 @@ class FastEngine:
         self.live.copy_(live.pin_memory() if self.device.type == "cuda" else live, non_blocking=True)
 
     # ---- the step: device work only, graph-safe ----------------------------------------------
-    def step(self, tier: Tier, phase=PhaseGroups((), nullcontext)) -> StepOutputs:
+    def step(self, tier: Tier, phase=eager) -> StepOutputs:
         """DRAFT -> VERIFY -> ACCEPT -> COMMIT -> EXTEND for the whole bucket (core/engine.py:
-        Engine.speculative_step). `phase(name)`: the context each phase runs in, which gathers the
+        Engine.speculative_step). `phase(Phase)`: the context each phase runs in, which gathers the
         phases into their launch groups (fast/graphs.py: a CUDA graph each, or an eager launch)."""
-        with phase("draft"):
+        with phase(Phase.DRAFT):
             tree = self.draft(tier)
-        with phase("verify"):
+        with phase(Phase.VERIFY):
             logits, target_predict, feats = self.verify(tree)
-        with phase("accept"):
+        with phase(Phase.ACCEPT):
             verdict, row = host_row(self.accept(tree, logits, target_predict, tier), tree.draft_tokens)
-        with phase("commit"):
+        with phase(Phase.COMMIT):
             self.commit(tree, verdict)
         if self.drafter is not None and not self.host_drafts:  # EXTEND is device work
-            with phase("extend"):
+            with phase(Phase.EXTEND):
                 self.drafter.draft_extend(tree, verdict, feats, self.live)
         return StepOutputs(tree, logits, target_predict, feats, verdict, row)
 

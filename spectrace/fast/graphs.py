@@ -2,6 +2,7 @@
 their capture, and timing without a sync.
 
     BUCKETS / bucket     the batch sizes a run is padded up to, one set of graphs each
+    Phase                a step's phases, which FastEngine.step enters by name
     launch_groups        which of a step's phases share a graph (DRAFT; VERIFY + ACCEPT + COMMIT;
                          EXTEND); with_record: a recording run's pack joins the last
     PhaseGroups          the context each phase of FastEngine.step runs in: a group's context
@@ -19,6 +20,7 @@ On a CPU nothing is captured: the step runs eagerly.
 """
 from __future__ import annotations
 
+import enum
 import statistics
 import time
 from contextlib import ExitStack, contextmanager, nullcontext
@@ -34,10 +36,25 @@ from spectrace.fast.sampling import DeviceRandoms
 from spectrace.fast.tree import DeviceTree
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-PHASES = ("draft", "verify", "accept", "commit", "extend")
+
+
+class Phase(enum.Enum):
+    """The phases of FastEngine.step in the order it runs them; RECORD, a recording run's pack of
+    the step's tensors (fast/step_record.py); FORWARD, a function captured whole (`capture`)."""
+    DRAFT = "draft"
+    VERIFY = "verify"
+    ACCEPT = "accept"
+    COMMIT = "commit"
+    EXTEND = "extend"
+    RECORD = "record"
+    FORWARD = "forward"
+
+
+STEP = (Phase.DRAFT, Phase.VERIFY, Phase.ACCEPT, Phase.COMMIT, Phase.EXTEND)
 # a CUDA graph per group of phases; a drafter on the host, or none: DRAFT joins VERIFY's graph, and no EXTEND
-LAUNCHES = (("draft", ("draft",)), ("verify", ("verify", "accept", "commit")), ("extend", ("extend",)))
-HOST_LAUNCHES = (("verify", ("draft", "verify", "accept", "commit")),)
+LAUNCHES = (("draft", (Phase.DRAFT,)), ("verify", (Phase.VERIFY, Phase.ACCEPT, Phase.COMMIT)),
+            ("extend", (Phase.EXTEND,)))
+HOST_LAUNCHES = (("verify", (Phase.DRAFT, Phase.VERIFY, Phase.ACCEPT, Phase.COMMIT)),)
 
 
 def launch_groups(drafter, per_phase: bool) -> tuple:
@@ -47,27 +64,41 @@ def launch_groups(drafter, per_phase: bool) -> tuple:
     on_device = drafter is not None and not drafter.drafts_on_host
     if not per_phase:
         return LAUNCHES if on_device else HOST_LAUNCHES
-    groups = tuple((p, (p,)) for p in PHASES[:5 if on_device else 4])
-    return groups if on_device or drafter is None else (("verify", ("draft", "verify")),) + groups[2:]
+    groups = tuple((p.value, (p,)) for p in STEP[:5 if on_device else 4])
+    return groups if on_device or drafter is None else (("verify", (Phase.DRAFT, Phase.VERIFY)),) + groups[2:]
 
 
 def with_record(groups: tuple) -> tuple:
     """The launch groups with a recording run's pack (fast/step_record.py) last in the last one."""
     *before, (name, phases) = groups
-    return (*before, (name, (*phases, "record")))
+    return (*before, (name, (*phases, Phase.RECORD)))
+
+
+def eager(phase: Phase):
+    """The `phase` context of a step run outside any launch group: each phase just runs."""
+    return nullcontext()
 
 
 class PhaseGroups:
-    """The `phase(name)` context of FastEngine.step: `group(launch name)`, a context manager, is
-    entered at the first phase of each launch group and left after its last."""
+    """The `phase(Phase)` context of FastEngine.step: `group(launch name)`, a context manager, is
+    entered at the first phase of each launch group and left after its last. A phase that is in
+    no group, or entered out of its group's order, raises: on a GPU it would run in no graph."""
 
     def __init__(self, groups: tuple, group: Callable):
+        order = [p for _, phases in groups for p in phases]
+        if len(set(order)) < len(order):
+            raise ValueError(f"a phase is in two launch groups: {groups}")
+        self.next = {p: order[i + 1] if i + 1 < len(order) else None for i, p in enumerate(order)}
         self.first = {phases[0]: name for name, phases in groups}
         self.last = {phases[-1] for _, phases in groups}
-        self.group, self.open = group, ExitStack()
+        self.group, self.open, self.groups, self.expected = group, ExitStack(), groups, None
 
     @contextmanager
-    def __call__(self, phase: str):
+    def __call__(self, phase: Phase):
+        if phase not in self.next:
+            raise LookupError(f"{phase} is in no launch group {self.groups}: on a GPU it would run in no graph")
+        if phase not in self.first and phase is not self.expected:
+            raise LookupError(f"{phase} runs outside its launch group's order {self.groups}")
         if phase in self.first:
             self.open.enter_context(self.group(self.first[phase]))
         try:
@@ -75,6 +106,7 @@ class PhaseGroups:
         except BaseException:
             self.open.close()
             raise
+        self.expected = self.next[phase]
         if phase in self.last:
             self.open.close()
 
@@ -100,9 +132,9 @@ def place_rotary(model, device) -> None:
 def capture(fn: Callable[[], object], warmup: int = 2, pool=None) -> torch.cuda.CUDAGraph:
     """fn as one graph (the prefill, a benchmark's forward), captured as capture_step captures."""
     def step(phases):
-        with phases("fn"):
+        with phases(Phase.FORWARD):
             fn()
-    return capture_step(step, (("fn", ("fn",)),), warmup, pool)[0]["fn"]
+    return capture_step(step, (("forward", (Phase.FORWARD,)),), warmup, pool)[0]["forward"]
 
 
 def capture_step(step: Callable, groups: tuple, warmup: int = 2, pool=None):

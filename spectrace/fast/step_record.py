@@ -10,7 +10,6 @@ built once the decode loop is over (`finish`); for a live view (on_step) they ar
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 from dataclasses import asdict
 from typing import NamedTuple
 
@@ -25,7 +24,7 @@ from spectrace.core.step_record import prefill_record, record_token_ids
 from spectrace.core.trace import TraceWriter, frames_path
 from spectrace.errors import SpectraceError
 from spectrace.fast.frames import FrameWriter, Pack, split
-from spectrace.fast.graphs import PhaseGroups
+from spectrace.fast.graphs import Phase, eager
 from spectrace.fast.records import RecordBuilder, RecordContext
 from spectrace.kernels.top_k import top_k_softmax
 
@@ -87,12 +86,12 @@ class StepRecorder:
         last graph) and on their way to the host: the cost of --trace-level steps/full inside the loop."""
         if tier.graphs and tier.num_steps in self.packs:
             return self.packs[tier.num_steps].to_host()
-        return self.pack(PhaseGroups((), nullcontext), out, tier.randoms).to_host()
+        return self.pack(eager, out, tier.randoms).to_host()
 
     def pack(self, phase, out, randoms) -> Pack:
         """The tensors a step's records read (randoms: the tier's DeviceRandoms), as one Pack;
         then the target's lengths, which the next step finds."""
-        with phase("record"):
+        with phase(Phase.RECORD):
             pack = Pack(self.step_tensors(out, randoms))
             self.before.copy_(self.kv.seq_lens)
             return pack
