@@ -29,7 +29,7 @@ from spectrace.errors import SpectraceError
 
 def lookahead(spec: SpecConfig) -> int:
     """Positions past the committed ones a step may reach: the root and num_steps levels."""
-    return spec.max_steps + 1 if spec.algo != "none" else 1
+    return spec.max_steps + 1
 
 
 def scratch_columns(spec: SpecConfig) -> int:
@@ -129,9 +129,8 @@ def fast_engine(target, draft, spec: SpecConfig, prompt_ids, eos_token_ids, trac
 
     check_batch(len(prompt_ids))
     twins.install()  # the models' attention, through StaticKV's backend
-    num_steps = spec.max_steps if spec.algo != "none" else 0
-    n = spec.num_draft_tokens + spec.max_steps - spec.num_steps  # the deepest tier's nodes
-    committed = max(len(p) for p in prompt_ids) + spec.max_new_tokens + 2 * (num_steps + 1)
+    n = max(n for _, n in spec.tiers)  # the deepest tier's nodes
+    committed = max(len(p) for p in prompt_ids) + spec.max_new_tokens + 2 * (spec.max_steps + 1)
     kv = StaticKV(target, bucket(len(prompt_ids)), committed + n)
     models = [m for m in (target, draft) if m is not None]
     if kv.seq_lens.device.type == "cuda" or probe is not None:

@@ -103,7 +103,7 @@ class Engine:
         self.rule = acceptance.RULES[spec.acceptance]
         self.sibling_stats: dict[int, SiblingStats] = {}  # req -> tree_rejection's sibling worth
         self.adaptive = AdaptiveSpeculativeParams(spec.num_steps) if spec.adaptive else None
-        self.metrics = SpecMetrics(spec.max_steps if spec.algo != "none" else 0, spec.num_draft_tokens)
+        self.metrics = SpecMetrics(spec.max_steps, spec.num_draft_tokens)
         self.step_count = 0
 
     @property

@@ -53,8 +53,8 @@ class SpecConfig:
             self.acceptance = acceptance.default_rule(self.temperature)
         acceptance.check(self.acceptance, self.algo, self.topk, self.temperature, self.threshold_single,
                          self.threshold_acc)
-        if self.algo == "none":  # plain decoding: one token a step, nothing to adapt
-            self.num_draft_tokens, self.adaptive = 1, False
+        if self.algo == "none":  # plain decoding: the root alone, one token a step, nothing to adapt
+            self.num_steps, self.num_draft_tokens, self.adaptive = 0, 1, False
             return
         check_ranges(num_steps=self.num_steps, topk=self.topk)
         if self.adaptive:
@@ -79,6 +79,15 @@ class SpecConfig:
         tiers = AdaptiveConfig().candidate_steps
         if self.num_steps not in tiers:
             raise SpectraceError(f"--speculative-adaptive starts from a tier: --num-steps must be one of {tiers}")
+
+    @property
+    def tiers(self) -> list[tuple[int, int]]:
+        """(num_steps, num_draft_tokens) of every step shape the run may take: each adaptive tier's
+        chain, or the run's one shape (plain decoding: (0, 1)). The engines size their buffers and
+        capture their graphs from these and derive none of them again."""
+        if self.adaptive:
+            return [(s, s + 1) for s in AdaptiveConfig().candidate_steps]  # num_steps is one (checked)
+        return [(self.num_steps, self.num_draft_tokens)]
 
     @property
     def max_steps(self) -> int:

@@ -58,14 +58,12 @@ class FastEngine:
         self.adaptive = AdaptiveSpeculativeParams(spec.num_steps) if spec.adaptive else None
         randoms = DeviceRandoms(RULES[spec.acceptance], self.bs, spec.topk, target.config.vocab_size,
                                 drafter is not None and drafter.samples_drafts, self.device)
-        steps = self.adaptive.candidate_steps if self.adaptive else [spec.num_steps if drafter else 0]
-        self.tiers = {num_steps: Tier(num_steps, n, randoms.for_shape(num_steps, n)) for num_steps in steps
-                      for n in [num_steps + 1 if self.adaptive else spec.num_draft_tokens if drafter else 1]}
-        self.tier = self.tiers[spec.num_steps if self.adaptive else steps[0]]  # adaptive: starts at num_steps
+        self.tiers = {num_steps: Tier(num_steps, n, randoms.for_shape(num_steps, n)) for num_steps, n in spec.tiers}
+        self.tier = self.tiers[spec.num_steps]  # adaptive: the tier it starts from
         self.prompts = PromptBuffers.empty(self.bs, max(len(p) for p in prompt_ids), self.device)
         self.roots = torch.zeros(self.bs, dtype=torch.int64, device=self.device)  # each request's last token
         self.live = torch.zeros(self.bs, dtype=torch.bool, device=self.device)
-        self.metrics = SpecMetrics(spec.max_steps if drafter else 0, spec.num_draft_tokens)
+        self.metrics = SpecMetrics(spec.max_steps, spec.num_draft_tokens)
         self.step_count, self.clock, self.sibling_ranks = 0, PhaseClock(self.device, probe), None
         self.launches = launch_groups(drafter, probe is not None)
         self.capture_layers = drafter.capture_layers if drafter is not None else ()
@@ -119,7 +117,7 @@ class FastEngine:
         """Whether the step in flight (up to num_steps + 1 tokens a request) may reach max_new_tokens
         for every request still running: a step launched ahead would then run frozen, for nothing
         (a whole step at a real shape, where the host's wait for the last one costs microseconds)."""
-        most = self.tier.num_steps + 1 if self.drafter is not None else 1
+        most = self.tier.num_steps + 1
         return all(r.finish_reason or self.spec.max_new_tokens - len(r.output_ids) <= most for r in reqs)
 
     @torch.no_grad()
