@@ -140,7 +140,7 @@ def other_vocab_model(tmp_path):
     (["--trace-level", "some"], "invalid choice"),
     (["--deterministic", "--backend", "triton"], "--deterministic runs on --backend explicit"),
     (["--algo", "eagle", "--speculative-algorithm", "NGRAM"], "--algo and --speculative-algorithm are one option"),
-    # each of these was once a traceback, an allocation of many GB, or silently accepted
+    # inputs that would otherwise end in a traceback, an allocation of many GB, or be accepted silently
     (["--algo", "eagle", "--topk", "100000"], "more than the draft's vocabulary of 4096"),
     (["--algo", "eagle3", "--topk", "5000"], "more than the draft's vocabulary of 3072"),
     (["--target-model", "TRUNCATED"], "cannot load model"),

@@ -39,7 +39,7 @@ def test_definitions_hold_for_any_accept_sequence(K, data):
 
 
 @given(tau=st.floats(1, 10), r=st.floats(0.001, 10))
-def test_the_seeds_speedup_model(tau, r):
+def test_the_speedup_model_is_below_tau_and_below_1_without_acceptance(tau, r):
     """τ / (1 + r): below τ whenever drafting costs anything; below 1 when nothing is accepted."""
     assert predicted_speedup(tau, r) < tau
     assert predicted_speedup(1.0, r) < 1

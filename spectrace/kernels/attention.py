@@ -212,9 +212,8 @@ def auto_kv_splits(device: torch.device, programs: int, prefix_tokens: int, bs: 
     SM, at most 64, each with at least one tile of keys; none for a mean prefix under 256 keys
     (the mean is kv_indices' length / bs, known without a sync), where the merge kernel a split
     needs costs more than it saves. One on the CPU, where the interpreter gains nothing from
-    splitting. On an H100 at Llama-3.1-8B's shape and 1,024 keys, a verify of 8 tokens at bs 1
-    took 5.99 ms with its pick (16 splits of 64-key tiles), 6.01-6.03 with more splits or shorter tiles;
-    at bs 64 a decode's 2 splits took 9.41 ms where 1 took 9.69 and 4 took 9.65."""
+    splitting. Its picks at Llama-3.1-8B's shape, against more or fewer splits, are timed in
+    docs/benchmarks.md."""
     sms = _sms(device)
     if not sms or not bs or prefix_tokens // bs < 256:
         return 1
@@ -226,10 +225,8 @@ def decode_tile(device: torch.device, programs: int, prefix_tokens: int, bs: int
     """Keys per tile where each request has one new token (a decode, plain decoding's extend, a
     draft level): 64, or, where even the splits of 64-key tiles leave SMs without a program, fewer
     (at least 16, tl.dot's smallest) if that lets `auto_kv_splits` make more splits. The query rows
-    are few and a split's latency, not its keys, is the time. On an H100 at Llama-3.1-8B's shape
-    and 1,024 keys, each in the same call: at bs 1 (16 splits of 64 keys: 128 programs) the
-    forward took 5.55-5.58 ms, 5.41-5.43 with 16 or 32 splits of 32 keys, 5.37 with 64 of 16; at
-    bs 2 (256 programs) 32 splits of 16 keys took 5.88-5.90 ms against 5.83-5.84 with 64-key tiles."""
+    are few and a split's latency, not its keys, is the time (the tiles against the splits at
+    Llama-3.1-8B's shape: docs/benchmarks.md)."""
     sms, splits = _sms(device), auto_kv_splits(device, programs, prefix_tokens, bs)
     if splits == 1 or programs * splits >= sms:
         return 64

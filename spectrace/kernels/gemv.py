@@ -3,11 +3,11 @@ floats (a batch-1 decode in bf16), the same stream through the tensor cores for 
 verify's tree, a draft level's top-k, a small batch), F.linear (cuBLAS) otherwise.
 
 At one row, y = W x reads each weight once for two flops: the time is the weights' bytes (an 8B
-model's decode step is 15 GB of matrices, 4.5 ms at an H100's 3.35 TB/s). cuBLAS runs a GEMM's
-tiles there (64x8 tiles, split-K with a second reduce kernel for o_proj and down_proj): 2.1-3.0
-TB/s at Llama-3.1-8B's shapes on an H100. Here one program streams BLOCK_N rows of W, BLOCK_K
-columns at a time, into a float32 (BLOCK_N, BLOCK_K) sum reduced once at the end: 2.8-3.2 TB/s
-on the same shapes, in one kernel (docs/benchmarks.md has the table).
+model's decode step is 15 GB of matrices). cuBLAS runs a GEMM's tiles there, with split-K and a
+second reduce kernel for the wide matrices (o_proj, down_proj). Here one program streams BLOCK_N
+rows of W, BLOCK_K columns at a time, into a float32 (BLOCK_N, BLOCK_K) sum reduced once at the
+end, in one kernel and nearer the bandwidth bound (docs/benchmarks.md, "One decode step at
+Llama-3.1-8B's shape against the bandwidth bound").
 
 The op before a small linear can be its prologue (`folds`: `norm_linear`, `silu_linear`): each
 program makes the columns of x it multiplies from the op's inputs, as the op's own kernel would
@@ -16,9 +16,8 @@ pass over the row for its sum of squares, while the first weight tile is on its 
 also stores x + delta, the residual stream), silu_mul into down_proj: three kernels a layer fewer.
 Every program reads the whole input row again, from L2, about as many bytes as its weight rows
 (2-3 rows of K against BLOCK_N): where the weights' stream is the time, that costs more than the
-kernel it saves. So only a matrix under FOLD_BELOW weights folds its op: the embedded pair's
-(0.1-0.4M weights; its plain decoding 7,091-7,262 tokens/s folded, 6,515-6,538 not, on an H100),
-not Llama-3.1-8B's (17-117M: its decode step 5.76 ms folded, 5.56 not).
+kernel it saves. So only a matrix under FOLD_BELOW weights folds its op: a launch-bound model's
+(the embedded pair, 0.1-0.4M weights a matrix), not a bandwidth-bound one's (Llama-3.1-8B's, 17-117M).
 
 On a Hopper GPU it is launched with programmatic dependent launch (kernels/pdl.py) and streams
 its first weight tile before it waits for x: the weights are on their way while the kernel before
@@ -27,18 +26,11 @@ it (a norm, the attention, another GEMV) finishes.
 From 2 to 16 rows (`rows_linear`) products on the CUDA cores would make the GEMV compute-bound, so
 each program streams ROWS_N rows of W, ROWS_K columns at a time, into the tensor cores as the left
 side of the product, x's rows (padded to 16, tl.dot's smallest tile) as the right: y^T = W x^T,
-"swap AB", as vLLM's small-M GEMMs do (their swap_ab path). The rows ride along with the weights:
-at Llama-3.1-8B's matrices and its EAGLE-3 head's (the 8192-column QKV, the 32k-token lm_head),
-2-16 rows took 619-632 µs against cuBLAS's 670-680, 2.4-3.1 TB/s against 2.0-2.8 (H100, one tile
-for all: 64 x 256, 4 warps, 4 stages; docs/benchmarks.md). It too fetches its first tile before
-it waits: without PDL, a whole forward ran at about cuBLAS's time. On Hopper its tiles of W come
-through TMA (`by_tma`): one descriptor copy per tile, W's edges filled with zeros by the copy
-engine, no address arithmetic or masks in the program. At the 8B matrices that took 2.7% off the
-kernels' sum at 4 rows (3,945 µs a forward against 4,056 with pointer loads; an H200) and 1.3%
-off a verify of 8 tokens (4.59 ms against 4.65-4.66); SPECTRACE_TMA=0 turns it off to compare.
-Measured and left out: a split of K across programs (an atomic add into float32), no faster where
-it was chosen (down_proj) than a deeper pipeline without it; and 32 or 64 rows, where the same
-kernel came within 1% of cuBLAS, so 17 rows and more stay on F.linear.
+"swap AB", as vLLM's small-M GEMMs do (their swap_ab path). The rows ride along with the weights,
+so 2 to 16 rows cost about one row's time. It too fetches its first tile before it waits. On
+Hopper its tiles of W come through TMA (`by_tma`): one descriptor copy per tile, W's edges filled
+with zeros by the copy engine, no address arithmetic or masks in the program; SPECTRACE_TMA=0
+turns it off to compare. From 17 rows on a forward is a GEMM, and F.linear's.
 """
 from __future__ import annotations
 
@@ -54,9 +46,8 @@ import triton.language as tl
 from spectrace.kernels.pdl import launch_options, let_next_start, wait_for_inputs
 from spectrace.kernels.rounding import rounded
 
-# (rows, columns) a program streams at a time, 4 warps, 3 stages: the best, or within 2% of it, at
-# every Llama-3.1-8B matrix on an H100 but o_proj, where 2 rows beat it by 4% or more (2-16 rows,
-# 256-1024 columns, 4-8 warps, 2-4 stages swept; docs/benchmarks.md)
+# (rows, columns) a program streams at a time, 4 warps, 3 stages: picked by a sweep over Llama-3.1-8B's
+# matrices (2-16 rows, 256-1024 columns, 4-8 warps, 2-4 stages; docs/benchmarks.md)
 BLOCK_N, BLOCK_K = 4, 1024
 PLAIN, NORM, SILU = 0, 1, 2  # the prologue: x as it is, RMSNorm(x [+ delta]), silu(gate) * up
 FOLD_BELOW = 1 << 22  # weights of a matrix whose GEMV folds the op before it in (8 MB of bf16, ~3 µs)
