@@ -58,7 +58,7 @@ class FastEngine:
         self.adaptive = AdaptiveSpeculativeParams(spec.num_steps) if spec.adaptive else None
         randoms = DeviceRandoms(RULES[spec.acceptance], self.bs, spec.topk, target.config.vocab_size,
                                 drafter is not None and drafter.samples_drafts, self.device)
-        self.tiers = {num_steps: Tier(num_steps, n, randoms.for_shape(num_steps, n)) for num_steps, n in spec.tiers}
+        self.tiers = {steps: Tier(steps, n, randoms.for_shape(steps, n)) for steps, n in spec.tiers}
         self.tier = self.tiers[spec.num_steps]  # adaptive: the tier it starts from
         self.prompts = PromptBuffers.empty(self.bs, max(len(p) for p in prompt_ids), self.device)
         self.roots = torch.zeros(self.bs, dtype=torch.int64, device=self.device)  # each request's last token
