@@ -238,6 +238,16 @@ def test_a_phase_in_no_launch_group_stops_the_step(target, drafters, algo, dropp
     engine = build_engine(target, drafter, spec, [[1, 2, 3]], (0,), backend="fast",
                           on_step=(lambda rec: None) if recording else None, **options)
     assert engine.generate([[1, 2, 3]])[0][0].output_ids  # the engine's own groups: every phase in one
+    if recording:  # and the groups a GPU captures, the pack last in the last graph, in the order they run
+        from contextlib import nullcontext
+        from functools import partial
+
+        from spectrace.fast.graphs import PhaseGroups, with_record
+
+        opened = []
+        step = engine.recorder.packed(partial(engine.step, engine.tier), engine.tier)
+        step(PhaseGroups(with_record(engine.launches), lambda name: opened.append(name) or nullcontext()))
+        assert opened == [name for name, _ in engine.launches]
     for name, phases in engine.launches:
         if name == dropped:
             kept = tuple(p for p in phases if p is not Phase.ACCEPT) if name == "verify" else ()
