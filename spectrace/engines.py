@@ -11,13 +11,8 @@ model, and the engine that runs them.
 from __future__ import annotations
 
 from spectrace.algos import ALGOS
-from spectrace.core.acceptance import RULES
-from spectrace.core.drafters.dflash import DFlashDrafter
-from spectrace.core.drafters.eagle_worker import EagleDrafter
-from spectrace.core.drafters.frozen_kv_mtp import FrozenKVMtpDrafter
-from spectrace.core.drafters.medusa import DEFAULT_CHOICES, MC_SIM_7B_63, MedusaDrafter, MedusaTree
+from spectrace.core.drafters.medusa import DEFAULT_CHOICES, MC_SIM_7B_63, MedusaTree
 from spectrace.core.drafters.ngram import NgramConfig
-from spectrace.core.drafters.standalone import StandaloneDrafter
 from spectrace.core.engine import Engine
 from spectrace.core.spec import SpecConfig
 from spectrace.core.kv import KVCache
@@ -25,6 +20,7 @@ from spectrace.core.model import CausalLM, KVCacheOwner
 from spectrace.core.probs import ProbsRecorder
 from spectrace.core.trace import TraceWriter
 from spectrace.errors import SpectraceError
+from spectrace.formats import FORMATS, Built
 
 
 def lookahead(spec: SpecConfig) -> int:
@@ -95,23 +91,12 @@ def build_engine(target: CausalLM, draft, spec: SpecConfig, prompt_ids: list[lis
 
 
 def explicit_drafter(target, draft, spec: SpecConfig, kv, ngram: NgramConfig, medusa_tree, draft_kv):
-    """The explicit drafter of the algorithm's checkpoint format; draft_kv() makes its own KV."""
-    fmt = ALGOS[spec.algo].checkpoint
-    shape = dict(num_steps=spec.num_steps, topk=spec.topk, num_draft_tokens=spec.num_draft_tokens,
-                 temperature=spec.temperature if RULES[spec.acceptance].samples_drafts else 1.0,
-                 trace_topk=spec.trace_topk)
+    """The explicit drafter of the algorithm's checkpoint format (formats.py); draft_kv() makes its
+    own KV."""
     if spec.algo == "ngram":
         return ngram.drafter(spec.num_steps, spec.num_draft_tokens, target.config.max_position_embeddings,
                              target.lm_head.weight.device)
-    if fmt == "medusa":
-        return MedusaDrafter(draft, medusa_tree, spec.trace_topk)
-    if fmt == "dflash":
-        return DFlashDrafter(draft, target, spec.trace_topk)
-    if fmt == "frozen_kv_mtp":  # no draft KV: it reads the target's
-        return FrozenKVMtpDrafter(draft, target, kv, **shape)
-    if fmt == "lm":
-        return StandaloneDrafter(draft, draft_kv(), **shape)
-    return EagleDrafter(draft, target, draft_kv(), **shape)
+    return FORMATS[ALGOS[spec.algo].checkpoint].explicit(Built(target, draft, spec, kv, medusa_tree, draft_kv))
 
 
 def fast_engine(target, draft, spec: SpecConfig, prompt_ids, eos_token_ids, trace, ngram, medusa_tree, on_step, probs,
@@ -147,29 +132,13 @@ def fast_engine(target, draft, spec: SpecConfig, prompt_ids, eos_token_ids, trac
 
 def fast_drafter(target, draft, spec: SpecConfig, kv, committed: int, ngram: NgramConfig, medusa_tree,
                  recording: bool, record_probs: bool):
-    """The fast drafter of the algorithm's checkpoint format, its buffers over the bucket."""
-    from spectrace.fast.drafters.dflash import DFlash
-    from spectrace.fast.drafters.eagle_worker import EagleWorker
-    from spectrace.fast.drafters.frozen_kv_mtp import FrozenKVMtp
-    from spectrace.fast.drafters.medusa import Medusa
-    from spectrace.fast.drafters.ngram import Ngram
-
-    fmt, rule, bs = ALGOS[spec.algo].checkpoint, RULES[spec.acceptance], kv.seq_lens.shape[0]
-    n, num_steps, topk = spec.num_draft_tokens, spec.max_steps, spec.topk
-    trace_topk = spec.trace_topk if recording else None
-    # the fused draft loop (kernels/draft_level.py) breaks near-ties in q its own way, so it drafts
-    # only where the tree cannot change the output (greedy decoding); a trace records the tree it drew
-    fused = spec.sampling.greedy and not (rule.samples_drafts or record_probs)
-    sampling = dict(sampled=rule.samples_drafts, keep_q=rule.samples_drafts or record_probs, trace_topk=trace_topk,
-                    temperature=spec.temperature if rule.samples_drafts else 1.0, fused=fused)
+    """The fast drafter of the algorithm's checkpoint format (formats.py), its buffers over the bucket."""
     if spec.algo == "ngram":
-        return Ngram(ngram.drafter(num_steps, n, target.config.max_position_embeddings, "cpu"), bs, n,
-                     kv.seq_lens.device)
-    if fmt == "medusa":
-        return Medusa(draft, medusa_tree, bs, target.config.hidden_size, spec.trace_topk, recording)
-    if fmt == "dflash":
-        return DFlash(draft, target, bs, kv.req_to_token.shape[1], trace_topk)
-    if fmt == "frozen_kv_mtp":
-        return FrozenKVMtp(draft, target, kv, topk, **sampling)
-    scratch = max(num_steps + 1, topk * max(num_steps - 1, 0))  # the padded extend, or the draft loop's [topk][step]
-    return EagleWorker(draft, target, fmt != "lm", bs, committed + scratch, topk, **sampling)
+        from spectrace.fast.drafters.ngram import Ngram
+
+        n = spec.num_draft_tokens
+        return Ngram(ngram.drafter(spec.max_steps, n, target.config.max_position_embeddings, "cpu"),
+                     kv.seq_lens.shape[0], n, kv.seq_lens.device)
+    built = Built(target, draft, spec, kv, medusa_tree, committed=committed, recording=recording,
+                  record_probs=record_probs)
+    return FORMATS[ALGOS[spec.algo].checkpoint].fast(built)

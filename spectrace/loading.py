@@ -18,21 +18,14 @@ import torch
 
 from spectrace.algos import ALGOS
 from spectrace.core.checkpoint import read_weight_file, weight_files, weights_digest
-from spectrace.core.drafters.dflash import load_dflash
-from spectrace.core.drafters.eagle import load_eagle
-from spectrace.core.drafters.eagle3 import load_eagle3
-from spectrace.core.drafters.frozen_kv_mtp import load_frozen_kv_mtp
-from spectrace.core.drafters.medusa import MedusaHeads, load_medusa
-from spectrace.core.drafters.mtp import load_mtp
+from spectrace.core.drafters.medusa import MedusaHeads
 from spectrace.core.model import CausalLM, load_model
 from spectrace.errors import SpectraceError
+from spectrace.formats import FORMATS
 from spectrace.hub import model_dir
-from spectrace.tokenizer import Tokenizer, load_tokenizer
+from spectrace.tokenizer import Tokenizer
 
 Say = Callable[[str], None]
-# a loader per checkpoint format (algos.Algo.checkpoint): (path, target) -> the drafter's model
-HEAD_LOADERS = {"eagle": load_eagle, "eagle3": load_eagle3, "mtp": load_mtp, "frozen_kv_mtp": load_frozen_kv_mtp,
-                "medusa": load_medusa, "dflash": load_dflash}
 
 
 def find_model(name: str, flag: str) -> str:
@@ -98,24 +91,10 @@ def progress_bar(say: Say | None, what: str) -> Callable[[int, int], None] | Non
     return report
 
 
-def load_draft_lm(path: str, target: CausalLM, tok: Tokenizer, dtype, device) -> CausalLM:
-    """A standalone draft LM, which must share the target's vocabulary token for token."""
-    draft = load_model(path, dtype, device)
-    tv, dv = target.config.vocab_size, draft.config.vocab_size
-    if tv != dv:
-        raise SpectraceError(f"draft vocabulary ({dv} tokens) differs from the target's ({tv})")
-    if (Path(path) / "tokenizer.json").is_file() and load_tokenizer(path).vocab != tok.vocab:
-        raise SpectraceError("draft tokenizer differs from the target's: same size, other tokens")
-    return draft
-
-
 def load_drafter_model(algo: str, path: str, target: CausalLM, tok: Tokenizer, dtype, device):
     """The draft LM (standalone) or the draft head that reads target features (the others), on the
-    target's device in its dtype."""
-    fmt = ALGOS[algo].checkpoint
-    if fmt == "lm":
-        return load_draft_lm(path, target, tok, dtype, device)
-    return HEAD_LOADERS[fmt](path, target)
+    target's device in its dtype, by its checkpoint format's loader (formats.py)."""
+    return FORMATS[ALGOS[algo].checkpoint].load(path, target, tok, dtype, device)
 
 
 def load_models(target_path: str, draft_path: str | None, algo: str, tok: Tokenizer, dtype: torch.dtype, device: str,

@@ -109,7 +109,7 @@ def test_backends_are_installed_by_a_call():
 
 def test_one_module_lists_the_algorithms():
     """A literal naming most algorithms (a copy of the list) appears in spectrace/algos.py only.
-    Tables keyed by checkpoint format (run.HEAD_LOADERS, the training kinds) share some names with
+    Tables keyed by checkpoint format (formats.FORMATS, the training kinds) share some names with
     algorithms but list formats: NEXTN and MTP share one, STANDALONE's is a plain LM."""
     names = set(ALGOS)
     for path, tree in modules():

@@ -52,7 +52,7 @@ def test_training_smoke_writes_a_loadable_checkpoint(tmp_path, monkeypatch):
 
 
 def test_head_training_smoke_writes_loadable_heads(tmp_path, monkeypatch, target):
-    from spectrace.loading import HEAD_LOADERS
+    from spectrace.formats import FORMATS
     from spectrace.zoo import train_eagle
 
     lib = _mini_stdlib(tmp_path)
@@ -65,7 +65,7 @@ def test_head_training_smoke_writes_loadable_heads(tmp_path, monkeypatch, target
         assert train_eagle.main(["--kind", kind, "--stdlib", str(lib), "--out", str(out), "--smoke", "--steps", "2",
                                  "--batch", "2", "--seq-len", "32", "--eval-every", "2", "--device", "cpu",
                                  "--draft-vocab", "64"]) == 0
-        head = HEAD_LOADERS[kind](out, target)
+        head = FORMATS[kind].load(out, target, None, torch.float32, "cpu")
         assert (out / "README.md").is_file() and sum(p.numel() for p in head.parameters()) > 0
 
 
