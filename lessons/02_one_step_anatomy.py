@@ -61,7 +61,7 @@ print(f"{cfg['resolved_algorithm']} ({cfg['num_steps']}, {cfg['topk']}, {cfg['nu
 # | # | SGLang (`python/sglang/srt/`) | what it holds | spectrace |
 # |---|---|---|---|
 # | 1 | `speculative/spec_info.py` | `SpeculativeAlgorithm`, NEXTN resolved to EAGLE | `spectrace/algos.py` |
-# | 2 | `arg_groups/speculative_hook.py` | the automatic shape, topk 1 forcing n = S + 1 | `spectrace/run.py` (`resolve_shape`) |
+# | 2 | `arg_groups/speculative_hook.py` | the automatic shape, topk 1 forcing n = S + 1 | `spectrace/core/shape.py` (`resolve_shape`, `draft_tokens`) |
 # | 3 | `managers/scheduler.py` | one `forward_batch_generation` call per decode step | `spectrace/core/engine.py` (the loop) |
 # | 4 | `speculative/eagle_worker_v2.py` | draft, verify, draft extend | `spectrace/core/engine.py` (the phases), `spectrace/core/drafters/eagle_worker.py` |
 # | 5 | `speculative/eagle_utils.py` | `build_tree`, `organize_draft_results`, `eagle_sample` | `spectrace/core/tree.py`, `spectrace/core/acceptance/` |

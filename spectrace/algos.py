@@ -38,11 +38,3 @@ ALGOS: dict[str, Algo] = {a.name: a for a in (
 )}
 
 DEFAULT_ALGO = "standalone"  # what a run drafts with when --algo is not given
-LLAMA_TREE = (5, 4, 8)  # (num_steps, topk, num_draft_tokens)
-CHAIN = (3, 1, 4)
-
-
-def auto_shape(algo: str, target_architecture: str) -> tuple[int, int, int]:
-    """SGLang's `_auto_choose_speculative_params` when no shape is given: the (5, 4, 8) tree on a
-    Llama target (but for STANDALONE), else a chain of 3 steps."""
-    return LLAMA_TREE if ALGOS[algo].llama_tree and target_architecture == "LlamaForCausalLM" else CHAIN

@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from spectrace import batch_policy
-from spectrace.algos import ALGOS, DEFAULT_ALGO, auto_shape
+from spectrace.algos import ALGOS, DEFAULT_ALGO
 from spectrace.core.adaptive import AdaptiveConfig
 from spectrace.core.config import read_config_json
 from spectrace.core.drafters.medusa import DEFAULT_CHOICES, MC_SIM_7B_63, MedusaTree, load_choices
@@ -31,6 +31,7 @@ from spectrace.core.model import CausalLM
 from spectrace.core.ngram.trie import TrieConfig
 from spectrace.core.probs import UNSEALED, ProbsRecorder, seal, sidecar_path
 from spectrace.core.ranges import check_ranges
+from spectrace.core.shape import resolve_shape
 from spectrace.core.spec import SpecConfig
 from spectrace.core.trace import SCHEMA, TraceError, TraceWriter, default_trace_path
 from spectrace.engines import build_engine, context, kv_bytes, lookahead
@@ -57,7 +58,7 @@ class RunConfig:
     shape, which may be None here for SGLang's automatic choice: that needs the models' configs."""
 
     algo: str = DEFAULT_ALGO
-    num_steps: int | None = None  # None: SGLang's automatic choice (see resolve_shape)
+    num_steps: int | None = None  # None: SGLang's automatic choice (core/shape.py)
     topk: int | None = None
     num_draft_tokens: int | None = None
     prompts: list[str] = field(default_factory=list)
@@ -191,40 +192,6 @@ def ngram_config(cfg: RunConfig) -> NgramConfig:
     lo, hi = (lo if lo is not None else hi), (hi if hi is not None else lo)
     return NgramConfig(cfg.ngram_style, lo if lo is not None else 5, hi if hi is not None else 5, cfg.ngram_match,
                        cfg.ngram_trie)
-
-
-def resolve_shape(cfg: RunConfig, target_architecture: str, tree: MedusaTree | None) -> tuple[int, int, int | None]:
-    """(num_steps, topk, num_draft_tokens) of the run. Values given are kept, the rest follow
-    SGLang's `_auto_choose_speculative_params` (algos.auto_shape); drafters with a shape of their
-    own (a DFLASH block, a Medusa tree, SGLang's n-gram tree, vLLM's n-gram k) set it."""
-    given = (cfg.num_steps, cfg.topk, cfg.num_draft_tokens)
-    if cfg.algo == "dflash":  # SGLang: num_draft_tokens = the block (a given value must match it), topk 1;
-        B = read_config_json(cfg.draft_path).get("block_size") or 0  # here num_steps = B - 1 bounds the walk
-        if cfg.topk not in (None, 1) or cfg.num_draft_tokens not in (None, B) or cfg.num_steps not in (None, B - 1):
-            raise SpectraceError(f"DFLASH drafts one block of {B} tokens (its block_size): --num-draft-tokens must be "
-                                 f"{B}, --num-steps {B - 1} and --topk 1, or left out")
-        return B - 1, 1, B
-    if cfg.algo == "medusa":  # the static tree's depth, widest rank and size
-        if given != (None, None, None):
-            raise SpectraceError("Medusa's tree is given by --medusa-choices: --num-steps, --topk and "
-                                 "--num-draft-tokens do not apply")
-        return tree.shape
-    if cfg.algo == "ngram" and cfg.ngram_style == "sglang":
-        # SGLang: topk = max_bfs_breadth, n = 12, num_steps = n // topk (unused by its n-gram verify,
-        # whose accept width is n); here num_steps bounds the walk, so n - 1
-        n = cfg.num_draft_tokens or 12
-        return n - 1, cfg.ngram_trie.max_bfs_breadth, n
-    if cfg.algo == "ngram":  # a chain of k = num_steps copied tokens
-        default = (5, 1, 6)
-    elif cfg.adaptive:  # SGLang: topk 1, the middle tier
-        tiers = AdaptiveConfig().candidate_steps
-        default = (tiers[len(tiers) // 2], 1, tiers[len(tiers) // 2] + 1)
-    else:
-        default = auto_shape(cfg.algo, target_architecture)
-    if given == (None, None, None):
-        return default
-    return (cfg.num_steps if cfg.num_steps is not None else default[0],
-            cfg.topk if cfg.topk is not None else default[1], cfg.num_draft_tokens)
 
 
 def resolve(cfg: RunConfig) -> tuple[SpecConfig, dict]:

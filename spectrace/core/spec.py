@@ -9,6 +9,7 @@ from spectrace.core import acceptance
 from spectrace.core.acceptance import RuleParams
 from spectrace.core.adaptive import AdaptiveConfig
 from spectrace.core.ranges import check_ranges
+from spectrace.core.shape import draft_tokens
 from spectrace.core.sampling import SamplingParams
 from spectrace.core.tree import tree_capacity
 from spectrace.errors import SpectraceError
@@ -60,10 +61,7 @@ class SpecConfig:
         if self.adaptive:
             self._check_adaptive()
         cap = tree_capacity(self.topk, self.num_steps)
-        if self.topk == 1:
-            self.num_draft_tokens = self.num_steps + 1
-        elif self.num_draft_tokens is None:  # SGLang's Llama default tree size, if the tree holds it
-            self.num_draft_tokens = min(8, cap + 1)
+        self.num_draft_tokens = draft_tokens(self.num_steps, self.topk, self.num_draft_tokens)
         if not 2 <= self.num_draft_tokens <= cap + 1:
             raise SpectraceError(
                 f"--num-draft-tokens {self.num_draft_tokens} does not fit a tree of topk {self.topk} and "
