@@ -77,8 +77,8 @@ for name, model in (("target", target), ("draft", draft)):
 engine = build_engine(target, draft, spec, prompts, [], backend="fast")
 engine.prefill([Request(i, p) for i, p in enumerate(prompts)])
 rows.clear()
-out = engine.step(engine.tier)  # one step's DRAFT, VERIFY + ACCEPT + COMMIT and EXTEND, eagerly
-print("bucket for 3 requests:", engine.bs, " forwards of one step (model, rows):", rows)
+out = engine.runner.step(engine.tier)  # one step's DRAFT, VERIFY + ACCEPT + COMMIT and EXTEND, eagerly
+print("bucket for 3 requests:", engine.runner.bs, " forwards of one step (model, rows):", rows)
 # what the batched walk accepted, request by request, beside the explicit greedy walk over the same trees
 fast_accepted = out.verdict.accept_num.tolist()[:3]
 tree, n_nodes = out.tree, out.tree.num_nodes
@@ -123,7 +123,7 @@ trace = read_trace(ROOT / "tests/data/walkthrough.jsonl")  # its timings draw th
 # %%
 none_spec, _ = resolve(RunConfig(algo="none", batch=3, max_new_tokens=8))
 plain_engine = build_engine(target, None, none_spec, prompts, [], backend="fast")
-columns = {"none": plain_engine.kv.req_to_token.shape[1], "eagle": engine.kv.req_to_token.shape[1]}
+columns = {"none": plain_engine.runner.kv.req_to_token.shape[1], "eagle": engine.runner.kv.req_to_token.shape[1]}
 print(f"KV columns a request reserves: plain decoding {columns['none']}, eagle (5, 4, 8) {columns['eagle']}")
 
 # %% [markdown]
@@ -210,7 +210,7 @@ show(fig, "16_overlap")
 # SGLang's automatic shapes
 assert shapes == {"eagle": (5, 4, 8), "eagle3": (5, 4, 8), "mtp": (5, 4, 8), "standalone": (3, 1, 4)}
 # buckets: a batch of 3 runs in the bucket of 4; the largest is 64
-assert bucket(3) == 4 and engine.bs == 4 and BUCKETS[-1] == 64
+assert bucket(3) == 4 and engine.runner.bs == 4 and BUCKETS[-1] == 64
 # the step's forwards: 4 draft levels of bs x topk rows, one verify of bs x n, one extend of bs x (S + 1)
 S, K, n = shapes["eagle"]
 assert rows == [("draft", 4 * K)] * (S - 1) + [("target", 4 * n), ("draft", 4 * (S + 1))]

@@ -245,12 +245,14 @@ def test_a_phase_in_no_launch_group_stops_the_step(target, drafters, algo, dropp
         from spectrace.fast.graphs import PhaseGroups, with_record
 
         opened = []
-        step = engine.recorder.packed(partial(engine.step, engine.tier), engine.tier)
-        step(PhaseGroups(with_record(engine.launches), lambda name: opened.append(name) or nullcontext()))
-        assert opened == [name for name, _ in engine.launches]
-    for name, phases in engine.launches:
+        runner = engine.runner
+        step = engine.recorder.packed(partial(runner.step, engine.tier), engine.tier)
+        step(PhaseGroups(with_record(runner.launches), lambda name: opened.append(name) or nullcontext()))
+        assert opened == [name for name, _ in runner.launches]
+    groups = engine.runner.launches
+    for name, phases in groups:
         if name == dropped:
             kept = tuple(p for p in phases if p is not Phase.ACCEPT) if name == "verify" else ()
-            engine.launches = tuple((n, kept if n == name else ps) for n, ps in engine.launches if kept or n != name)
+            engine.runner.launches = tuple((n, kept if n == name else ps) for n, ps in groups if kept or n != name)
     with pytest.raises(LookupError, match="Phase.ACCEPT|Phase.EXTEND"):
         engine.generate([[1, 2, 3]])

@@ -415,7 +415,7 @@ def test_gpu_fast_engine_graph_replay_equals_eager(algo, options):
         seen = records[graphs] = []
         engine = build_engine(target, draft, spec, ids, (0,), on_step=seen.append, backend="fast", graphs=graphs,
                               **options)
-        assert all((t.graphs is not None) == graphs for t in engine.tiers.values())
+        assert all((t.graphs is not None) == graphs for t in engine.runner.tiers.values())
         reqs, _ = engine.generate(ids)
         seen.append([r.output_ids for r in reqs])
     strip = lambda recs: [{k: v for k, v in r.items() if k != "timing"} if isinstance(r, dict) else r  # noqa: E731

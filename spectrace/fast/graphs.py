@@ -2,10 +2,10 @@
 their capture, and timing without a sync.
 
     BUCKETS / bucket     the batch sizes a run is padded up to, one set of graphs each
-    Phase                a step's phases, which FastEngine.step enters by name
+    Phase                a step's phases, which StepRunner.step enters by name
     launch_groups        which of a step's phases share a graph (DRAFT; VERIFY + ACCEPT + COMMIT;
                          EXTEND); with_record: a recording run's pack joins the last
-    PhaseGroups          the context each phase of FastEngine.step runs in: a group's context
+    PhaseGroups          the context each phase of StepRunner.step runs in: a group's context
                          (a graph's capture, or an eager launch on the clock) is entered at its
                          first phase and left after its last
     capture_step         the step warmed up on a side stream (Triton compiles there), then run
@@ -39,7 +39,7 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
 class Phase(enum.Enum):
-    """The phases of FastEngine.step in the order it runs them; RECORD, a recording run's pack of
+    """The phases of StepRunner.step in the order it runs them; RECORD, a recording run's pack of
     the step's tensors (fast/step_record.py); FORWARD, a function captured whole (`capture`)."""
     DRAFT = "draft"
     VERIFY = "verify"
@@ -80,7 +80,7 @@ def eager(phase: Phase):
 
 
 class PhaseGroups:
-    """The `phase(Phase)` context of FastEngine.step: `group(launch name)`, a context manager, is
+    """The `phase(Phase)` context of StepRunner.step: `group(launch name)`, a context manager, is
     entered at the first phase of each launch group and left after its last. A phase that is in
     no group, or entered out of its group's order, raises: on a GPU it would run in no graph."""
 
@@ -237,7 +237,7 @@ class Launched:
 
 @dataclass
 class StepOutputs:
-    """What one step leaves on the device (FastEngine.step): the DRAFT tree, VERIFY's logits, argmax
+    """What one step leaves on the device (StepRunner.step): the DRAFT tree, VERIFY's logits, argmax
     and features, ACCEPT's verdict and the host row. A captured step's are its graphs' outputs,
     rewritten on every replay."""
 

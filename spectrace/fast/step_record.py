@@ -24,7 +24,7 @@ from spectrace.core.step_record import prefill_record, record_token_ids
 from spectrace.core.trace import TraceWriter, frames_path
 from spectrace.errors import SpectraceError
 from spectrace.fast.frames import FrameWriter, Pack, split
-from spectrace.fast.graphs import Phase, eager
+from spectrace.fast.graphs import Phase, eager, with_record
 from spectrace.fast.records import RecordBuilder, RecordContext
 from spectrace.kernels.top_k import top_k_softmax
 
@@ -80,6 +80,10 @@ class StepRecorder:
             self.packs[tier.num_steps] = self.pack(phases, out, tier.randoms)
             return out
         return step_and_pack
+
+    def launch_groups(self, groups: tuple) -> tuple:
+        """The launch groups a GPU captures for a recording run: the pack last in the last."""
+        return with_record(groups)
 
     def copy_step(self, tier, out) -> Pack:
         """The step's tensors (out: its StepOutputs) packed on the device (a captured tier: by its
@@ -180,3 +184,26 @@ class StepRecorder:
             raise
         frames.path.unlink()
         return {"records_s": round(time.perf_counter() - t0, 4)}
+
+
+class NoRecorder:
+    """A run that records nothing (no trace, no on_step): every part of the recorder does nothing."""
+
+    def write_prefill(self, reqs: list[Request], first: list[int], ms: float) -> None:
+        pass
+
+    def packed(self, step, tier):
+        return step
+
+    def launch_groups(self, groups: tuple) -> tuple:
+        return groups
+
+    def copy_step(self, tier, out) -> None:
+        return None
+
+    def keep(self, step: int, copied, requests: list[Kept], timing: dict, adaptive: dict | None,
+             max_depth: int) -> None:
+        pass
+
+    def finish(self) -> dict:
+        return {}

@@ -21,6 +21,21 @@ def tree_rejection_accept(tree, logits, target_predict, randoms, spec, max_depth
     return Verdict(index, num, bonus, sibling_counts=torch.cat([tried, accepted], dim=1))
 
 
+def ranked(spec, drafter) -> bool:
+    """Whether a run's trees are ranked by their siblings' worth: tree_rejection over trees of topk > 1."""
+    return spec.acceptance == "tree_rejection" and spec.topk > 1 and drafter is not None
+
+
+class NoRanks:
+    """A run whose trees are not ranked: no worth to stage, nothing to count."""
+
+    def worth(self, reqs: list[Request]) -> None:
+        return None
+
+    def add(self, r: Request, counts: list[int]) -> None:
+        pass
+
+
 class SiblingRanks:
     """Each request's SiblingStats (core/acceptance/tree_rejection.py), which rank its next tree's
     siblings: their worth rows go to the device before a step, the walk's tries and acceptances by
@@ -30,10 +45,9 @@ class SiblingRanks:
         self.topk, self.stats = topk, {r.req_pool_idx: SiblingStats(topk) for r in reqs}
 
     @classmethod
-    def of(cls, reqs: list[Request], spec, drafter) -> "SiblingRanks | None":
-        """A run's ranks where its trees are ranked: tree_rejection over trees of topk > 1."""
-        ranked = spec.acceptance == "tree_rejection" and spec.topk > 1 and drafter is not None
-        return cls(reqs, spec.topk) if ranked else None
+    def of(cls, reqs: list[Request], spec, drafter) -> "SiblingRanks | NoRanks":
+        """A run's ranks where its trees are ranked (`ranked`), else none."""
+        return cls(reqs, spec.topk) if ranked(spec, drafter) else NoRanks()
 
     def worth(self, reqs: list[Request]) -> torch.Tensor:
         """(len(reqs), topk) what each sibling rank was worth, request by request."""

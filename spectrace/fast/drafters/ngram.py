@@ -56,6 +56,10 @@ class Ngram:
         self.drafter.draft_extend([(r.req_pool_idx, row[:row[-1] + 1], None) for r, row in zip(reqs, rows)
                                    if not r.finish_reason])
 
+    def sizes_for(self, reqs: list[Request], tier) -> list[int]:
+        """Nodes of each request's tree, as the last host_draft made them."""
+        return list(self.sizes)
+
     def host_draft(self, reqs: list[Request]) -> None:
         """DRAFT on the host for the unfinished requests (a request's row is its req_pool_idx),
         then the trees into the device buffers."""
