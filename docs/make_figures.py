@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from spectrace.cli import main
-from spectrace.core.trace import TraceFile
+from spectrace.core.trace_reader import TraceFile
 from spectrace.viz.tui.app import Walkthrough
 
 DOCS = Path(__file__).parent

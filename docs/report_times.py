@@ -23,7 +23,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     ap.add_argument("--sizes", nargs="+", default=["16x256", "128x256"], metavar="BxT")
     args = ap.parse_args()
-    from spectrace.core.trace import TraceFile
+    from spectrace.core.trace_reader import TraceFile
     from spectrace.report.browser import headless_chromium
 
     tmp = Path(tempfile.mkdtemp(prefix="spectrace-report-"))

@@ -28,7 +28,7 @@
 from _lib import at, expect, run, screen, show, tree_figure
 
 from spectrace.core.metrics import speedup_model
-from spectrace.core.trace import read_trace
+from spectrace.core.trace_reader import read_trace
 
 plain, plain_trace = run("01_none", algo="none")
 spec, spec_trace = run("01_standalone", algo="standalone", topk=1, num_steps=3)

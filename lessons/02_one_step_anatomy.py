@@ -23,7 +23,7 @@ from collections import Counter
 
 from _lib import WALKTHROUGH, at, expect, run, screen
 
-from spectrace.core.trace import TraceFile, read_trace
+from spectrace.core.trace_reader import TraceFile, read_trace
 
 PATH = WALKTHROUGH
 t = read_trace(PATH)

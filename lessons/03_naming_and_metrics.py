@@ -28,7 +28,7 @@ from fractions import Fraction
 from _lib import WALKTHROUGH, expect, run, show
 
 from spectrace.core.metrics import SpecMetrics, vllm_log_line
-from spectrace.core.trace import read_trace
+from spectrace.core.trace_reader import read_trace
 
 A, B, C, X = 11, 12, 13, 99
 step = {"step": 0, "request": 0, "draft": {"tokens": [A, B, C]}, "correct_drafts": [A, B], "bonus_token": X,

@@ -31,7 +31,7 @@ import torch
 from _lib import at, expect, run, screen
 
 from spectrace.compat.sglang import verify_tree_greedy
-from spectrace.core.trace import read_trace
+from spectrace.core.trace_reader import read_trace
 
 R, A, B, C, X, Y = 100, 1, 2, 3, 9, 8
 

@@ -24,7 +24,7 @@
 # %%
 from _lib import WALKTHROUGH, expect, run, show, tree_figure
 
-from spectrace.core.trace import TraceFile, read_trace
+from spectrace.core.trace_reader import TraceFile, read_trace
 from spectrace.core.tree import tree_capacity
 from spectrace.zoo.prompts import HELD_OUT_PROMPTS
 

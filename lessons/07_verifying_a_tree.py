@@ -20,7 +20,7 @@ from _lib import WALKTHROUGH, expect, show
 
 from spectrace.compat.sglang import reconstruct_indices_from_tree_mask
 from spectrace.compat.vllm import calc_spec_decode_metadata
-from spectrace.core.trace import read_trace
+from spectrace.core.trace_reader import read_trace
 
 t = read_trace(WALKTHROUGH)
 rec = t.steps[0]

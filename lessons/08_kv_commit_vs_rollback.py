@@ -27,7 +27,7 @@
 # %%
 from _lib import at, expect, run, screen
 
-from spectrace.core.trace import read_trace
+from spectrace.core.trace_reader import read_trace
 
 runs = {style: run(f"08_{style}", algo="standalone", topk=1, num_steps=5, commit_style=style)
         for style in ("sglang", "vllm")}

@@ -99,7 +99,7 @@ show(tree_figure(trace, 3, "12_sampled_tree"))
 
 def decisions(path):
     """Every step's decisions and tokens, timing left out."""
-    from spectrace.core.trace import read_trace
+    from spectrace.core.trace_reader import read_trace
 
     return [(s["accept"], s["accept_tokens"], s["draft"]) for s in read_trace(path).steps]
 

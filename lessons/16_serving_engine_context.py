@@ -32,7 +32,7 @@ from _lib import ROOT, run, show  # noqa: E402
 
 from spectrace.core.acceptance import RULES
 from spectrace.core.engine import Request
-from spectrace.core.trace import read_trace
+from spectrace.core.trace_reader import read_trace
 from spectrace.fast.graphs import BUCKETS, bucket
 from spectrace.loading import load_drafter_model
 from spectrace.run import RunConfig, build_engine, load_tokenizer, resolve

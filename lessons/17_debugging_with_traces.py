@@ -45,7 +45,7 @@ print(f"tau {m['accept_length']:.3f}, alpha {m['accept_rate']:.3f}, per position
 
 # %%
 standalone, _ = run("17_standalone", algo="standalone")
-from spectrace.core.trace import read_trace  # noqa: E402
+from spectrace.core.trace_reader import read_trace  # noqa: E402
 
 model = speedup_model(read_trace(eagle_trace.path).steps, m)
 print(f"eagle tau {m['accept_length']:.3f} against standalone {standalone.metrics['accept_length']:.3f}; "

@@ -25,7 +25,9 @@ from pathlib import Path
 
 import matplotlib
 
-from spectrace.core.trace import TraceError, TraceFile
+from spectrace.core.trace import TraceError
+
+from spectrace.core.trace_reader import TraceFile
 from spectrace.errors import SpectraceError
 from spectrace.run import RunConfig, RunResult
 from spectrace.run import run as spectrace_run

@@ -1,17 +1,17 @@
 """Traces as spectrace's commands open them: with the records of the frames a fast run left
 beside its trace when it was killed before it built them (fast/frames.py), built on opening, in
-memory. The reader itself (core/trace.py) needs no torch; building the records does, so it is
+memory. The reader itself (core/trace_reader.py) needs no torch; building the records does, so it is
 imported only for a trace that has frames."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from spectrace.core.trace import Trace, TraceFile, read_trace
+from spectrace.core.trace_reader import Trace, TraceFile, read_trace
 from spectrace.errors import SpectraceError
 
 
 def frame_records(trace: Path, header: dict, skip: set):
-    """core/trace.py's Recover: the frames' records but those the trace holds, and the target's
+    """core/trace_reader.py's Recover: the frames' records but those the trace holds, and the target's
     tokenizer for their text (where it still loads; else the id in brackets)."""
     from spectrace.core.step_record import record_token_ids
     from spectrace.fast.records import recovered_records

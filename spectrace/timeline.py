@@ -20,7 +20,7 @@ import json
 import math
 from pathlib import Path
 
-from spectrace.core.trace import Trace
+from spectrace.core.trace_reader import Trace
 
 PHASES = ("draft", "verify", "accept", "commit", "extend")  # a step's phases, in the order they run
 PREFILL_PHASES = ("prefill", "extend", "draft_extend")  # the target's pass, the drafter's (older traces: draft_extend)

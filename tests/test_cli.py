@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from spectrace.cli import main
-from spectrace.core.trace import TraceFile, read_trace
+from spectrace.core.trace_reader import TraceFile, read_trace
 
 
 def _run(capsys, *args):
@@ -259,7 +259,7 @@ def test_running_out_of_device_memory_is_one_line_and_keeps_the_finished_steps(c
     """torch's out-of-memory error at the third step: one line, exit 2, and the trace opens with
     the two steps before it."""
     from spectrace.core.engine import Engine
-    from spectrace.core.trace import read_trace
+    from spectrace.core.trace_reader import read_trace
 
     step, calls = Engine.speculative_step, []
 
@@ -339,7 +339,7 @@ def test_a_run_killed_mid_way_leaves_a_trace_that_opens_up_to_its_last_whole_ste
     import asyncio
     import time
 
-    from spectrace.core.trace import TraceFile
+    from spectrace.core.trace_reader import TraceFile
     from spectrace.viz.tui.app import Walkthrough
 
     trace = tmp_path / "t.jsonl"

@@ -9,7 +9,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from spectrace.cli import main
-from spectrace.core.trace import TraceFile, frames_path
+from spectrace.core.trace import frames_path
+from spectrace.core.trace_reader import TraceFile
 from spectrace.recovery import open_trace
 from spectrace.fast import step_record
 from spectrace.fast.frames import FrameWriter, Pack, read_frames

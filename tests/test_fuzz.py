@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spectrace.cli import main
-from spectrace.core.trace import TraceError, TraceFile
+from spectrace.core.trace import TraceError
+from spectrace.core.trace_reader import TraceFile
 
 TRACE = Path(__file__).with_name("data") / "walkthrough.jsonl"
 LINES = TRACE.read_text(encoding="utf-8").splitlines(keepends=True)

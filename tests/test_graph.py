@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from spectrace.cli import main
-from spectrace.core.trace import TraceFile
+from spectrace.core.trace_reader import TraceFile
 from spectrace.viz import graph
 
 TRACE = Path(__file__).with_name("data") / "walkthrough.jsonl"

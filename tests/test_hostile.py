@@ -18,7 +18,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from spectrace.cli import NGRAM_STYLE_OPTIONS, build_parser, main
-from spectrace.core.trace import TraceFile, TraceWriter
+from spectrace.core.trace import TraceWriter
+from spectrace.core.trace_reader import TraceFile
 from spectrace.zoo import TARGET_DIR
 
 WALKTHROUGH = Path(__file__).with_name("data") / "walkthrough.jsonl"

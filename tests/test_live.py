@@ -8,7 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from spectrace.core.trace import TraceFile
+from spectrace.core.trace_reader import TraceFile
 from spectrace.progress import STATUS, WRITTEN
 from spectrace.viz.tui.live import LiveWalkthrough
 from spectrace.viz.tui.snapshot import screen_text

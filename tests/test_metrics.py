@@ -49,7 +49,7 @@ def test_the_speedup_model_is_below_tau_and_below_1_without_acceptance(tau, r):
 def test_speedup_model_reads_a_trace_as_the_run_counted_it(tmp_path):
     """From a trace of a ragged batch: the per-step phase costs the run's own metrics summed
     (each batch step once), τ from the summary, and τ / (1 + r)."""
-    from spectrace.core.trace import read_trace
+    from spectrace.core.trace_reader import read_trace
     from spectrace.run import RunConfig, run
 
     res = run(RunConfig(algo="eagle", batch=3, max_new_tokens=12, trace=str(tmp_path / "t.jsonl")))

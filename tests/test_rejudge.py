@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from spectrace.cli import main
 from spectrace.core.probs import UNSEALED
-from spectrace.core.trace import TraceFile, read_trace
+from spectrace.core.trace_reader import TraceFile, read_trace
 
 RECORDED = {  # name -> run options; each recorded once per session, with --record-probs
     "greedy_tree": ["--algo", "eagle", "--num-steps", "3", "--topk", "2", "--num-draft-tokens", "5", "--batch", "2"],

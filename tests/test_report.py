@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from spectrace.cli import main
-from spectrace.core.trace import TraceFile
+from spectrace.core.trace_reader import TraceFile
 from spectrace.report.data import report_data
 from spectrace.report.page import inert_json, page
 from spectrace.viz.steptree import step_tree

@@ -4,7 +4,7 @@ the JSON equals the run given the same options as flags."""
 import pytest
 
 from spectrace.cli import main
-from spectrace.core.trace import read_trace
+from spectrace.core.trace_reader import read_trace
 from spectrace.speculative_config import parse
 from spectrace.zoo import EAGLE_DIR, MODELS_DIR
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from spectrace.cli import main
-from spectrace.core.trace import read_trace
+from spectrace.core.trace_reader import read_trace
 from spectrace.timeline import PHASES
 
 TRACE = Path(__file__).with_name("data") / "walkthrough.jsonl"

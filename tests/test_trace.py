@@ -4,7 +4,8 @@ import json
 import pytest
 
 from spectrace.run import RunConfig, run
-from spectrace.core.trace import SCHEMA, TraceError, read_trace
+from spectrace.core.trace import SCHEMA, TraceError
+from spectrace.core.trace_reader import read_trace
 
 
 @pytest.fixture(scope="module")

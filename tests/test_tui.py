@@ -16,7 +16,7 @@ import pytest
 from rich.console import Console
 
 from spectrace.cli import main
-from spectrace.core.trace import TraceFile
+from spectrace.core.trace_reader import TraceFile
 from spectrace.viz.steptree import step_tree
 from spectrace.viz.tui import panels
 from spectrace.viz.tui.kv_panel import kv_panel
@@ -298,7 +298,7 @@ def test_replay_and_render_need_no_torch(tmp_path):
 import sys, asyncio
 sys.modules["torch"] = None  # any import of torch now fails
 from spectrace.cli import main
-from spectrace.core.trace import TraceFile
+from spectrace.core.trace_reader import TraceFile
 from spectrace.viz.tui.app import Walkthrough
 assert main(["render", {str(TRACE)!r}, "--step", "1", "-o", {str(tmp_path / 'f.svg')!r}]) == 0
 async def go():

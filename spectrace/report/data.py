@@ -11,7 +11,8 @@ finish) gets its metrics counted from its steps, as the run counts them, marked 
 from __future__ import annotations
 
 from spectrace.core.metrics import SpecMetrics
-from spectrace.core.trace import MALFORMED, TraceError, TraceFile, malformed
+from spectrace.core.trace import MALFORMED, TraceError, malformed
+from spectrace.core.trace_reader import TraceFile
 from spectrace.viz.steptree import FATES, step_tree
 from spectrace.viz.tokens import shown
 from spectrace.viz.tui.panels import phases_of

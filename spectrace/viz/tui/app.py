@@ -21,7 +21,8 @@ from textual.widgets import Footer, Static
 
 from spectrace.errors import SpectraceError
 from spectrace.progress import on_a_terminal
-from spectrace.core.trace import MALFORMED, TraceError, TraceFile, malformed
+from spectrace.core.trace import MALFORMED, TraceError, malformed
+from spectrace.core.trace_reader import TraceFile
 from spectrace.viz import graph
 from spectrace.viz.steptree import ViewNode, dropped_candidates, step_tree
 from spectrace.viz.tokens import LABEL_LIMIT, shown

@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from spectrace.core.trace import TraceFile
+from spectrace.core.trace_reader import TraceFile
 from spectrace.viz.tui.app import Walkthrough
 
 

@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from spectrace.core.trace import TraceFile
+from spectrace.core.trace_reader import TraceFile
 from spectrace.viz.graph import FATE_COLORS
 from spectrace.viz.tokens import LABEL_LIMIT, shown
 from spectrace.viz.steptree import Candidate, ViewNode, preorder

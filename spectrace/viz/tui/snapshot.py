@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from spectrace.core.trace import TraceFile
+from spectrace.core.trace_reader import TraceFile
 from spectrace.viz.tui.app import Walkthrough
 
 
