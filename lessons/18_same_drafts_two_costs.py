@@ -68,7 +68,7 @@ print(f"tau {tau:.3f}: the same trees from a target of {grown_layers} layers and
 # operator that would launch a kernel and every Triton launch, on a GPU what CUPTI saw).
 
 # %%
-from spectrace.bench_profile import profile_algo  # noqa: E402
+from spectrace.measure.profile import profile_algo  # noqa: E402
 from spectrace.run import RunConfig  # noqa: E402
 
 DEVICE = "cuda" if GPU else "cpu"
@@ -196,13 +196,13 @@ print(f"the embedded pair counted the same way: a plain token {2 * tiny['target'
 # this lesson on a GPU to measure them again.
 
 # %%
-from spectrace.bench import batch_table  # noqa: E402
+from spectrace.measure.bench import batch_table  # noqa: E402
 
 RECORDED = {"device": "NVIDIA H100 80GB HBM3 (recorded 2026-12-07)",
             "embedded": {"none_tps": 6364.0, "eagle3_tps": 7080.0, "tau": 3.160},
             "grown 8B": {"none_tps": 174.8, "eagle3_tps": 397.1, "tau": 3.180}}
 if GPU:
-    from spectrace.bench_grown import grown_config, grown_pair
+    from spectrace.measure.grown import grown_config, grown_pair
 
     measured = {"device": torch.cuda.get_device_name()}
     pairs = {"embedded": config, "grown 8B": grown_config(config, grown_pair("llama-3.1-8b", ["eagle3"], DEVICE))}

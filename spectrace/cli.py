@@ -8,7 +8,7 @@
     spectrace report TRACE -o run.html            one self-contained page of the run, for a browser
     spectrace rejudge TRACE --acceptance RULE -o NEW.jsonl
                                                   a --record-probs trace's steps judged again
-    spectrace bench, spectrace tune               measuring: cli_measure.py (the viewers: cli_view.py)
+    spectrace bench, spectrace tune               measuring: measure/cli.py (the viewers: cli_view.py)
 
 Every user error (and running out of device memory) is one line on stderr and exit code 2.
 """
@@ -20,7 +20,7 @@ import signal
 import sys
 
 from spectrace.algos import ALGOS, DEFAULT_ALGO
-from spectrace.cli_measure import add_measure_commands, cmd_bench, cmd_tune, kernels_parser
+from spectrace.measure.cli import add_measure_commands, cmd_bench, cmd_tune, kernels_parser
 from spectrace.cli_view import cmd_export, cmd_rejudge, cmd_render, cmd_replay, cmd_report, report_of
 from spectrace.core.ranges import RANGES, check_ranges
 from spectrace.errors import Interrupted, SpectraceError, device_memory_errors

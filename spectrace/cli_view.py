@@ -1,4 +1,4 @@
-"""The viewing commands of `spectrace` (cli.py's other half, beside cli_measure.py): replay,
+"""The viewing commands of `spectrace` (cli.py's other half, beside measure/cli.py): replay,
 render, export, rejudge and report, each reading a trace as spectrace/recovery.py opens it (a fast
 run's frames included). Torch-free at import; errors are SpectraceErrors: one line, exit code 2.
 """

@@ -46,7 +46,7 @@ JITFunction.run = compile_only
 
 from spectrace.compat.vllm import SamplingMetadata, SpecDecodeMetadata  # noqa: E402
 from spectrace.core.tree import TreeMaskMode  # noqa: E402
-from spectrace.bench_kernels import attention_inputs, chain_inputs, draft_tree_inputs, walk_outputs  # noqa: E402
+from spectrace.measure.kernels import attention_inputs, chain_inputs, draft_tree_inputs, walk_outputs  # noqa: E402
 from spectrace.compat import triton as sglang  # noqa: E402  (the twins under SGLang's and vLLM's names)
 from spectrace.core.model import RMSNorm  # noqa: E402
 from spectrace.kernels import attention, commit, draft_level, fused, gemv, kv, matmul, pdl, top_k  # noqa: E402

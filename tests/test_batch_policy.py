@@ -77,7 +77,7 @@ def test_a_policy_run_is_the_run_of_the_shape_it_chose(tmp_path):
 
 
 def test_the_batch_lab_prints_the_policy_beside_the_fixed_shape(tmp_path, monkeypatch, capsys):
-    from spectrace.bench import batch_table
+    from spectrace.measure.bench import batch_table
     from spectrace.zoo.prompts import HELD_OUT_PROMPTS
     monkeypatch.chdir(tmp_path)
 

@@ -486,7 +486,7 @@ def test_gpu_the_grown_8b_pair_is_the_embedded_pair(tmp_path):
     import shutil
 
     from spectrace.algos import ALGOS
-    from spectrace.bench import release
+    from spectrace.measure.bench import release
     from spectrace.loading import drop_drafters
     from spectrace.run import RunConfig, run
     from spectrace.zoo.grow import HEADS, head_dir, make as grow

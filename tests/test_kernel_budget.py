@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from spectrace.bench_profile import KernelCounter, by_phase, per_step  # noqa: E402
+from spectrace.measure.profile import KernelCounter, by_phase, per_step  # noqa: E402
 from spectrace.run import RunConfig, run  # noqa: E402
 
 # kernels per step at most. Plain decoding: about 9 per layer of the 8-layer target, the embedding,

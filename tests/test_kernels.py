@@ -264,7 +264,7 @@ def test_expand_twin_equals_the_explicit_expand():
 
 def test_bench_kernels_prints_a_row_per_twin(capsys):
     """The benchmark's table at toy shapes, interpreted: every twin runs beside its explicit twin."""
-    from spectrace.bench_kernels import bench_kernels
+    from spectrace.measure.kernels import bench_kernels
 
     bench_kernels("cpu", batch_sizes=(2,), vocabs=(64,), prefix=16, heads=2, kv_heads=1, head_dim=16, layers=2,
                   hidden=64, intermediate=96)

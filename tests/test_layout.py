@@ -53,9 +53,8 @@ def imported(tree: ast.AST) -> set[str]:
     return names
 
 
-APP = ("spectrace.cli", "spectrace.run", "spectrace.engines", "spectrace.bench", "spectrace.rejudge", "spectrace.loading",
-       "spectrace.cli_measure", "spectrace.tune",
-       "spectrace.tokenizer", "spectrace.hub")
+APP = ("spectrace.cli", "spectrace.run", "spectrace.engines", "spectrace.formats", "spectrace.measure",
+       "spectrace.rejudge", "spectrace.loading", "spectrace.tokenizer", "spectrace.hub")
 
 
 @pytest.mark.parametrize("layer, above", [

@@ -7,7 +7,7 @@ from spectrace.compat.sglang import (TreeMaskMode, build_tree_kernel_efficient, 
                                      verify_tree_greedy)
 from spectrace.core.drafters.eagle_worker import build_draft_tree, draft_forward
 from spectrace.core.tree import tree_capacity, tree_mask_rows
-from spectrace.bench_kernels import draft_tree_inputs
+from spectrace.measure.kernels import draft_tree_inputs
 
 V = 40
 

@@ -6,7 +6,7 @@ import pytest
 
 from spectrace.batch_policy import parse_policy
 from spectrace.cli import main
-from spectrace.cli_measure import read_prompts
+from spectrace.measure.cli import read_prompts
 from spectrace.errors import SpectraceError
 
 
@@ -60,7 +60,7 @@ def test_tune_keeps_only_what_paid_end_to_end(capsys, tmp_path, monkeypatch, swe
     The written policy keeps a choice only where it paid; --sweep keeps the best run end to end."""
     import types
 
-    from spectrace import tune
+    from spectrace.measure import tune
 
     small, large = (1, 1, 2), (3, 2, 4)
     verifies = {small: 4, large: 3}  # per request, 6 tokens each: tau 1.5 and 2.0

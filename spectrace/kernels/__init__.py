@@ -33,7 +33,7 @@ SGLang's in-place layouts; SGLang's and vLLM's names for them are spectrace/comp
 They run on CUDA tensors compiled, and on CPU tensors under Triton's interpreter: set
 TRITON_INTERPRET=1 before importing a kernel module (tests/conftest.py does so without a GPU).
 Triton is a Linux-only dependency; nothing outside this package, spectrace/fast/,
-spectrace/compat/triton.py and `spectrace bench kernels` (bench_kernels.py) imports it.
+spectrace/compat/triton.py and `spectrace bench kernels` (measure/kernels.py) imports it.
 """
 from __future__ import annotations
 

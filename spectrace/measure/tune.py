@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Callable
 
 from spectrace.batch_policy import Shape, check_shape
-from spectrace.bench import batch_runs, best_run, release
+from spectrace.measure.bench import batch_runs, best_run, release
 from spectrace.errors import SpectraceError
 from spectrace.run import run
 

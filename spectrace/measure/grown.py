@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from spectrace.algos import ALGOS
-from spectrace.bench import Config, Progress, _silent, batch_table, release
+from spectrace.measure.bench import Config, Progress, _silent, batch_table, release
 
 GROWN_DIR = Path("runs/grown")
 

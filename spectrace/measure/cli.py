@@ -118,8 +118,8 @@ def check_counts(args) -> None:
 
 
 def cmd_bench(args, run_config) -> int:
-    """spectrace/bench.py: each prompt of the set alone (batch 1), or every batch size of
-    --batch-sizes; best wall time of --repeat runs. `bench kernels`: spectrace/bench_kernels.py."""
+    """spectrace/measure/bench.py: each prompt of the set alone (batch 1), or every batch size of
+    --batch-sizes; best wall time of --repeat runs. `bench kernels`: spectrace/measure/kernels.py."""
     check_counts(args)
     if args.what == "kernels":
         ignored = sorted(f for f in args.given if f != "--device")
@@ -129,7 +129,7 @@ def cmd_bench(args, run_config) -> int:
         from spectrace.run import check_gpu
         check_gpu(args.device)
         require(args.device)
-        from spectrace.bench_kernels import bench_kernels
+        from spectrace.measure.kernels import bench_kernels
         if args.device.startswith("cuda"):
             bench_kernels(args.device)
         else:  # interpreted: small shapes, to see the table work, not to measure
@@ -140,7 +140,7 @@ def cmd_bench(args, run_config) -> int:
         raise SpectraceError("--json writes --profile's numbers: add --profile")
     if args.profile and args.backend != "fast":
         raise SpectraceError("--profile counts the fast engine's kernels: add --backend fast")
-    from spectrace import bench, bench_grown, bench_hf
+    from spectrace.measure import bench, grown as grown_pairs, hf
 
     name, prompts = prompt_set(args)
     batches = f"batch sizes {' '.join(map(str, args.batch_sizes))}" if args.batch_sizes else "batch 1"
@@ -161,7 +161,7 @@ def cmd_bench(args, run_config) -> int:
         raise SpectraceError("--target-shape times the fast engine's forwards as CUDA graphs: add --device cuda "
                              "(or --backend explicit)")
     if args.profile and not args.target_shape:
-        from spectrace.bench_profile import profile_table
+        from spectrace.measure.profile import profile_table
         profile_table(config, args.algos, prompts, args.device, args.json, Progress(0).say)
         return 0
     if args.random_weights and not args.target_shape:
@@ -172,20 +172,20 @@ def cmd_bench(args, run_config) -> int:
         algos = args.algos if "--algos" in args.given else ["eagle3"]
         grown = None
         if args.target_shape in PLANS and not args.random_weights:
-            grown = bench_grown.grown_pair(args.target_shape, algos, args.device)
+            grown = grown_pairs.grown_pair(args.target_shape, algos, args.device)
         sizes = args.batch_sizes or [1]
-        kv_len = bench_grown.run_context(prompts, args.max_new_tokens) if grown else 1024  # priced where runs decode
+        kv_len = grown_pairs.run_context(prompts, args.max_new_tokens) if grown else 1024  # priced where runs decode
         table = bench.shape_table(config, args.target_shape, sizes, args.repeat, kv_len, prompts=prompts,
                                   profile=args.profile, grown=grown)
         if grown:
-            bench_grown.realised_table(config, grown, algos, prompts, sizes, args.repeat, table, Progress(0).say)
+            grown_pairs.realised_table(config, grown, algos, prompts, sizes, args.repeat, table, Progress(0).say)
         return 0
     if args.batch_sizes:
         bench.batch_table(config, args.algos, prompts, args.batch_sizes, args.repeat, Progress(0).say, policy,
                           record_level)
         return 0
     progress = Progress(0).say  # prompts x algorithms on stderr, when it is a terminal
-    hf = bench_hf.hf_table(config, prompts, args.repeat, progress) if args.compare_hf else None
+    hf = hf.hf_table(config, prompts, args.repeat, progress) if args.compare_hf else None
     tables = {}
     if hf and args.backend != "explicit":  # the reference engine beside the kernels, in the same run
         print("spectrace, --backend explicit:")
@@ -202,12 +202,12 @@ def cmd_bench(args, run_config) -> int:
 
 
 def cmd_tune(args, run_config) -> int:
-    """spectrace/tune.py: tau per shape, step costs per batch size, the policy, then confirmed."""
+    """spectrace/measure/tune.py: tau per shape, step costs per batch size, the policy, then confirmed."""
     check_counts(args)
     algos = [a for a in args.algos if a != "none"]
     if len(algos) != 1:
         raise SpectraceError("tune writes one algorithm's policy: give one --algos (none is always measured)")
-    from spectrace import tune
+    from spectrace.measure import tune
     from spectrace.batch_policy import APPLIES_TO
 
     if algos[0] not in APPLIES_TO:

@@ -6,10 +6,10 @@
                   batch grows, because verify stops being nearly free once the GPU is busy; this
                   measures it on whatever device and backend the run uses.
 
-    --compare-hf  transformers' own paths on the same prompts and models: bench_hf.py
+    --compare-hf  transformers' own paths on the same prompts and models: measure/hf.py
     shape_table   --target-shape: a predicted speed-up by batch size at a real model's shape,
                   from phase costs measured there with random weights and τ from the embedded pair
-                  (bench_grown.py: and beside it the speed-up measured at that shape on the grown
+                  (measure/grown.py: and beside it the speed-up measured at that shape on the grown
                   pair, the embedded pair computed by models of that shape)
 
 `config(algo, prompts, batch, trace)` builds the RunConfig of one run from the command's options.
@@ -207,7 +207,7 @@ def launch_bound_note(config: Config, speedups: dict[str, tuple[float, float]], 
         return
     counts = {}
     if base.backend == "fast":
-        from spectrace.bench_profile import profile_algo
+        from spectrace.measure.profile import profile_algo
         for algo in ["none", *slow]:
             counts[algo] = profile_algo(config, algo, prompts[:1], base.device)["phases"]["total"]["kernels"]
     for algo, (speedup, tau) in slow.items():
@@ -311,7 +311,7 @@ def shape_table(config: Config, shape: str, batch_sizes: list[int], repeat: int,
     to S+1 rows a request, the explicit engine runs about τ); plain decoding one row.
     Predicted speed-up = τ * C_AR / (C_draft + C_verify + C_extend); the textbook τ / (1 + r)
     beside it. profile: each batch size's decode forward, verify and draft level (of K rows, from
-    the head's own state) by kernel group against the roofline (bench_roofline.py). grown: a grown
+    the head's own state) by kernel group against the roofline (measure/roofline.py). grown: a grown
     pair's directory, whose target's decode is timed beside the random one's (C_AR grown)."""
     from spectrace.core.config import ModelConfig
     from spectrace.core.drafters.eagle3 import Eagle3Head
@@ -367,7 +367,7 @@ def shape_table(config: Config, shape: str, batch_sizes: list[int], repeat: int,
         print(f"{bs:>5} {c_ar:>8.2f} {c_draft:>8.2f} {c_verify:>9.2f} {c_extend:>9.2f} {r:>6.3f} "
               f"{predicted_speedup(tau, r):>8.2f}x {predicted:>8.2f}x {paper:>13}{c_ar_grown}")
         if profile:
-            from spectrace.bench_roofline import print_roofline
+            from spectrace.measure.roofline import print_roofline
             print_roofline(target, fast_forward_graph(target, kv_len, bs, 1), bs, kv_len)
             print_roofline(target, fast_forward_graph(target, kv_len, bs, n), bs, kv_len, f"a verify of {n} tokens")
             print_roofline(head, fast_forward_graph(head, kv_len, bs, K, H), bs, kv_len,
