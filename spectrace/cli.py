@@ -21,7 +21,8 @@ import sys
 
 from spectrace.algos import ALGOS, DEFAULT_ALGO
 from spectrace.measure.cli import add_measure_commands, cmd_bench, cmd_tune, kernels_parser
-from spectrace.cli_view import cmd_export, cmd_rejudge, cmd_render, cmd_replay, cmd_report, report_of
+from spectrace.cli_view import (cmd_export, cmd_rejudge, cmd_render, cmd_replay, cmd_report, refuse_overwriting,
+                                report_of)
 from spectrace.core.ranges import RANGES, check_ranges
 from spectrace.errors import Interrupted, SpectraceError, device_memory_errors
 from spectrace.progress import WRITTEN, Progress, on_a_terminal, start_run
@@ -283,6 +284,8 @@ def _run_config(args, **over):
 def cmd_run(args) -> int:
     if args.report and args.trace_level == "off":
         raise UsageError("--report draws the run's trace: drop --trace-level off")
+    if args.report and args.trace:
+        refuse_overwriting(args.report, args.trace, "--report")
     progress = Progress(args.max_new_tokens * max(len(args.prompt), args.batch or 1))
     if not (args.no_tui or args.trace_level == "off" or progress.lines) and on_a_terminal():
         progress.say("opening the walkthrough")  # the app first; the run loads in a child behind it

@@ -11,8 +11,25 @@ from spectrace.errors import SpectraceError
 from spectrace.progress import Progress
 
 
+def refuse_overwriting(out, trace, flag: str) -> None:
+    """`flag` OUT may not name the trace a command reads, nor the files beside it (its
+    --record-probs sidecar, a fast run's frames): writing there would lose them."""
+    from pathlib import Path
+
+    from spectrace.core.probs import sidecar_path
+    from spectrace.core.trace import frames_path
+
+    out = Path(out).resolve()
+    if out == Path(trace).resolve():
+        raise SpectraceError(f"{flag} {out.name} would overwrite the trace {trace}: give another path")
+    if out in (sidecar_path(trace).resolve(), frames_path(trace).resolve()):
+        raise SpectraceError(f"{flag} {out.name} would overwrite a file the trace {trace} reads: give another path")
+
+
 def report_of(trace, out) -> int:
     from spectrace.report.page import write_report
+
+    refuse_overwriting(out, trace, "-o")
 
     print(f"report: {write_report(trace, out)}")
     return 0
@@ -75,6 +92,7 @@ def cmd_export(args) -> int:
     from spectrace.recovery import read_whole
     from spectrace.timeline import export
 
+    refuse_overwriting(args.out, args.trace, "-o")
     trace = read_whole(args.trace)
     try:
         print(export(trace, args.format, Path(args.out)))  # built whole, then written: never half a file
@@ -92,8 +110,7 @@ def cmd_rejudge(args) -> int:
     from spectrace.rejudge import Rejudge, report
 
     check_ranges(seed=args.seed)
-    if Path(args.out).resolve() == Path(args.trace).resolve():
-        raise SpectraceError("-o would overwrite the trace being re-judged: give another path")
+    refuse_overwriting(args.out, args.trace, "-o")
     job = Rejudge(args.trace, args.acceptance, args.threshold_single, args.threshold_acc, args.temperature, args.seed)
     print(report(job, job.write(Path(args.out))))
     return 0

@@ -384,14 +384,15 @@ def _spectrace(*argv, limit_bytes=None, **kw):
                             stderr=subprocess.PIPE, text=True, **kw)
 
 
-def test_sigterm_keeps_the_steps_and_the_probabilities_and_rejudge_reads_them(capsys, tmp_path):
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_keeps_the_steps_and_the_probabilities_and_rejudge_reads_them(capsys, tmp_path, stop):
     trace = tmp_path / "t.jsonl"
     run = _spectrace("-m", "spectrace", "run", "--algo", "eagle", "--topk", "1", "--batch", "8",
                      "--max-new-tokens", "200", "--no-tui", "--trace", str(trace), "--record-probs")
     deadline = time.time() + 60
     while time.time() < deadline and (not trace.exists() or trace.read_text().count('"kind": "step"') < 3):
         time.sleep(0.05)
-    run.send_signal(signal.SIGTERM)
+    run.send_signal(stop)
     _, err = run.communicate(timeout=30)
     assert run.returncode != 0 and "Traceback" not in err, err
     steps = len(TraceFile(trace))
@@ -416,3 +417,25 @@ def test_a_full_disk_is_one_line(tmp_path, argv, env):
     assert "File too large" in err and "Traceback" not in err
     if "--record-probs" in argv:
         assert len(TraceFile(tmp_path / "t.jsonl")) > 0 and not list(tmp_path.glob("*.safetensors"))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["report", "{t}", "-o", "{t}"], "would overwrite the trace"),
+    (["export", "{t}", "--format", "csv", "-o", "{t}"], "would overwrite the trace"),
+    (["export", "{t}", "--format", "perfetto", "-o", "{d}/./t.jsonl"], "would overwrite the trace"),
+    (["report", "{t}", "-o", "{d}/t.probs.safetensors"], "would overwrite a file the trace"),
+    (["rejudge", "{t}", "--acceptance", "greedy", "-o", "{t}"], "would overwrite the trace"),
+    (["rejudge", "{t}", "--acceptance", "greedy", "-o", "{t}.frames"], "would overwrite a file the trace"),
+    (["run", "--no-tui", "--max-new-tokens", "2", "--trace", "{t}", "--report", "{t}"], "would overwrite the trace"),
+    (["run", "--no-tui", "--max-new-tokens", "2", "--trace", "{t}", "--record-probs", "--report",
+      "{d}/t.probs.safetensors"], "would overwrite a file the trace"),
+])
+def test_an_output_onto_the_trace_or_its_files_is_refused_and_they_are_kept(capsys, tmp_path, probs_trace, argv,
+                                                                            message):
+    """A page, an export or a re-judged trace written over the trace it reads (or its
+    probabilities, its frames) would lose them: refused, every file kept byte for byte."""
+    shutil.copy(probs_trace, tmp_path / "t.jsonl")
+    shutil.copy(probs_trace.with_name(sidecar_name(probs_trace)), tmp_path / "t.probs.safetensors")
+    before = {f.name: f.read_bytes() for f in tmp_path.iterdir()}
+    one_line_exit_2(capsys, [a.format(t=tmp_path / "t.jsonl", d=tmp_path) for a in argv], message)
+    assert {f.name: f.read_bytes() for f in tmp_path.iterdir()} == before
