@@ -34,7 +34,7 @@ from spectrace.core.acceptance import RULES
 from spectrace.core.engine import Request
 from spectrace.core.trace_reader import read_trace
 from spectrace.fast.graphs import BUCKETS, bucket
-from spectrace.loading import load_drafter_model
+from spectrace.loading.models import load_drafter_model
 from spectrace.run import RunConfig, build_engine, load_tokenizer, resolve
 from spectrace.core.model import load_model
 from spectrace.zoo.prompts import HELD_OUT_PROMPTS

@@ -20,7 +20,7 @@ from spectrace.core.model import CausalLM, KVCacheOwner
 from spectrace.core.probs import ProbsRecorder
 from spectrace.core.trace import TraceWriter
 from spectrace.errors import SpectraceError
-from spectrace.formats import FORMATS, Built
+from spectrace.loading.formats import FORMATS, Built
 
 
 def lookahead(spec: SpecConfig) -> int:

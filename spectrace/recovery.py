@@ -15,7 +15,7 @@ def frame_records(trace: Path, header: dict, skip: set):
     tokenizer for their text (where it still loads; else the id in brackets)."""
     from spectrace.core.step_record import record_token_ids
     from spectrace.fast.records import recovered_records
-    from spectrace.tokenizer import load_tokenizer
+    from spectrace.loading.tokenizer import load_tokenizer
 
     try:
         token_text = load_tokenizer(header["config"]["target_model"]).piece

@@ -36,8 +36,8 @@ from spectrace.core.spec import SpecConfig
 from spectrace.core.trace import SCHEMA, TraceError, TraceWriter, default_trace_path
 from spectrace.engines import build_engine, context, kv_bytes, lookahead
 from spectrace.errors import Interrupted, SpectraceError, first_line
-from spectrace.loading import check_fits, find_model, load_models, model_identity
-from spectrace.tokenizer import Tokenizer, load_tokenizer
+from spectrace.loading.models import check_fits, find_model, load_models, model_identity
+from spectrace.loading.tokenizer import Tokenizer, load_tokenizer
 from spectrace.zoo import MODELS_DIR, TARGET_DIR
 from spectrace.zoo.prompts import HELD_OUT_PROMPTS
 

@@ -49,7 +49,7 @@ from spectrace.core.tree import TreeMaskMode  # noqa: E402
 from spectrace.measure.kernels import attention_inputs, chain_inputs, draft_tree_inputs, walk_outputs  # noqa: E402
 from spectrace.compat import triton as sglang  # noqa: E402  (the twins under SGLang's and vLLM's names)
 from spectrace.core.model import RMSNorm  # noqa: E402
-from spectrace.kernels import attention, commit, draft_level, fused, gemv, kv, matmul, pdl, top_k  # noqa: E402
+from spectrace.kernels import attention, batch, commit, draft_level, fused, gemv, kv, matmul, pdl, top_k  # noqa: E402
 from spectrace.kernels.tree import organize_draft_results  # noqa: E402
 from spectrace.kernels.acceptance.tree_rejection import tree_rejection_walk  # noqa: E402
 
@@ -94,9 +94,9 @@ attention.decode_attention_fwd(a["q_extend"][:bs], a["k_buffer"], a["v_buffer"],
                                a["kv_indptr"], a["kv_indices"], num_kv_splits=1)
 req_to_token = torch.zeros(4, 64, dtype=torch.int64)
 lens = torch.tensor([3, 5])
-attention.create_kv_indices(req_to_token, torch.tensor([0, 2]), lens, torch.tensor([0, 3, 8]), None,
+batch.create_kv_indices(req_to_token, torch.tensor([0, 2]), lens, torch.tensor([0, 3, 8]), None,
                             torch.empty(8, dtype=torch.int64))
-attention.create_kv_indices(req_to_token, torch.tensor([0, 2]), lens, torch.tensor([0, 3, 8]), torch.tensor([1, 2]),
+batch.create_kv_indices(req_to_token, torch.tensor([0, 2]), lens, torch.tensor([0, 3, 8]), torch.tensor([1, 2]),
                             torch.empty(8, dtype=torch.int64))
 kv.assign_req_to_token_pool(torch.tensor([0, 2]), req_to_token, torch.tensor([0, 4]), torch.tensor([3, 9]),
                             torch.arange(8))

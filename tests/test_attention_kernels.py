@@ -16,6 +16,7 @@ from spectrace.errors import SpectraceError
 
 pytest.importorskip("triton")
 attention = pytest.importorskip("spectrace.kernels.attention")
+kbatch = pytest.importorskip("spectrace.kernels.batch")
 
 
 def random_tree_mask(n: int, gen: torch.Generator) -> torch.Tensor:
@@ -43,7 +44,7 @@ def attention_case(seed, prefix_lens, extend_lens, heads, kv_heads, head_dim, tr
     for prefix, n in zip(prefix_lens, extend_lens):
         new = random_tree_mask(n, gen) if tree else torch.ones(n, n, dtype=torch.bool).tril()
         masks.append(torch.cat((torch.ones(n, prefix, dtype=torch.bool), new), dim=1).to(device))
-    custom_mask, mask_indptr = attention.pack_custom_mask(masks)
+    custom_mask, mask_indptr = kbatch.pack_custom_mask(masks)
     cum = torch.tensor([0] + list(extend_lens)).cumsum(0)
     return dict(
         q_extend=randn(N, heads, head_dim), k_extend=randn(N, kv_heads, head_dim),
@@ -88,7 +89,7 @@ def test_extend_attention_twin_equals_the_explicit_attention(seed, shape, tree, 
 @pytest.mark.parametrize("skip_prefix", [True, False])
 def test_causal_written_as_a_custom_mask_equals_the_causal_path(skip_prefix):
     case, masks = attention_case(3, [0, 40, 65], [1, 9, 17], 4, 2, 16, tree=False)
-    custom_mask, mask_indptr = attention.pack_custom_mask(
+    custom_mask, mask_indptr = kbatch.pack_custom_mask(
         [torch.ones(n, p + n, dtype=torch.bool).tril(p) for p, n in [(0, 1), (40, 9), (65, 17)]])
     as_custom = run(attention, case, custom_mask=custom_mask, mask_indptr=mask_indptr,
                     skip_prefix_custom_mask=skip_prefix)
@@ -99,7 +100,7 @@ def test_a_prefix_column_the_mask_hides_is_read_only_without_skip():
     """skip_prefix_custom_mask=False reads the prefix columns: hiding one changes the output."""
     case, masks = attention_case(5, [12], [4], 2, 2, 16)
     masks[0][:, 3] = False
-    custom_mask, mask_indptr = attention.pack_custom_mask(masks)
+    custom_mask, mask_indptr = kbatch.pack_custom_mask(masks)
     hidden = dict(custom_mask=custom_mask, mask_indptr=mask_indptr, skip_prefix_custom_mask=False)
     torch.testing.assert_close(run(attention, case, **hidden), run(explicit, case, **hidden), atol=1e-5, rtol=1e-5)
     assert not torch.allclose(run(attention, case, **hidden), run(attention, case), atol=1e-3)
@@ -216,7 +217,7 @@ def test_kv_indices_twin_gathers_req_to_token_rows(data, with_start):
     lens = torch.tensor(data.draw(st.lists(st.integers(0, 600), min_size=bs, max_size=bs)))
     kv_indptr = torch.cat((torch.zeros(1, dtype=torch.int64), lens.cumsum(0)))
     kv_indices = torch.full((int(lens.sum()),), -1)
-    attention.create_kv_indices(req_to_token, req_pool_indices, lens, kv_indptr, starts if with_start else None,
+    kbatch.create_kv_indices(req_to_token, req_pool_indices, lens, kv_indptr, starts if with_start else None,
                                 kv_indices)
     s = starts if with_start else torch.zeros(bs, dtype=torch.int64)
     want = [req_to_token[r, a:a + n] for r, a, n in zip(req_pool_indices.tolist(), s.tolist(), lens.tolist())]

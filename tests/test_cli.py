@@ -371,13 +371,13 @@ def test_a_run_killed_mid_way_leaves_a_trace_that_opens_up_to_its_last_whole_ste
 
 @pytest.mark.parametrize("when", ["loading", "generating"])
 def test_ctrl_c_says_where_the_finished_steps_are_only_when_there_are_some(capsys, monkeypatch, tmp_path, when):
-    import spectrace.loading
+    import spectrace.loading.models
     from spectrace.core.engine import Engine
 
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(*((spectrace.loading, "load_model") if when == "loading" else (Engine, "generate")), interrupt)
+    monkeypatch.setattr(*((spectrace.loading.models, "load_model") if when == "loading" else (Engine, "generate")), interrupt)
     trace = tmp_path / "t.jsonl"
     code, _, err = _run(capsys, "run", "--algo", "eagle", "--no-tui", "--trace", str(trace))
     assert code == 130 and len(err.strip().splitlines()) == 1

@@ -16,7 +16,8 @@ from spectrace.core.drafters.frozen_kv_mtp import load_frozen_kv_mtp
 from spectrace.core.drafters.mtp import load_mtp
 from spectrace.core.drafters.scratch import TreeScratch
 from spectrace.zoo import EAGLE3_DIR, EAGLE_DIR, FROZEN_KV_MTP_DIR, MTP_DIR, TARGET_DIR
-from spectrace.zoo.train_eagle import draft_vocab, eagle_level, frozen_level, head_config, new_head
+from spectrace.zoo.head_losses import eagle_level, frozen_level
+from spectrace.zoo.train_eagle import draft_vocab, head_config, new_head
 
 
 def _random_head(kind, target):

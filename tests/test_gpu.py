@@ -61,7 +61,7 @@ def test_gpu_fp32_speculative_equals_autoregressive(tokenizer, style):
 @pytest.mark.parametrize("algo", ["standalone", "eagle", "eagle3", "mtp", "frozen_kv_mtp"])
 def test_gpu_fp32_trees_equal_autoregressive(tokenizer, algo):
     """Every drafter at SGLang's Llama tree (5, 4, 8), batch 8, fp32 on the GPU."""
-    from spectrace.loading import load_drafter_model
+    from spectrace.loading.models import load_drafter_model
     from spectrace.run import RunConfig
 
     target = load_model(TARGET_DIR, torch.float32, "cuda")
@@ -87,7 +87,7 @@ def test_gpu_fp32_trees_equal_autoregressive(tokenizer, algo):
 def test_gpu_fp32_other_drafters_equal_autoregressive(tokenizer, algo, kw, ngram):
     """Medusa's static tree, n-gram chains and trie trees, adaptive EAGLE chains and DFLASH blocks,
     batch 8, fp32 on the GPU."""
-    from spectrace.loading import load_drafter_model
+    from spectrace.loading.models import load_drafter_model
     from spectrace.run import RunConfig
 
     target = load_model(TARGET_DIR, torch.float32, "cuda")
@@ -103,7 +103,7 @@ def test_gpu_fp32_other_drafters_equal_autoregressive(tokenizer, algo, kw, ngram
 
 def test_gpu_sampled_trees_repeat_and_keep_the_invariants(tokenizer):
     """tree_rejection at T 1 on the GPU: the seeded run repeats bit for bit."""
-    from spectrace.loading import load_drafter_model
+    from spectrace.loading.models import load_drafter_model
     from spectrace.run import RunConfig
 
     target = load_model(TARGET_DIR, torch.float32, "cuda")
@@ -401,7 +401,7 @@ def test_gpu_fast_engine_graph_replay_equals_eager(algo, options):
     """bf16, batch 8: every step's record (tree, q, path scores, p, walk, tokens) from replayed
     CUDA graphs equals the eager run's, bit for bit (an adaptive run: a graph set per tier, switched
     between steps); and overlapped steps give the same tokens."""
-    from spectrace.loading import load_drafter_model
+    from spectrace.loading.models import load_drafter_model
     from spectrace.run import RunConfig, resolve, resolve_prompts
 
     cfg = RunConfig(algo=algo, **{**options, "batch": 8}, max_new_tokens=32, device="cuda", dtype="bfloat16")
@@ -487,7 +487,7 @@ def test_gpu_the_grown_8b_pair_is_the_embedded_pair(tmp_path):
 
     from spectrace.algos import ALGOS
     from spectrace.measure.bench import release
-    from spectrace.loading import drop_drafters
+    from spectrace.loading.models import drop_drafters
     from spectrace.run import RunConfig, run
     from spectrace.zoo.grow import HEADS, head_dir, make as grow
 

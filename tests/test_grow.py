@@ -39,7 +39,7 @@ def test_the_grown_target_computes_the_embedded_target(grown):
     """Teacher-forced on each held-out prompt: the real vocabulary's logits within float32
     rounding, the same argmax, exactly 0 probability on every padded token, and after every layer
     the stream's constant channel exactly c and the rest past R exactly 0."""
-    from spectrace.tokenizer import load_tokenizer
+    from spectrace.loading.tokenizer import load_tokenizer
 
     tok = load_tokenizer(TARGET_DIR)
     d = json.loads((TARGET_DIR / "config.json").read_text())["hidden_size"]

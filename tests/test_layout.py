@@ -12,7 +12,7 @@ from spectrace.algos import ALGOS
 
 PACKAGE = Path(__file__).resolve().parents[1] / "spectrace"
 ENGINE_LIMIT, CORE_LIMIT = 45, 70  # lines from `def` to the function's end, docstring included
-FILE_LIMIT = 450  # lines of any module but the embedded models' training scripts
+FILE_LIMIT = 405  # lines of any module: the longest today plus about 3%
 # each of the fast engine's two classes (the host loop, the device runner): today's size plus 10%
 FAST_CLASS_LINES, FAST_CLASS_ATTRIBUTES = 130, 16
 
@@ -53,8 +53,8 @@ def imported(tree: ast.AST) -> set[str]:
     return names
 
 
-APP = ("spectrace.cli", "spectrace.run", "spectrace.engines", "spectrace.formats", "spectrace.measure",
-       "spectrace.rejudge", "spectrace.loading", "spectrace.tokenizer", "spectrace.hub")
+APP = ("spectrace.cli", "spectrace.run", "spectrace.engines", "spectrace.measure",
+       "spectrace.rejudge", "spectrace.loading")
 
 
 @pytest.mark.parametrize("layer, above", [
@@ -94,9 +94,8 @@ def test_the_fast_engine_has_cores_shape(capsys):
 
 def test_no_module_is_long():
     for path in PACKAGE.rglob("*.py"):
-        if path.parent.name != "zoo" or not path.name.startswith("train"):
-            lines = len(path.read_text(encoding="utf-8").splitlines())
-            assert lines <= FILE_LIMIT, f"{path.relative_to(PACKAGE)} is {lines} lines"
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        assert lines <= FILE_LIMIT, f"{path.relative_to(PACKAGE)} is {lines} lines"
 
 
 def test_backends_are_installed_by_a_call():

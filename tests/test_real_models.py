@@ -224,7 +224,7 @@ def test_the_prompt_goes_through_the_chat_template_unless_raw(families):
 
 
 def test_token_pieces_read_as_bytes_where_they_split_a_character(families):
-    from spectrace.tokenizer import load_tokenizer
+    from spectrace.loading.tokenizer import load_tokenizer
 
     tok = load_tokenizer(families["llama3"] / "target")
     ids = tok.encode("中 x")[1:]  # after <|begin_of_text|>

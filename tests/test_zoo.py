@@ -52,7 +52,7 @@ def test_training_smoke_writes_a_loadable_checkpoint(tmp_path, monkeypatch):
 
 
 def test_head_training_smoke_writes_loadable_heads(tmp_path, monkeypatch, target):
-    from spectrace.formats import FORMATS
+    from spectrace.loading.formats import FORMATS
     from spectrace.zoo import train_eagle
 
     lib = _mini_stdlib(tmp_path)

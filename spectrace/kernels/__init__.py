@@ -13,7 +13,9 @@ each mirrors (the twin of core/X.py:f is kernels/X.py:f), with every random numb
                                  fill_accept_out_cache_loc,           accepted_slots, TokenToKVPool.move
                                  move_kv_cache, TritonKVCache
     attention.py                 extend_attention_fwd,              core/model.py: attend over the paged KV
-                                 decode_attention_fwd, create_kv_indices, pack_custom_mask
+                                 decode_attention_fwd
+    batch.py                     create_kv_indices,                 core/batch.py: ForwardBatch.build's
+                                 pack_custom_mask                     slots and masks, on the device
     fused.py                     rms_norm, split_rope, silu_mul     core/model.py: RMSNorm, Attention, MLP
     matmul.py                    invariant_linear                   nn.Linear, batch-invariant (--deterministic)
     gemv.py                      linear, rows_linear                nn.Linear over 1-16 rows (a decode, a verify)

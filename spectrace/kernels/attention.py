@@ -6,7 +6,8 @@ keys through `req_to_token` and applies its (extend_len, seq_len) mask. SGLang s
 keys in two: the prefix, already in the pool, read through `kv_indices[kv_indptr[b]:kv_indptr[b+1]]`
 (stage 1), and the new tokens' keys, passed contiguously as `k_extend` (stage 2). The custom mask
 is each request's FULL_MASK rows, row-major (extend_len, prefix_len + extend_len), concatenated;
-`mask_indptr[b]` is where request b's rows start (`pack_custom_mask` builds both).
+`mask_indptr[b]` is where request b's rows start (kernels/batch.py: `pack_custom_mask` builds
+both, and `create_kv_indices` the kv_indices).
 
 One program per (request, KV head, block of new tokens). The query heads that share a KV head are
 packed into the block's rows (row r = token r // GROUP, head r % GROUP), as vLLM's unified
@@ -30,7 +31,7 @@ import triton.language as tl
 from spectrace.kernels import check
 from spectrace.kernels.pdl import launch_options, wait_first
 
-__all__ = ["extend_attention_fwd", "decode_attention_fwd", "create_kv_indices", "pack_custom_mask"]
+__all__ = ["extend_attention_fwd", "decode_attention_fwd"]
 
 
 @triton.jit
@@ -364,46 +365,3 @@ def decode_attention_fwd(q, k_buffer, v_buffer, o, kv_indptr=None, kv_indices=No
     _check_attention(q, o, k_buffer, v_buffer, requests, kv_indptr, kv_indices, kv_rows)
     _launch(q, q, q, o, k_buffer, v_buffer, kv_indptr, kv_indptr, kv_indices, None, None, 1, sm_scale, logit_cap,
             True, False, num_kv_splits, kv_rows, paths=paths, path_lens=path_lens)
-
-
-@triton.jit
-def _kv_indices_kernel(req_to_token, req_pool_indices, paged_kernel_lens, kv_indptr, kv_start_idx, kv_indices,
-                       req_to_token_stride, HAS_START: tl.constexpr, BLOCK: tl.constexpr):
-    b = tl.program_id(0)  # one program per request: copy its row of req_to_token
-    req = tl.load(req_pool_indices + b)
-    start = 0
-    if HAS_START:
-        start = tl.load(kv_start_idx + b)
-    length = tl.load(paged_kernel_lens + b)
-    out = kv_indices + tl.load(kv_indptr + b)
-    for i in range(0, length, BLOCK):
-        offs = i + tl.arange(0, BLOCK)
-        slot = tl.load(req_to_token + req * req_to_token_stride + start + offs, mask=offs < length)
-        tl.store(out + offs, slot, mask=offs < length)
-
-
-def create_kv_indices(req_to_token, req_pool_indices, paged_kernel_lens, kv_indptr, kv_start_idx, kv_indices) -> None:
-    """SGLang's create_flashinfer_kv_indices_triton: request b's slots
-    req_to_token[req_pool_indices[b], start : start + paged_kernel_lens[b]] into
-    kv_indices[kv_indptr[b]:], start = kv_start_idx[b] (0 when None). The explicit path's
-    `kv.req_to_token[req, :seq_len]` gather, for the whole batch in one launch."""
-    device = req_to_token.device
-    check("req_to_token", req_to_token, (torch.int32, torch.int64), (None, None), device)
-    bs = req_pool_indices.shape[0]
-    for name, t in [("req_pool_indices", req_pool_indices), ("paged_kernel_lens", paged_kernel_lens)] + (
-            [("kv_start_idx", kv_start_idx)] if kv_start_idx is not None else []):
-        check(name, t, (torch.int32, torch.int64), (bs,), device)
-    check("kv_indptr", kv_indptr, (torch.int32, torch.int64), (bs + 1,), device)
-    check("kv_indices", kv_indices, req_to_token.dtype, (None,), device)
-    _kv_indices_kernel[(bs,)](req_to_token, req_pool_indices, paged_kernel_lens, kv_indptr,
-                              kv_start_idx if kv_start_idx is not None else kv_indptr, kv_indices,
-                              req_to_token.stride(0), HAS_START=kv_start_idx is not None, BLOCK=512)
-
-
-def pack_custom_mask(masks: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The engine's per-request masks (extend_len, seq_len) bool -> (custom_mask, mask_indptr):
-    the rows flattened and concatenated, and where each request's rows start (bs + 1 entries).
-    This is the layout build_tree writes directly in FULL_MASK mode, so a verify pass packs nothing."""
-    device = masks[0].device
-    sizes = torch.tensor([0] + [m.numel() for m in masks], dtype=torch.int64, device=device)
-    return torch.cat([m.flatten() for m in masks]), sizes.cumsum(0)

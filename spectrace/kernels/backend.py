@@ -32,6 +32,7 @@ from spectrace.core.drafters import frozen_kv_mtp
 from spectrace.core.batch import ForwardBatch
 from spectrace.core.kv import KVCache
 from spectrace.kernels import attention
+from spectrace.kernels import batch as kbatch
 from spectrace.kernels.acceptance import greedy, rejection, target_only, vllm
 from spectrace.kernels.tree import build_tree
 
@@ -59,10 +60,10 @@ def extend_metadata(batch: ForwardBatch, kv: KVCache) -> dict | None:
     kv_indptr = _indptr(prefix_lens)
     kv_indices = torch.empty(sum(batch.seq_lens) - sum(batch.extend_lens), dtype=kv.req_to_token.dtype,
                              device=device)
-    attention.create_kv_indices(kv.req_to_token, reqs, prefix_lens, kv_indptr, None, kv_indices)
+    kbatch.create_kv_indices(kv.req_to_token, reqs, prefix_lens, kv_indptr, None, kv_indices)
     custom_mask = mask_indptr = None
     if any(m is not None for *_, m in layout):  # a causal request among masked ones writes its causal mask out
-        custom_mask, mask_indptr = attention.pack_custom_mask(
+        custom_mask, mask_indptr = kbatch.pack_custom_mask(
             [m if m is not None else torch.ones(n, s, dtype=torch.bool, device=device).tril(s - n)
              for _, s, n, m in layout])
     return dict(qo_indptr=_indptr(extend_lens), kv_indptr=kv_indptr, kv_indices=kv_indices, custom_mask=custom_mask,

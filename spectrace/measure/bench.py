@@ -28,7 +28,7 @@ import torch
 from spectrace.core.metrics import predicted_speedup
 from spectrace.errors import SpectraceError
 from spectrace.core.config import read_config_json
-from spectrace.loading import drop_drafters
+from spectrace.loading.models import drop_drafters
 from spectrace.run import RunConfig, RunResult, resolve, run
 from spectrace.zoo import TARGET_DIR
 from spectrace.zoo.random_checkpoint import SHAPES

@@ -34,7 +34,7 @@ def grown_pair(shape: str, algos: list[str], device: str) -> Path:
 def run_context(prompts: list[str], max_new_tokens: int) -> int:
     """The mean context of a decode step over the prompts' runs: a prompt and half the new tokens,
     the context at which --target-shape prices the steps it sets beside measured runs."""
-    from spectrace.tokenizer import load_tokenizer
+    from spectrace.loading.tokenizer import load_tokenizer
     from spectrace.zoo import TARGET_DIR
 
     tok = load_tokenizer(TARGET_DIR)

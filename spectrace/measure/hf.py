@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 from spectrace.core.config import read_config_json
-from spectrace.loading import find_model
+from spectrace.loading.models import find_model
 from spectrace.run import encode_prompts, load_tokenizer
 
 

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import torch
 
+from spectrace.loading.formats import FORMATS
+
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192, "rope_theta": 500000.0}
 _LLAMA = dict(model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=128256, max_position_embeddings=131072,
@@ -69,7 +71,20 @@ DRAFT_OF = {"llama-3.1-8b": "llama-3.2-1b", "qwen3-8b": "qwen3-0.6b", "qwen2.5-7
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
             head_dim=16, vocab_size=1024)
 DRAFT_VOCAB = 32000  # the published EAGLE-3 heads' draft_vocab_size
-HEADS = ("draft", "eagle3", "eagle3-sglang", "eagle3-speculators", "eagle", "mtp", "frozen_kv_mtp", "medusa", "dflash")
+
+
+
+def _head_names() -> dict[str, tuple[str, str]]:
+    """OUT's drafter directories, one per checkpoint format (loading/formats.py) and layout:
+    name -> (format, layout). The plain LM's is `draft`; a format's first layout takes its bare name."""
+    names = {}
+    for fmt, row in FORMATS.items():
+        for i, layout in enumerate(row.layouts or ("",)):
+            names["draft" if fmt == "lm" else fmt + (f"-{layout}" if i else "")] = (fmt, layout)
+    return names
+
+
+HEADS = _head_names()
 
 
 def shape_config(shape: str, tiny: bool, layers: int | None, vocab: int | None) -> dict:
@@ -281,29 +296,30 @@ def write_own_format(kind: str, target_dir: Path, out: Path, dtype) -> None:
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
-def make(shape: str, out: Path, heads=HEADS, tiny=False, layers=None, vocab=None, dtype=torch.bfloat16,
+def make(shape: str, out: Path, heads=tuple(HEADS), tiny=False, layers=None, vocab=None, dtype=torch.bfloat16,
          device="cpu", seed=0) -> Path:
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     cfg = shape_config(shape, tiny, layers, vocab)
     write_target(cfg, out / "target", dtype, device)
-    for kind in heads:
-        if kind == "draft":
+    for name in heads:
+        fmt, layout = HEADS[name]
+        if fmt == "lm":
             draft = shape_config(DRAFT_OF.get(shape, shape), tiny, None if shape in DRAFT_OF else 2, vocab)
-            write_target(draft, out / "draft", dtype, device)
-        elif kind.startswith("eagle3"):
-            write_eagle3(cfg, out / kind, kind.partition("-")[2] or "safeailab", dtype, device, gen)
-        elif kind == "eagle":
-            write_eagle1(cfg, out / kind, dtype, device, gen)
+            write_target(draft, out / name, dtype, device)
+        elif fmt == "eagle3":
+            write_eagle3(cfg, out / name, layout, dtype, device, gen)
+        elif fmt == "eagle":
+            write_eagle1(cfg, out / name, dtype, device, gen)
         else:
-            write_own_format(kind, out / "target", out / kind, dtype)
+            write_own_format(fmt, out / "target", out / name, dtype)
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m spectrace.zoo.random_checkpoint", description=__doc__.split("\n")[0])
     ap.add_argument("--shape", required=True, choices=list(SHAPES))
-    ap.add_argument("--heads", nargs="*", default=list(HEADS), choices=HEADS, help="drafters to write (default: all)")
+    ap.add_argument("--heads", nargs="*", default=list(HEADS), choices=list(HEADS), help="drafters to write (default: all)")
     ap.add_argument("--tiny", action="store_true", help="the family's traits at a few MB")
     ap.add_argument("--layers", type=int, help="the target's num_hidden_layers")
     ap.add_argument("--vocab", type=int, help="vocab_size")

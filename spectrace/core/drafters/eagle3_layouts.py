@@ -24,6 +24,9 @@ from dataclasses import dataclass
 from spectrace.errors import SpectraceError
 
 
+LAYOUTS = ("safeailab", "sglang", "speculators")  # Eagle3Layout.name, the zoo's makers write each
+
+
 def default_capture_layers(num_target_layers: int) -> tuple[int, ...]:
     L = num_target_layers
     return (2, L // 2, L - 3)

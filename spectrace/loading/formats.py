@@ -1,6 +1,7 @@
 """Checkpoint formats (algos.Algo.checkpoint), a row each: how the format's model loads, and the
-drafter each engine builds around it. Loading (loading.py) and both engines (engines.py) read
-this table; a new drafter adds its files, its row in algos.ALGOS and its row here.
+drafter each engine builds around it. Loading (models.py), both engines (engines.py) and the zoo's
+makers (zoo/random_checkpoint.py, zoo/train_eagle.py) read this table; a new drafter adds its
+files, its row in algos.ALGOS and its row here.
 
     format          loads with            explicit drafter (core/drafters/)   fast drafter (fast/drafters/)
     lm              load_draft_lm         StandaloneDrafter                   EagleWorker, over a draft LM
@@ -23,6 +24,7 @@ from spectrace.core.acceptance import RULES
 from spectrace.core.drafters.dflash import DFlashDrafter, load_dflash
 from spectrace.core.drafters.eagle import load_eagle
 from spectrace.core.drafters.eagle3 import load_eagle3
+from spectrace.core.drafters.eagle3_layouts import LAYOUTS
 from spectrace.core.drafters.eagle_worker import EagleDrafter
 from spectrace.core.drafters.frozen_kv_mtp import FrozenKVMtpDrafter, load_frozen_kv_mtp
 from spectrace.core.drafters.medusa import MedusaDrafter, load_medusa
@@ -31,7 +33,7 @@ from spectrace.core.drafters.standalone import StandaloneDrafter
 from spectrace.core.model import CausalLM, load_model
 from spectrace.core.spec import SpecConfig
 from spectrace.errors import SpectraceError
-from spectrace.tokenizer import Tokenizer, load_tokenizer
+from spectrace.loading.tokenizer import Tokenizer, load_tokenizer
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,7 @@ class Format:
     load: Callable  # (path, target, tokenizer, dtype, device) -> the drafter's model
     explicit: Callable[[Built], object]
     fast: Callable[[Built], object]
+    layouts: tuple[str, ...] = ()  # the publishers' layouts the loader recognises, where more than one
 
 
 def _eagle_drafter(b: Built):
@@ -134,7 +137,7 @@ def _eagle_drafter(b: Built):
 FORMATS = {
     "lm": Format(load_draft_lm, lambda b: StandaloneDrafter(b.draft, b.draft_kv(), **b.shape), _eagle_worker),
     "eagle": Format(_head(load_eagle), _eagle_drafter, _eagle_worker),
-    "eagle3": Format(_head(load_eagle3), _eagle_drafter, _eagle_worker),
+    "eagle3": Format(_head(load_eagle3), _eagle_drafter, _eagle_worker, LAYOUTS),
     "mtp": Format(_head(load_mtp), _eagle_drafter, _eagle_worker),
     "frozen_kv_mtp": Format(_head(load_frozen_kv_mtp),  # no draft KV: it reads the target's
                             lambda b: FrozenKVMtpDrafter(b.draft, b.target, b.kv, **b.shape), _frozen_kv_mtp),

@@ -21,9 +21,9 @@ from spectrace.core.checkpoint import read_weight_file, weight_files, weights_di
 from spectrace.core.drafters.medusa import MedusaHeads
 from spectrace.core.model import CausalLM, load_model
 from spectrace.errors import SpectraceError
-from spectrace.formats import FORMATS
-from spectrace.hub import model_dir
-from spectrace.tokenizer import Tokenizer
+from spectrace.loading.formats import FORMATS
+from spectrace.loading.hub import model_dir
+from spectrace.loading.tokenizer import Tokenizer
 
 Say = Callable[[str], None]
 
