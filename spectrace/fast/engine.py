@@ -68,62 +68,72 @@ class FastEngine:
     def __init__(self, target, kv: StaticKV, spec: SpecConfig, drafter, prompt_ids: list[list[int]],
                  eos_token_ids, trace: TraceWriter | None = None, on_step=None,
                  probs: ProbsRecorder | None = None, graphs: bool | None = None, probe=None):
-        """kv: the target's static KV over the batch bucket, sized for every request (engines.py:
-        build_engine); drafter: a fast/drafters/ drafter or None (--algo none); graphs: capture CUDA
-        graphs (default: on a GPU); probe: bench --profile's, each phase then a launch of its own."""
-        self.spec, self.eos, device, bs = spec, set(eos_token_ids), kv.seq_lens.device, kv.seq_lens.shape[0]
-        self.drafter = drafter
+        """kv: the target's static KV over the batch bucket, sized for every request
+        (engines.py: build_engine); drafter: a fast/drafters/ drafter or None (--algo none);
+        graphs: capture CUDA graphs (default: on a GPU); probe: bench --profile's, each phase then
+        a launch of its own."""
+        self.spec, self.eos, self.drafter = spec, set(eos_token_ids), drafter
+        device, bs = kv.seq_lens.device, kv.seq_lens.shape[0]
         recording = trace is not None or on_step is not None
-        self.recorder = StepRecorder(spec, drafter, kv, probs, trace, on_step) if recording else NoRecorder()
+        self.recorder = (StepRecorder(spec, drafter, kv, probs, trace, on_step) if recording
+                         else NoRecorder())
         self.adaptive = AdaptiveSpeculativeParams(spec.num_steps) if spec.adaptive else FixedSteps()
         self.host = drafter if drafter is not None and drafter.drafts_on_host else NoHostDrafts()
         randoms = DeviceRandoms(RULES[spec.acceptance], bs, spec.topk, target.config.vocab_size,
                                 drafter is not None and drafter.samples_drafts, device)
         tiers = {steps: Tier(steps, n, randoms.for_shape(steps, n)) for steps, n in spec.tiers}
-        self.runner = StepRunner(target, kv, spec, drafter, tiers, max(len(p) for p in prompt_ids), probe)
+        longest = max(len(p) for p in prompt_ids)
+        self.runner = StepRunner(target, kv, spec, drafter, tiers, longest, probe)
         self.tier = tiers[spec.num_steps]  # adaptive: the tier it starts from
         self.metrics = SpecMetrics(spec.max_steps, spec.num_draft_tokens)
         self.step_count, self.clock, self.ranks = 0, PhaseClock(device, probe), NoRanks()
         # a step is launched before the last one is read, but where the next one follows from it
-        self.overlap = not spec.adaptive and not self.host.drafts_on_host and not ranked(spec, drafter)
+        self.overlap = not (spec.adaptive or self.host.drafts_on_host or ranked(spec, drafter))
         if graphs if graphs is not None else device.type == "cuda":
             self.runner.capture(self.recorder)
 
     def generate(self, prompts: list[list[int]]) -> tuple[list[Request], dict]:
-        """Prefill, then steps until every request is finished. The next step is launched before the
-        last one is read (SGLang's overlap scheduler: a request that finished runs one step more,
-        frozen) but where n-gram's drafts, an adaptive tier or tree_rejection's trees follow it, and
-        where the step in flight may finish every request (`may_finish_all`)."""
-        reqs = [Request(i, list(p), gen=request_generator(self.spec.seed, i)) for i, p in enumerate(prompts)]
+        """Prefill, then steps until every request is finished. The next step is launched before
+        the last one is read (SGLang's overlap scheduler: a request that finished runs one step
+        more, frozen) but where n-gram's drafts, an adaptive tier or tree_rejection's trees follow
+        it, and where the step in flight may finish every request (`may_finish_all`)."""
+        reqs = [Request(i, list(p), gen=request_generator(self.spec.seed, i))
+                for i, p in enumerate(prompts)]
         self.ranks = SiblingRanks.of(reqs, self.spec, self.drafter)
         t0 = time.perf_counter()
         try:
             self.prefill(reqs)
             pending = self.launch(reqs) if any(not r.finish_reason for r in reqs) else None
             while pending is not None:
-                ahead = self.launch(reqs) if self.overlap and not self.may_finish_all(reqs) else None
+                ahead = None
+                if self.overlap and not self.may_finish_all(reqs):
+                    ahead = self.launch(reqs)
                 self.finish_step(reqs, pending)
-                pending = None if all(r.finish_reason for r in reqs) else ahead or self.launch(reqs)
-            if self.runner.device.type == "cuda":  # a step launched ahead finishes inside the measured time
+                done = all(r.finish_reason for r in reqs)
+                pending = None if done else ahead or self.launch(reqs)
+            if self.runner.device.type == "cuda":  # a step launched ahead finishes in the time
                 torch.cuda.synchronize()
             wall = time.perf_counter() - t0
-        finally:  # also when interrupted: the records of the steps kept so far (records_s: their time)
+        finally:  # also when interrupted: the records of the steps kept so far (records_s)
             built = self.recorder.finish()
-        return reqs, {**self.metrics.summary(wall), "per_request": [self.metrics.per_request(r.req_pool_idx)
-                                                                    for r in reqs], **built}
+        per_request = [self.metrics.per_request(r.req_pool_idx) for r in reqs]
+        return reqs, {**self.metrics.summary(wall), "per_request": per_request, **built}
 
     def may_finish_all(self, reqs: list[Request]) -> bool:
-        """Whether the step in flight (up to num_steps + 1 tokens a request) may reach max_new_tokens
-        for every request still running: a step launched ahead would then run frozen, for nothing
-        (a whole step at a real shape, where the host's wait for the last one costs microseconds)."""
-        most = self.tier.num_steps + 1
-        return all(r.finish_reason or self.spec.max_new_tokens - len(r.output_ids) <= most for r in reqs)
+        """Whether the step in flight (up to num_steps + 1 tokens a request) may reach
+        max_new_tokens for every request still running: a step launched ahead would then run
+        frozen, for nothing (a whole step at a real shape, where the host's wait for the last one
+        costs microseconds)."""
+        most, limit = self.tier.num_steps + 1, self.spec.max_new_tokens
+        return all(r.finish_reason or limit - len(r.output_ids) <= most for r in reqs)
 
     @torch.no_grad()
     def prefill(self, reqs: list[Request]) -> None:
-        """The prompts into the static buffers (a padding row: one token), the prefill, each first token."""
+        """The prompts into the static buffers (a padding row: one token), the prefill, each
+        first token."""
         runner = self.runner
-        if len(reqs) > runner.bs or max(len(r.prompt_ids) for r in reqs) > runner.prompts.ids.shape[1]:
+        longest = max(len(r.prompt_ids) for r in reqs)
+        if len(reqs) > runner.bs or longest > runner.prompts.ids.shape[1]:
             raise SpectraceError("FastEngine.generate takes the prompts the engine was built for")
         runner.reset()
         runner.prompts.fill(reqs)
@@ -140,13 +150,13 @@ class FastEngine:
         self.host.host_prefill(reqs)
 
     def launch(self, reqs: list[Request]) -> Launched:
-        """Enqueue one step: its host inputs staged (n-gram's trees, the random numbers), its launch
-        groups (graph replays, or the step eagerly), then its host row's copy to the host."""
+        """Enqueue one step: its host inputs staged (n-gram's trees, the random numbers), its
+        launch groups (graph replays, or the step eagerly), then its host row's copy to the host."""
         tier, marks = self.tier, {}
         with self.clock.timed(marks, "draft") if self.host.drafts_on_host else nullcontext():
             self.host.host_draft(reqs)
-        sizes = self.host.sizes_for(reqs, tier)
-        randoms = tier.randoms.stage(reqs, sizes, self.spec.sampling.greedy, self.ranks.worth(reqs))
+        sizes, greedy = self.host.sizes_for(reqs, tier), self.spec.sampling.greedy
+        randoms = tier.randoms.stage(reqs, sizes, greedy, self.ranks.worth(reqs))
         out = self.runner.launch(tier, self.clock, marks)
         copied = self.recorder.copy_step(tier, out)  # the host row comes with it
         row = to_host(out.host_row, copied.view("host_row") if copied else None)
@@ -158,13 +168,17 @@ class FastEngine:
         sync): EOS and max_new_tokens, metrics, sibling worth, the step's frame for the trace."""
         if launched.done is not None:
             launched.done.synchronize()
-        rows = launched.row.tolist()  # (bs, num_steps + 2 [+ 2 topk]): accept_tokens, [counts,] accept_num
-        timing = {**self.clock.read(launched.marks), "batch_size": sum(not r.finish_reason for r in reqs)}
+        # (bs, num_steps + 2 [+ 2 topk]): accept_tokens, [counts,] accept_num
+        rows = launched.row.tolist()
+        running = sum(not r.finish_reason for r in reqs)
+        timing = {**self.clock.read(launched.marks), "batch_size": running}
         # the explicit engine's adapt: the EMA over this step's requests
-        adaptive = self.adaptive.step([row[-1] for row, r in zip(rows, reqs) if not r.finish_reason])
+        adaptive = self.adaptive.step([row[-1] for row, r in zip(rows, reqs)
+                                       if not r.finish_reason])
         ran = [self.finish_request(b, r, rows[b], launched, timing, adaptive)
                for b, r in enumerate(reqs) if not r.finish_reason]
-        self.recorder.keep(self.step_count, launched.copied, ran, timing, adaptive, self.tier.num_steps)
+        steps = self.tier.num_steps
+        self.recorder.keep(self.step_count, launched.copied, ran, timing, adaptive, steps)
         self.host.host_extend(reqs, rows)  # the histories of the requests still running
         if any(kept.finish_reason for kept in ran):
             self.runner.set_live([not r.finish_reason for r in reqs])
@@ -174,11 +188,14 @@ class FastEngine:
 
     def finish_request(self, b: int, r: Request, row: list[int], launched: Launched, timing: dict,
                        adaptive) -> Kept:
-        """One unfinished request's tokens, metrics and sibling worth; what the recorder keeps of it."""
+        """One unfinished request's tokens, metrics and sibling worth; what the recorder keeps
+        of it."""
         num, tier, root = row[-1], self.tier, r.output_ids[-1]
         committed = append_tokens(r, row[:num + 1], self.eos, self.spec.max_new_tokens)
-        self.metrics.observe(b, self.step_count, timing, len(committed), num, launched.sizes[b] - 1 or None,
-                             num + 1, adaptive and adaptive["num_steps"])
-        self.ranks.add(r, row[tier.num_steps + 1:-1])  # the walk's tries and acceptances by sibling rank
+        self.metrics.observe(b, self.step_count, timing, len(committed), num,
+                             launched.sizes[b] - 1 or None, num + 1,
+                             adaptive and adaptive["num_steps"])
+        # the walk's tries and acceptances by sibling rank
+        self.ranks.add(r, row[tier.num_steps + 1:-1])
         draws = launched.randoms[b] if launched.randoms else None
         return Kept(b, r.req_pool_idx, root, row[:num + 1], committed, r.finish_reason, draws)
