@@ -4,7 +4,7 @@
                                                   its walkthrough (the summary with --no-tui)
     spectrace replay TRACE                        the walkthrough of any trace (no model needed)
     spectrace render TRACE --step N -o tree.svg   a step's draft tree as a Graphviz figure
-    spectrace export TRACE -o run.json            the run's phases for Perfetto (or --format csv)
+    spectrace export TRACE -o run.json            the run's phases for Perfetto (or --format csv, jsonl)
     spectrace report TRACE -o run.html            one self-contained page of the run, for a browser
     spectrace rejudge TRACE --acceptance RULE -o NEW.jsonl
                                                   a --record-probs trace's steps judged again
@@ -151,10 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="one self-contained HTML page of a trace, to open in a browser")
     report.add_argument("trace", metavar="TRACE")
     report.add_argument("-o", "--out", required=True, metavar="FILE.html")
-    export = sub.add_parser("export", help="a trace's phases as a Perfetto / chrome://tracing timeline, or CSV")
+    export = sub.add_parser("export", help="a trace's phases as a Perfetto / chrome://tracing timeline, or CSV; "
+                                           "or the whole trace in one JSON Lines file")
     export.add_argument("trace", metavar="TRACE")
-    export.add_argument("--format", choices=["perfetto", "csv"], default="perfetto", help="perfetto: Chrome "
-                        "trace-event JSON (open in ui.perfetto.dev); csv: a row per step and request")
+    export.add_argument("--format", choices=["perfetto", "csv", "jsonl"], default="perfetto", help="perfetto: "
+                        "Chrome trace-event JSON (open in ui.perfetto.dev); csv: a row per step and request; "
+                        "jsonl: every step record a line, no frames file beside it")
     export.add_argument("-o", "--out", required=True, metavar="FILE")
     rejudge = sub.add_parser("rejudge", help="every recorded step judged again under another acceptance rule, "
                                              "thresholds, temperature or random numbers (needs --record-probs)")

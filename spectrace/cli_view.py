@@ -85,17 +85,18 @@ def cmd_render(args) -> int:
 
 
 def cmd_export(args) -> int:
-    """spectrace/timeline.py: the trace's phases for Perfetto, or a CSV for pandas."""
+    """spectrace/timeline.py: the trace's phases for Perfetto, or a CSV for pandas; or the whole
+    trace in one JSON Lines file (spectrace/recovery.py: write_whole)."""
     from pathlib import Path
 
     from spectrace.core.trace import MALFORMED, TraceError
-    from spectrace.recovery import read_whole
+    from spectrace.recovery import read_whole, write_whole
     from spectrace.timeline import export
 
     refuse_overwriting(args.out, args.trace, "-o")
     trace = read_whole(args.trace)
-    try:
-        print(export(trace, args.format, Path(args.out)))  # built whole, then written: never half a file
+    try:  # built whole, then written: never half a file
+        print(write_whole(trace, Path(args.out)) if args.format == "jsonl" else export(trace, args.format, Path(args.out)))
     except OSError as e:
         raise SpectraceError(f"cannot write {args.out}: {e.strerror}") from None
     except MALFORMED as e:

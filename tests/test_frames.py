@@ -1,6 +1,6 @@
-"""The fast engine's frames sidecar (fast/frames.py): a run keeps each step's tensors there while it
-decodes and builds the records after its loop; a run killed before that leaves the frames, and
-TraceFile builds the same records from them up to the last whole frame."""
+"""The fast engine's frames (fast/frames.py): a run keeps each step's tensors in TRACE.frames, and
+spectrace's readers build the step records from them, the same records as an explicit run writes
+into its lines, up to the last whole frame of a run that was killed."""
 import json
 from pathlib import Path
 
@@ -12,7 +12,6 @@ from spectrace.cli import main
 from spectrace.core.trace import frames_path
 from spectrace.core.trace_reader import TraceFile
 from spectrace.recovery import open_trace
-from spectrace.fast import step_record
 from spectrace.fast.frames import FrameWriter, Pack, read_frames
 from spectrace.run import RunConfig, run
 
@@ -53,45 +52,52 @@ def test_a_pack_reads_back_every_tensor_and_none():
 
 @pytest.mark.parametrize("options", [dict(algo="eagle", topk=2, num_steps=3, num_draft_tokens=4), dict(algo="ngram")],
                          ids=["eagle", "ngram"])
-def test_a_fast_run_that_never_built_its_records_opens_from_its_frames(tmp_path, monkeypatch, options):
-    """A run killed between its loop and its records: the trace holds header and prefills, the
-    sidecar every step. Opened by spectrace's commands, it reads as the finished run's trace
-    (the same records); a torn last frame costs that step only; records the trace holds already
-    are not built twice; render opens the last step."""
-    done, killed = tmp_path / "done.jsonl", tmp_path / "killed.jsonl"
-    finish = step_record.StepRecorder.finish
-
-    def keep_a_copy(recorder):
-        recorder.frames.close()  # flushed: the frames as a kill after the loop leaves them
-        frames_path(killed).write_bytes(recorder.frames.path.read_bytes())
-        return finish(recorder)
-    monkeypatch.setattr(step_record.StepRecorder, "finish", keep_a_copy)
+def test_a_fast_run_keeps_its_steps_as_frames_that_every_reader_builds(tmp_path, options):
+    """A finished fast run: the trace holds header, prefills and summary, TRACE.frames every step.
+    spectrace's readers build the records from the frames (the same records as the trace that
+    `export --format jsonl` writes, which core's reader opens alone); the summary carries the text
+    of every token the records mention; a run killed before its summary (no tokenizer text) reads
+    the same steps; a torn last frame costs that step only; a trace of today's older kind, killed
+    while it wrote its records into its lines, does not build them twice; render opens the last step."""
+    done, whole, killed = tmp_path / "done.jsonl", tmp_path / "whole.jsonl", tmp_path / "killed.jsonl"
     run(RunConfig(backend="fast", batch=2, max_new_tokens=4, trace=str(done), **options))
-    assert not frames_path(done).exists()  # built and removed
-    want = [TraceFile(done).step(i) for i in range(len(TraceFile(done)))]
-    lines = [line for line in done.read_text().splitlines(keepends=True) if '"kind": "step"' not in line
-             and '"kind": "summary"' not in line]  # the header and the prefills
-    killed.write_text("".join(lines))
+    assert frames_path(done).is_file() and '"kind": "step"' not in done.read_text()
+    bare = TraceFile(done)  # the torch-free reader names the frames it does not build
+    assert len(bare) == 0 and "does not build" in bare.notices[0]
+    got = open_trace(done)
+    assert got.notices == [] and len(got) >= 2
+    assert main(["export", str(done), "--format", "jsonl", "-o", str(whole)]) == 0
+    want = TraceFile(whole)
+    assert want.notices == [] and len(want) == len(got) and want.tokens == got.tokens
+    assert [without_timing(got.step(i)) for i in range(len(got))] == \
+        [without_timing(want.step(i)) for i in range(len(want))]
+    summary_tokens = {int(t) for t in got.summary["tokens"]} | {int(t) for t in got.header["tokens"]} | \
+        {int(t) for p in got.prefills for t in p["tokens"]}
+    assert all(got.step(i)["tokens"] == {} for i in range(len(got)))  # no record had a token to add
+    assert summary_tokens >= {t for i in range(len(want)) for t in map(int, want.step(i)["tokens"])}
 
-    assert len(TraceFile(killed)) == 0 and "does not build" in TraceFile(killed).notices[0]  # torch-free reader
-    got = open_trace(killed)
-    assert len(got) == len(want) and any("built from killed.jsonl.frames" in n for n in got.notices)
-    assert [without_timing(got.step(i)) for i in range(len(got))] == [without_timing(r) for r in want]
-    assert got.tokens.keys() >= {t for r in want for t in r["accept_tokens"]}  # their text came along
-    last = got.index[-1]
+    lines = [line for line in done.read_text().splitlines(keepends=True) if '"kind": "summary"' not in line]
+    killed.write_text("".join(lines))
+    frames_path(killed).write_bytes(frames_path(done).read_bytes())
+    again = open_trace(killed)
+    assert [without_timing(again.step(i)) for i in range(len(again))] == \
+        [without_timing(want.step(i)) for i in range(len(want))]
+    assert again.notices == ["the run did not finish: no summary record"]
+    last = again.index[-1]
     assert main(["render", str(killed), "--step", str(last.step), "--request", str(last.request),
                  "-o", str(tmp_path / "t.dot")]) == 0
 
     frames = frames_path(killed).read_bytes()
-    last_frame_requests = sum(1 for meta in got.index if meta.step == last.step)
+    last_frame_requests = sum(1 for meta in again.index if meta.step == last.step)
     frames_path(killed).write_bytes(frames[:-3])  # the last frame torn
     assert len(open_trace(killed)) == len(want) - last_frame_requests
     frames_path(killed).write_bytes(frames)
 
-    prefix = open_trace(killed)._lines[:len(lines) + 2]  # killed while building: two records made
-    killed.write_text("\n".join(prefix) + "\n")
-    again = open_trace(killed)
-    assert [without_timing(again.step(i)) for i in range(len(again))] == [without_timing(r) for r in want]
+    built = [line for line in whole.read_text().splitlines(keepends=True) if '"kind": "step"' in line]
+    killed.write_text("".join(lines[:1 + len(got.prefills)] + built[:2]))  # killed after writing two records
+    older = open_trace(killed)
+    assert [without_timing(older.step(i)) for i in range(len(older))] == \
+        [without_timing(want.step(i)) for i in range(len(want))]
 
 
 def test_a_trace_that_is_a_device_gets_its_records_as_the_run_goes():
@@ -118,3 +124,28 @@ def test_a_sidecar_that_is_not_spectraces_is_a_notice(tmp_path, heads):
     writer.close()
     opened = open_trace(trace)
     assert len(opened) == len(TraceFile(trace).index) and any("frames" in n or "readable" in n for n in opened.notices)
+
+
+def test_a_fast_run_killed_mid_way_reads_up_to_its_last_whole_frame(tmp_path):
+    """SIGKILL during the decode loop: no handler runs, nothing is closed. Each frame was written
+    whole and flushed as its step finished, so the trace opens with every step up to the last
+    whole frame, and each of them builds (export writes them all)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    trace = tmp_path / "t.jsonl"
+    run_ = subprocess.Popen([sys.executable, "-m", "spectrace", "run", "--backend", "fast", "--algo", "eagle",
+                             "--topk", "2", "--no-tui", "--batch", "2", "--max-new-tokens", "400", "--trace", str(trace)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "TRITON_INTERPRET": "1"})
+    frames, deadline = frames_path(trace), time.monotonic() + 120
+    while (not frames.exists() or frames.stat().st_size < 30_000) and run_.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    run_.kill()
+    run_.wait()
+    assert run_.returncode == -9, run_.stderr.read()[-2000:]  # killed mid-way, not finished
+    opened = open_trace(trace)
+    assert len(opened) >= 4 and "the run did not finish: no summary record" in opened.notices
+    assert main(["export", str(trace), "--format", "jsonl", "-o", str(tmp_path / "whole.jsonl")]) == 0
+    assert len(TraceFile(tmp_path / "whole.jsonl")) == len(opened)

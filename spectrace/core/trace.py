@@ -41,9 +41,10 @@ class TraceError(Exception):
 MALFORMED = (KeyError, IndexError, TypeError, ValueError, AttributeError, OverflowError)
 
 
-def malformed(path, lineno: int, e: Exception) -> TraceError:
+def malformed(path, where: str, e: Exception) -> TraceError:
+    """where: the record's place (StepMeta.where: "line 12", or "step 3, request 0" in a frame)."""
     what = str(e)[:80] if not isinstance(e, KeyError) else f"no field {e.args[0]!r}"[:80]
-    return TraceError(f"trace {path}: the record at line {lineno} has a field of the wrong shape ({what})")
+    return TraceError(f"trace {path}: the record at {where} has a field of the wrong shape ({what})")
 
 
 class RecordFormat:
@@ -52,15 +53,21 @@ class RecordFormat:
     def __init__(self, token_text: Callable[[int], str], seen: Iterable[int] = ()):
         self._token_text = token_text
         self._seen: set[int] = set(seen)
+        self._mentioned: dict[str, str] = {}
 
     def _new_tokens(self, ids: Iterable[int]) -> dict[str, str]:
         new = sorted({int(i) for i in ids} - self._seen)
         self._seen.update(new)
         return {str(i): self._token_text(i) for i in new}
 
+    def mention(self, token_ids: Iterable[int]) -> None:
+        """Token ids whose text the next line carries, beside its own."""
+        self._mentioned = self._new_tokens(token_ids)
+
     def line(self, record: dict, token_ids: Iterable[int] = ()) -> bytes:
         record = dict(record)
-        record["tokens"] = self._new_tokens(token_ids)
+        record["tokens"] = {**self._mentioned, **self._new_tokens(token_ids)}
+        self._mentioned = {}
         try:
             text = json.dumps(record, ensure_ascii=False, allow_nan=False)
         except ValueError:  # NaN or ±inf somewhere (a diverged model's q, a clock): JSON has no such number
@@ -110,6 +117,11 @@ class TraceWriter:
         self._pending += len(line)
         if flush:
             self.flush()
+
+    def mention(self, token_ids: Iterable[int]) -> None:
+        """Token ids the trace's steps mention outside its lines (a fast run's frames): their
+        text goes into the next record written (the summary)."""
+        self._format.mention(token_ids)
 
     def flush(self) -> None:
         """Every record written so far onto the disk (one system call for a step's records)."""

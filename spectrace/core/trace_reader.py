@@ -13,9 +13,9 @@ import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Protocol
 
-from spectrace.core.trace import (MALFORMED, SCHEMA, SCHEMA_PREFIX, RecordFormat, TraceError, frames_path,
+from spectrace.core.trace import (MALFORMED, SCHEMA, SCHEMA_PREFIX, TraceError, frames_path,
                                   malformed)
 from spectrace.errors import SpectraceError
 
@@ -23,20 +23,39 @@ MAX_TOKEN_CHARS = 2 ** 20  # a token's text: real vocabularies stay under a few 
 STEP_FIELDS = {"step": int, "request": int, "correct_drafts": list, "bonus_token": int,
                "accept_tokens": list, "accept_len": int, "draft": (dict, type(None)),
                "verify": dict, "accept": dict, "kv": dict, "timing": dict}
-# (trace, its header, the (step, request) pairs it holds) -> (the records of its frames but those,
-# each with the token ids it mentions; the text of a token id)
-Recover = Callable[[Path, dict, set], tuple[Iterable[tuple[dict, Iterable[int]]], Callable[[int], str]]]
+
+
+class StepSource(Protocol):
+    """The steps a fast run keeps in its frames (TRACE.frames; fast/records.py: FrameSteps)."""
+    steps: list  # (step, request, accept_len, committed, timing, frame) of each step record
+    notice: str | None  # why the frames stop early, if they do
+
+    def lines(self, frame: int, tokens: dict[int, str]) -> dict[int, str]:
+        """A frame's step records as trace lines, by request; each carries the text of the
+        token ids it mentions that `tokens` lacks."""
+
+    def texts(self, ids: set[int]) -> dict[int, str]:
+        """The text of token ids (the target's tokenizer, where it still loads)."""
+
+
+# (trace, its header, the (step, request) pairs its lines hold) -> its frames' steps but those
+Recover = Callable[[Path, dict, set], StepSource]
 
 
 @dataclass
 class StepMeta:
-    """What the index keeps of a step record without parsing it."""
-    line: int  # 1-based line number in the file
+    """What the index keeps of a step record without parsing (or building) it."""
+    line: int  # 1-based line number in the file; 0: the record is in a frame
     step: int
     request: int
     accept_len: int
     committed: list[int]  # committed_tokens: what the timeline and token stream need
     timing: dict  # phase times in ms: what the running speed-up estimate needs
+    frame: int = -1  # the frame of TRACE.frames that holds the step (StepSource.lines)
+
+    @property
+    def where(self) -> str:
+        return f"line {self.line}" if self.line else f"step {self.step}, request {self.request}"
 
 
 @dataclass
@@ -53,27 +72,28 @@ class Trace:
         return self.tokens.get(token_id, f"<{token_id}>")
 
 
-def _check_step(rec: dict, lineno: int) -> None:
+def _check_step(rec: dict, lineno: str) -> None:
+    """lineno: where the record is, "line N" (StepMeta.where)."""
     for name, typ in STEP_FIELDS.items():
         if name not in rec:
-            raise TraceError(f"line {lineno}: step record lacks field {name!r}")
+            raise TraceError(f"{lineno}: step record lacks field {name!r}")
         if not isinstance(rec[name], typ) or isinstance(rec[name], bool):
-            raise TraceError(f"line {lineno}: step field {name!r} has the wrong type")
+            raise TraceError(f"{lineno}: step field {name!r} has the wrong type")
     if rec["accept_len"] != len(rec["correct_drafts"]) + 1:
-        raise TraceError(f"line {lineno}: accept_len != len(correct_drafts) + 1")
+        raise TraceError(f"{lineno}: accept_len != len(correct_drafts) + 1")
     if rec["accept_tokens"] != rec["correct_drafts"] + [rec["bonus_token"]]:
-        raise TraceError(f"line {lineno}: accept_tokens != correct_drafts + [bonus_token]")
+        raise TraceError(f"{lineno}: accept_tokens != correct_drafts + [bonus_token]")
     draft = rec["draft"] if isinstance(rec.get("draft"), dict) else {}
     parents, depths = draft.get("parents", []), draft.get("depths", [])
     for node, parent in enumerate(parents, start=1):  # a tree lists a parent before its children
         if not isinstance(parent, int) or isinstance(parent, bool) or not 0 <= parent < node:
-            raise TraceError(f"line {lineno}: draft node {node}'s parent {parent!r} is not an earlier node")
+            raise TraceError(f"{lineno}: draft node {node}'s parent {parent!r} is not an earlier node")
         if isinstance(depths, list) and node <= len(depths) and \
                 depths[node - 1] != (depths[parent - 1] if parent else 0) + 1:  # bounds what viewers allocate
-            raise TraceError(f"line {lineno}: draft node {node}'s depth {depths[node - 1]!r} is not its parent's + 1")
+            raise TraceError(f"{lineno}: draft node {node}'s depth {depths[node - 1]!r} is not its parent's + 1")
     levels = (draft.get("candidates") or {}).get("levels", []) if isinstance(draft.get("candidates"), dict) else []
     if isinstance(levels, list) and any(not isinstance(v, int) or not 0 <= v < max(len(levels), 1) for v in levels):
-        raise TraceError(f"line {lineno}: a draft candidate's level is not between 0 and its count")
+        raise TraceError(f"{lineno}: a draft candidate's level is not between 0 and its count")
 
 
 # the writer's key order makes a step line start and end predictably: the index reads these
@@ -112,6 +132,12 @@ def _parse(line: str) -> dict:
     if not isinstance(rec, dict):
         raise _RecordError("not a JSON object")
     return rec
+
+
+def _timing(timing: dict) -> dict:
+    """Phase times; what is not a finite number counts as absent."""
+    return {k: v for k, v in timing.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
 def _json_object(line: str):
@@ -189,34 +215,34 @@ class TraceFile:
                 self.summary = rec
             else:
                 raise TraceError(f"trace {path} line {lineno}: unknown record kind {kind!r}")
+        self._frames: StepSource | None = None
+        self._framed: dict[int, dict[int, str]] = {}  # the lines built of frames read lately
         if frames_path(path).is_file():
-            self._recover(recover)
+            self._open_frames(recover)
         if self.summary is None:
             self.notices.append("the run did not finish: no summary record")
         self._cache: dict[int, dict] = {}
 
-    def _recover(self, recover: Recover | None) -> None:
-        """The step records of a fast run's frames that it never built (killed, or still running),
-        added after the file's own lines, in memory: the file is not touched."""
+    def _open_frames(self, recover: Recover | None) -> None:
+        """A fast run's steps, kept in TRACE.frames (all of them, or those it had not yet written
+        into the trace when it was killed): indexed from the frames' heads, each built when asked
+        for (`step`); the files are not touched."""
         sidecar = frames_path(self.path).name
         if recover is None:
-            self.notices.append(f"the run kept steps in {sidecar} that this reader does not build: open the "
-                                "trace with spectrace's commands (replay, render, export)")
+            self.notices.append(f"the run kept its steps in {sidecar}, which this reader does not build: "
+                                "open the trace with spectrace's commands (replay, render, report, export)")
             return
-        built = 0
-        try:
-            records, token_text = recover(self.path, self.header, set(self._seen_steps))
-            fmt = RecordFormat(token_text, self.tokens)
-            for rec, token_ids in records:
-                self._lines.append(fmt.line(rec, token_ids).decode("utf-8").rstrip("\n"))
-                self._index_step(len(self._lines), self._lines[-1])
-                built += 1
-        except SpectraceError as e:  # a step the explicit walk refuses: the steps before it
-            self.notices.append(str(e))
-        except (*MALFORMED, RuntimeError) as e:  # an edited or foreign sidecar: the steps before it
-            self.notices.append(f"{sidecar} stops being readable after {built} records ({str(e)[:80]})")
-        if built:
-            self.notices.append(f"{built} step records built from {sidecar}, the frames the run kept of its steps")
+        self._frames = recover(self.path, self.header, set(self._seen_steps))
+        if self._frames.notice:
+            self.notices.append(self._frames.notice)
+        for step, request, accept_len, committed, timing, frame in self._frames.steps:
+            if (step, request) in self._seen_steps:
+                raise TraceError(f"trace {self.path}: {sidecar} holds step {step} of request {request} twice")
+            self._seen_steps[(step, request)] = 0
+            self.index.append(StepMeta(0, step, request, accept_len, committed, _timing(timing), frame))
+        missing = {t for meta in self.index for t in meta.committed} - self.tokens.keys()
+        if missing:  # a killed run's summary would have carried them
+            self.tokens.update(self._frames.texts(missing))
 
     def _add_tokens(self, tokens, lineno: int = 1) -> None:
         if not isinstance(tokens, dict) or not all(isinstance(v, str) and k.isascii() and k.isdigit()
@@ -236,7 +262,7 @@ class TraceFile:
         try:
             return show(rec)
         except MALFORMED as e:
-            raise malformed(self.path, self.index[i].line, e) from None
+            raise malformed(self.path, self.index[i].where, e) from None
 
     def _index_step(self, lineno: int, line: str) -> None:
         head, acc, com, tim = (_STEP_HEAD.match(line), _ACCEPT_LEN.search(line), _COMMITTED.search(line),
@@ -252,8 +278,7 @@ class TraceFile:
                              f"{key[1]} (the first is at line {self._seen_steps[key]})")
         self._seen_steps[key] = lineno
         self._add_tokens(tokens, lineno)
-        timing = {k: v for k, v in timing.items()  # phase times; what is not a finite number counts as absent
-                  if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+        timing = _timing(timing)
         committed = [int(t) for t in com.group(1).split(",") if t.strip()]
         self.index.append(StepMeta(lineno, int(head.group(1)), int(head.group(2)), int(acc.group(1)), committed,
                                    timing))
@@ -262,20 +287,39 @@ class TraceFile:
         return len(self.index)
 
     def step(self, i: int) -> dict:
-        """The i-th step record of the file, parsed and validated."""
+        """The i-th step record of the trace, parsed (or built from its frame) and validated."""
         if i not in self._cache:
-            lineno = self.index[i].line
+            meta = self.index[i]
+            line = self._lines[meta.line - 1] if meta.line else self._framed_line(meta)
             try:
-                rec = _parse(self._lines[lineno - 1])
+                rec = _parse(line)
             except _RecordError as e:
-                raise TraceError(f"trace {self.path} is corrupted at line {lineno} ({e})") from None
+                raise TraceError(f"trace {self.path} is corrupted at {meta.where} ({e})") from None
             if rec.get("kind") != "step":
-                raise TraceError(f"trace {self.path} is corrupted at line {lineno} (not a step record)")
-            _check_step(rec, lineno)
+                raise TraceError(f"trace {self.path} is corrupted at {meta.where} (not a step record)")
+            if not meta.line:
+                self._add_tokens(rec.get("tokens", {}))
+            _check_step(rec, meta.where)
             if len(self._cache) > 256:  # a viewer walks nearby steps; keep memory flat
                 self._cache.clear()
             self._cache[i] = rec
         return self._cache[i]
+
+    def _framed_line(self, meta: StepMeta) -> str:
+        """A step's record as its frame builds it (the whole frame's, kept for the next ask)."""
+        if meta.frame not in self._framed:
+            sidecar = frames_path(self.path).name
+            try:
+                lines = self._frames.lines(meta.frame, self.tokens)
+            except SpectraceError as e:  # the kernels' walk and the explicit one disagree
+                raise TraceError(f"trace {self.path}: {e}") from None
+            except (*MALFORMED, RuntimeError) as e:
+                raise TraceError(f"trace {self.path}: {sidecar} is not readable at step {meta.step} "
+                                 f"({str(e)[:80]})") from None
+            if len(self._framed) > 16:
+                self._framed.clear()
+            self._framed[meta.frame] = lines
+        return self._framed[meta.frame][meta.request]
 
     def token_text(self, token_id: int) -> str:
         return self.tokens.get(token_id, f"<{token_id}>")

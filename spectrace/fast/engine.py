@@ -75,7 +75,8 @@ class FastEngine:
         self.spec, self.eos, self.drafter = spec, set(eos_token_ids), drafter
         device, bs = kv.seq_lens.device, kv.seq_lens.shape[0]
         recording = trace is not None or on_step is not None
-        self.recorder = (StepRecorder(spec, drafter, kv, probs, trace, on_step) if recording
+        vocab = target.config.vocab_size
+        self.recorder = (StepRecorder(spec, drafter, kv, probs, trace, on_step, vocab) if recording
                          else NoRecorder())
         self.adaptive = AdaptiveSpeculativeParams(spec.num_steps) if spec.adaptive else FixedSteps()
         self.host = drafter if drafter is not None and drafter.drafts_on_host else NoHostDrafts()
@@ -114,7 +115,7 @@ class FastEngine:
             if self.runner.device.type == "cuda":  # a step launched ahead finishes in the time
                 torch.cuda.synchronize()
             wall = time.perf_counter() - t0
-        finally:  # also when interrupted: the records of the steps kept so far (records_s)
+        finally:  # also when interrupted: the trace of the steps kept so far (trace_s)
             built = self.recorder.finish()
         per_request = [self.metrics.per_request(r.req_pool_idx) for r in reqs]
         return reqs, {**self.metrics.summary(wall), "per_request": per_request, **built}

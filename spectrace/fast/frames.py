@@ -122,9 +122,10 @@ class FrameWriter:
         self._f.close()
 
 
-def read_frames(path: Path) -> Iterator[tuple[dict, torch.Tensor]]:
-    """Each whole frame of a sidecar: its head and its blob (uint8, on the host). A file that is
-    not a sidecar yields nothing; a torn last frame ends the frames."""
+def frame_heads(path: Path) -> Iterator[tuple[dict, int, int]]:
+    """Each whole frame's head, and where its blob lies (offset, bytes), reading no blob: a
+    trace's index of its steps. A file that is not a sidecar yields nothing; a torn last frame
+    ends the frames."""
     if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the open, a device never end
         return
     with open(path, "rb") as f:
@@ -135,11 +136,26 @@ def read_frames(path: Path) -> Iterator[tuple[dict, torch.Tensor]]:
             head_size, blob_size = _LENGTHS.unpack(lengths)
             if f.tell() + head_size + blob_size > size:  # read nothing that is not there
                 return
-            head, blob = f.read(head_size), bytearray(f.read(blob_size))
-            if len(head) < head_size or len(blob) < blob_size:
-                return
+            head = f.read(head_size)
             try:
                 head = json.loads(head)
             except ValueError:
                 return
-            yield head, torch.frombuffer(blob, dtype=torch.uint8) if blob_size else torch.empty(0, dtype=torch.uint8)
+            yield head, f.tell(), blob_size
+            f.seek(blob_size, os.SEEK_CUR)
+
+
+def read_blob(path: Path, offset: int, size: int) -> torch.Tensor:
+    """A frame's blob (uint8, on the host, in a buffer of its own: its tensors' views are aligned)."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        blob = bytearray(f.read(size))
+    if len(blob) < size:
+        raise TraceError(f"{path}: a frame's blob ends early")
+    return torch.frombuffer(blob, dtype=torch.uint8) if size else torch.empty(0, dtype=torch.uint8)
+
+
+def read_frames(path: Path) -> Iterator[tuple[dict, torch.Tensor]]:
+    """Each whole frame of a sidecar: its head and its blob (uint8, on the host)."""
+    for head, offset, size in frame_heads(path):
+        yield head, read_blob(path, offset, size)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -24,11 +24,11 @@ from spectrace.core.engine import Request, StepRow
 from spectrace.core.probs import ProbsRecorder
 from spectrace.core.sampling import as_pairs
 from spectrace.core.spec import SpecConfig
-from spectrace.core.step_record import step_record
-from spectrace.core.trace import frames_path
+from spectrace.core.step_record import record_token_ids, step_record
+from spectrace.core.trace import MALFORMED, RecordFormat, frames_path
 from spectrace.core.tree import DraftTree
 from spectrace.errors import SpectraceError
-from spectrace.fast.frames import join, read_frames, unpack
+from spectrace.fast.frames import frame_heads, join, read_blob, read_frames, unpack
 
 
 @dataclass(frozen=True)
@@ -193,12 +193,47 @@ def blob_bytes(layout: dict) -> int:
     return max((at + size for at, size, *_ in filter(None, layout.values())), default=0)
 
 
-def recovered_records(trace: Path, skip) -> Iterator[dict]:
-    """The records of a killed run's frames (TraceFile, when it finds the sidecar), but those
-    the trace holds already (skip: their (step, request)); --record-probs' sidecar is not rebuilt."""
-    path = frames_path(trace)
-    first = next(read_frames(path), None)
-    if first is None or "context" not in first[0]:
-        return iter(())
-    builder = RecordBuilder(RecordContext(**first[0]["context"]))
-    return (rec for records in builder.frame_records(path, skip) for rec in records)
+class FrameSteps:
+    """A fast run's steps as its frames hold them (TRACE.frames): indexed from the frames' heads
+    when the trace opens, each frame's records built when a reader first asks for one of them.
+    core/trace_reader.py's StepSource (spectrace/recovery.py makes it); skip: the (step, request)
+    pairs the trace's own lines hold (a run killed while it built them into the trace)."""
+
+    def __init__(self, trace: Path, skip: set, token_text: Callable[[int], str]):
+        self.path, self.steps, self.notice, self.token_text = frames_path(trace), [], None, token_text
+        self.frames: list[tuple[dict, int, int]] = []  # each step frame: its head, its blob's offset, bytes
+        heads = frame_heads(self.path)
+        first = next(heads, None)
+        if first is None or "context" not in first[0]:
+            self.notice = f"{self.path.name} is not a spectrace frames file: its steps are not read"
+            return
+        try:
+            self.builder = RecordBuilder(RecordContext(**first[0]["context"]))
+            for head, offset, size in heads:
+                requests = [e for e in head["requests"] if (head["step"], e[1]) not in skip]
+                if size != sum(blob_bytes(self.builder.layout(head, p)) for p in ("device", "host")):
+                    raise ValueError("a blob of another size than its layouts")
+                for b, rid, root, tokens, committed, finish_reason, draw in requests:
+                    self.steps.append((int(head["step"]), int(rid), len(tokens), [int(t) for t in committed],
+                                       dict(head["timing"]), len(self.frames)))
+                self.frames.append(({**head, "requests": requests}, offset, size))
+        except (*MALFORMED, RuntimeError) as e:  # an edited or foreign sidecar: the steps before it
+            self.notice = f"{self.path.name} stops being readable after {len(self.steps)} steps ({str(e)[:80]})"
+
+    def records(self, frame: int) -> dict[int, dict]:
+        """Frame `frame`'s records, by request. A step whose kernel walk differs from the explicit
+        walk raises SpectraceError, naming it."""
+        head, offset, size = self.frames[frame]
+        blob = read_blob(self.path, offset, size)
+        device = blob_bytes(self.builder.layout(head, "device"))
+        records = self.builder.records(head, blob[:device], blob[device:].clone())  # clone: aligned
+        return {rec["request"]: rec for rec in records}
+
+    def lines(self, frame: int, tokens: dict[int, str]) -> dict[int, str]:
+        """Frame `frame`'s records as trace lines, each with the text of the ids `tokens` lacks."""
+        fmt = RecordFormat(lambda t: tokens.get(t) or self.token_text(t), tokens.keys())
+        return {r: fmt.line(rec, record_token_ids(rec)).decode("utf-8").rstrip("\n")
+                for r, rec in self.records(frame).items()}
+
+    def texts(self, ids: set[int]) -> dict[int, str]:
+        return {t: self.token_text(t) for t in ids}

@@ -41,6 +41,8 @@ class Kept(NamedTuple):
 
 
 TREE_FIELDS = ("draft_tokens", "positions", "retrive_index", "retrive_next_token", "retrive_next_sibling")
+# the step tensors that hold token ids a record mentions (the trace carries their text)
+TOKEN_TENSORS = ("target_predict", "draft_tokens", "target_topk_indices", "draft_top_indices", "candidates00")
 
 
 class StepRecorder:
@@ -48,14 +50,16 @@ class StepRecorder:
     to on_step (the live view)."""
 
     def __init__(self, spec: SpecConfig, drafter, kv, probs: ProbsRecorder | None, trace: TraceWriter | None,
-                 on_step):
+                 on_step, vocab_size: int):
         self.spec, self.drafter, self.kv, self.trace, self.on_step = spec, drafter, kv, trace, on_step
+        # every token id the steps' records mention, marked on the device as each step is packed
+        self.mentioned = torch.zeros(vocab_size, dtype=torch.bool, device=kv.seq_lens.device)
         self.keeps_logits = probs is not None
         self.before = torch.zeros_like(kv.seq_lens)  # the target's lengths as the step found them
         self.packs: dict[int, Pack] = {}  # a captured tier's num_steps -> the Pack its last graph rewrites
         self.no_host, self.layouts_kept = Pack({}), set()  # Pack keys whose layout a frame holds
         self.builder = RecordBuilder(RecordContext.of(spec, drafter), probs)
-        self.frames = None
+        self.frames, self.loop_s = None, 0.0  # loop_s: the host's time writing frames
         # records after the loop, from the sidecar; for a live view, or a trace that is a device
         # (--trace /dev/null), as the run goes
         if trace is not None and on_step is None and trace.path.is_file():
@@ -96,9 +100,24 @@ class StepRecorder:
         """The tensors a step's records read (randoms: the tier's DeviceRandoms), as one Pack;
         then the target's lengths, which the next step finds."""
         with phase(Phase.RECORD):
-            pack = Pack(self.step_tensors(out, randoms))
+            tensors = self.step_tensors(out, randoms)
+            self.mention(tensors, out)
+            pack = Pack(tensors)
             self.before.copy_(self.kv.seq_lens)
             return pack
+
+    def mention(self, tensors: dict, out) -> None:
+        """The token ids of a step's records marked in `mentioned`: its trees, argmaxes and top-k,
+        its accept tokens (-1 pads them), and where p is
+        kept whole its top trace_topk after each node (a sampled bonus's residual top-k is not
+        marked: its text comes from the tokenizer where the trace is read)."""
+        ids = [tensors[name].flatten() for name in TOKEN_TENSORS if tensors.get(name) is not None]
+        ids.append(out.verdict.accept_tokens.flatten())
+        if tensors.get("target_probs") is not None:
+            p = tensors["target_probs"]
+            ids.append(torch.topk(p, min(self.spec.trace_topk, p.shape[-1]), dim=-1).indices.flatten())
+        ids = torch.cat([t.to(torch.int64) for t in ids])
+        self.mentioned[ids.clamp(min=0)] = True
 
     def step_tensors(self, out, randoms) -> dict:
         kv, tree, verdict, bs, n = self.kv, out.tree, out.verdict, *out.tree.draft_tokens.shape
@@ -138,6 +157,7 @@ class StepRecorder:
              max_depth: int) -> None:
         """A step's frame, once `copied` has landed: to the sidecar, or into records at once (for
         on_step, or a trace that is a device)."""
+        t0 = time.perf_counter()
         host, head = {}, {"step": step, "timing": timing, "adaptive": adaptive, "max_depth": max_depth}
         for i, kept in enumerate(requests):
             if isinstance(kept.draws, Randoms):
@@ -156,6 +176,7 @@ class StepRecorder:
                 self.layouts_kept.add(pack.key)
         if self.frames:
             self.frames.write(head, copied.host, host.host)
+            self.loop_s += time.perf_counter() - t0
             return
         for rec in self.builder.records(head, copied.host, host.host):
             if self.trace:
@@ -166,14 +187,21 @@ class StepRecorder:
             self.trace.flush()
 
     def finish(self) -> dict:
-        """After the loop (or once it was interrupted): every frame's records into the trace, a
-        step at a time, then the sidecar removed. Returns {"records_s": the seconds it took}, or
-        nothing when the records were made as the run went."""
+        """After the loop (or once it was interrupted): the frames closed, and the trace told the
+        token ids they mention (their text goes into its next line, the summary); readers build
+        the records (spectrace/recovery.py). With --record-probs every frame's records are built
+        now, into the trace, a step at a time, and the sidecar removed: building them fills the
+        walks' inputs. Returns {"trace_s": the seconds it took, "trace_loop_s": the host's seconds
+        in the loop making and writing frames}, or nothing when the records were made as the run
+        went."""
         if self.frames is None:
             return {}
         t0, frames = time.perf_counter(), self.frames
         frames.close()
         self.frames = None
+        if self.builder.probs is None:
+            self.trace.mention(self.mentioned.nonzero().flatten().tolist())
+            return {"trace_s": round(time.perf_counter() - t0, 4), "trace_loop_s": round(self.loop_s, 4)}
         try:
             for records in self.builder.frame_records(frames.path):
                 for rec in records:
@@ -183,7 +211,7 @@ class StepRecorder:
             frames.path.unlink()
             raise
         frames.path.unlink()
-        return {"records_s": round(time.perf_counter() - t0, 4)}
+        return {"trace_s": round(time.perf_counter() - t0, 4), "trace_loop_s": round(self.loop_s, 4)}
 
 
 class NoRecorder:

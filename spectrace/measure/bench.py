@@ -64,9 +64,10 @@ def release(device: str) -> None:
 
 
 def add_traced(traced: list[float], res: RunResult) -> None:
-    """A traced run's wall time: its loop's, and with the records built after it (records_s)."""
+    """A traced run's wall time: its loop's, and with what its trace costs after the loop (trace_s:
+    the fast engine closes its frames; with --record-probs it builds the records)."""
     traced[0] += res.metrics["wall_s"]
-    traced[1] += res.metrics["wall_s"] + res.metrics.get("records_s", 0.0)
+    traced[1] += res.metrics["wall_s"] + res.metrics.get("trace_s", 0.0)
 
 
 def shape_of(algo: str, res: RunResult) -> str:
@@ -84,7 +85,7 @@ def algos_table(config: Config, algos: list[str], prompts: list[str], repeat: in
     formula without its two approximations (C_extend dropped, a verify costing one decode).
     `config` times runs without a trace; record_level "full" or "steps" adds two columns (`traced`):
     the wall time of the same runs recording a trace at that level over the untraced one, and the
-    same with the time the fast engine takes after its loop to build the records."""
+    same with what the trace costs after the loop (trace_s)."""
     algos = sorted(algos, key=lambda a: a != "none")
     recording = record_level != "off"
     print(f"{'algo':<20} {'steps,topk,n':>12} {'tokens/s':>9} {'tau':>6} {'alpha':>6} {'verify_ct':>9} "
@@ -93,7 +94,7 @@ def algos_table(config: Config, algos: list[str], prompts: list[str], repeat: in
     outputs, none_tps, c_ar, loaded, speedups = {}, None, None, {}, {}
     for algo in algos:
         tokens = wall = verify = correct = proposed = steps = 0
-        traced = [0.0, 0.0]  # the loop's wall time, and with the records built after it
+        traced = [0.0, 0.0]  # the loop's wall time, and with the trace's cost after it
         phase_ms = Counter()
         outputs[algo] = []
         for i, prompt in enumerate(prompts):
@@ -151,7 +152,7 @@ def batch_table(config: Config, algos: list[str], prompts: list[str], batch_size
     (every request's tokens over the runs' wall time), τ, and tokens/s over `none`'s at the same
     batch; with `policy` (--batch-policy) each algorithm once more at the shape the policy picks
     for the batch, or drafting off; with record_level "full" or "steps" the same runs traced, over
-    the untraced: the loop's time, and with the records built after it. Returns {batch: {algo or
+    the untraced: the loop's time, and with the trace's cost after it. Returns {batch: {algo or
     "algo policy": (tokens/s, τ, tokens/s of the decode steps alone: no prefill, no first token)}}."""
     algos = ["none"] + [a for a in algos if a != "none"]
     columns = [(a, {}) for a in algos[1:]]

@@ -65,7 +65,7 @@ def report_data(trace: TraceFile) -> dict:
         try:
             steps.append(compact_step(rec, trace.token_text, algo))
         except MALFORMED as e:
-            raise malformed(trace.path, trace.index[i].line, e) from None
+            raise malformed(trace.path, trace.index[i].where, e) from None
         used.update(n[0] for n in steps[-1]["n"])
         used.update(steps[-1]["c"])
     requests = {}

@@ -41,5 +41,25 @@ def run_summary(result, algo: str, backend: str = "explicit") -> str:
     out += metrics_lines(result.metrics, algo)
     if getattr(result, "load_s", 0):
         out.append(f"models loaded in {result.load_s:.2f} s")
-    out.append(f"trace: {result.trace_path}" if result.trace_path is not None else "trace: none (--trace-level off)")
+    out.append(trace_line(result))
     return "\n".join(out)
+
+
+def trace_line(result) -> str:
+    """Where the trace is, its size, and what writing it cost a fast run: the host's time making
+    and writing frames inside the decode loop and its time after the loop."""
+    path = result.trace_path
+    if path is None:
+        return "trace: none (--trace-level off)"
+    frames = path.with_name(path.name + ".frames")
+    try:
+        sizes = [p.stat().st_size for p in (path, frames) if p.is_file()]
+    except OSError:
+        sizes = []
+    line = f"trace: {path}" + (f" ({sum(sizes) / 1e6:.2f} MB" + (f", its steps in {frames.name})" if len(sizes) > 1
+                                                                   else ")") if sizes else "")
+    m = result.metrics
+    if "trace_s" in m:
+        line += (f"; writing it took {m.get('trace_loop_s', 0) * 1e3:.1f} ms of the {m['wall_s']:.3f} s loop and "
+                 f"{m['trace_s'] * 1e3:.1f} ms after it")
+    return line

@@ -94,7 +94,7 @@ def guarded(handler):
             return handler(self, *args)
         except (TraceError, *MALFORMED) as e:
             if not isinstance(e, TraceError):
-                e = malformed(self.trace.path, self.trace.index[self.by_request[self.request][self.position]].line, e)
+                e = malformed(self.trace.path, self.trace.index[self.by_request[self.request][self.position]].where, e)
             self.query_one("#inspector", Panel).show(Text(str(e), style="bold red"), "cannot show this step")
     return run
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from spectrace.core.trace_reader import TraceFile
+from spectrace.recovery import open_trace
 from spectrace.viz.tui.app import Walkthrough
 
 
@@ -31,7 +31,7 @@ def drive(trace: str | Path, keys=(), size=(100, 30), export_dir=None, svg: bool
     as SVG with svg=True, or as both (a pair) with svg=None ("" if a key quit the app).
     `app.top_screen` keeps the screen on top at the end, read before the app shuts down."""
     async def go():
-        app = Walkthrough(TraceFile(trace), export_dir=export_dir)
+        app = Walkthrough(open_trace(trace), export_dir=export_dir)
         async with app.run_test(size=size) as pilot:
             await pilot.pause()
             for k in keys:
