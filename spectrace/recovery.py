@@ -34,7 +34,7 @@ def frame_steps(trace: Path, header: dict, skip: set):
     """core/trace_reader.py's Recover: the frames' steps but those the trace's lines hold."""
     from spectrace.fast.records import FrameSteps
 
-    return FrameSteps(trace, skip, TokenText(header))
+    return FrameSteps(trace, skip, TokenText(header), header.get("run"))
 
 
 def open_trace(path: str | Path) -> TraceFile:

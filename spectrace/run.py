@@ -264,8 +264,8 @@ def run(cfg: RunConfig, on_step=None, progress: Callable[[str], None] | None = N
                               probs=probs, probe=probe, **options)
         threads = choose_threads(target, cfg.device)
         if writer:
-            writer.write(header(cfg, spec, prompts, target, draft, engine, threads, probs, asked, tok),
-                         [t for p in ids for t in p])
+            writer.write({**header(cfg, spec, prompts, target, draft, engine, threads, probs, asked, tok),
+                          "run": writer.run_id}, [t for p in ids for t in p])
             header_written = True
         say(f"generating {cfg.max_new_tokens} tokens for {len(ids)} request(s)")
         reqs, metrics = engine.generate(ids)

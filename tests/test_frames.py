@@ -149,3 +149,35 @@ def test_a_fast_run_killed_mid_way_reads_up_to_its_last_whole_frame(tmp_path):
     assert len(opened) >= 4 and "the run did not finish: no summary record" in opened.notices
     assert main(["export", str(trace), "--format", "jsonl", "-o", str(tmp_path / "whole.jsonl")]) == 0
     assert len(TraceFile(tmp_path / "whole.jsonl")) == len(opened)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 40), st.data())
+def test_a_frame_keeps_each_rows_last_slots_as_the_record_reads_them(bs, columns, data):
+    """step_record.last_slots gathers on the device what a record keeps of req_to_token: a row's
+    slots from max(0, len - 16) to len; RecordBuilder.kv_record reads them back."""
+    from spectrace.fast.records import RecordBuilder, RecordContext
+    from spectrace.fast.step_record import last_slots
+
+    req_to_token = torch.randint(0, 10_000, (bs, columns))
+    lens = torch.tensor(data.draw(st.lists(st.integers(0, columns), min_size=bs, max_size=bs)))
+    tail = last_slots(req_to_token, lens)
+    builder = RecordBuilder(RecordContext("greedy", True, 1, 5, 1.0, 1.0, False, False, False))
+    for b in range(bs):
+        kv = builder.kv_record(b, {"req_to_token_tail": tail, "seq_lens": lens}, 0)["req_to_token_tail"]
+        after = int(lens[b])
+        assert kv == {"start": max(0, after - 16), "slots": req_to_token[b, max(0, after - 16):after].tolist()}
+
+
+def test_frames_go_with_their_own_trace_only(tmp_path):
+    """The header's run id is the frames' first head's: frames of another run beside a trace (a
+    copy, a rename) are named in a notice and not read; a run writing a trace where an earlier
+    fast run's was removes that run's frames."""
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    for trace in (a, b):
+        run(RunConfig(backend="fast", algo="none", max_new_tokens=3, trace=str(trace)))
+    frames_path(a).write_bytes(frames_path(b).read_bytes())
+    opened = open_trace(a)
+    assert len(opened) == 0 and any("another run's steps" in n for n in opened.notices)
+    run(RunConfig(algo="none", max_new_tokens=3, trace=str(b)))  # the explicit engine: its steps are lines
+    assert not frames_path(b).exists() and len(open_trace(b)) == len(TraceFile(b)) > 0

@@ -18,8 +18,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from spectrace.cli import NGRAM_STYLE_OPTIONS, build_parser, main
-from spectrace.core.trace import TraceWriter
+from spectrace.core.trace import TraceWriter, frames_path
 from spectrace.core.trace_reader import TraceFile
+from spectrace.recovery import open_trace
 from spectrace.zoo import TARGET_DIR
 
 WALKTHROUGH = Path(__file__).with_name("data") / "walkthrough.jsonl"
@@ -333,6 +334,12 @@ def test_a_fifo_or_a_device_is_refused_wherever_a_file_goes(capsys, tmp_path, wi
     one_line_exit_2(capsys, rejudge + ["-o", str(fifo)], "it is a FIFO, and a trace is a file")
     one_line_exit_2(capsys, ["run", "--no-tui", "--max-new-tokens", "2", "--trace", str(fifo)], "it is a FIFO")
     one_line_exit_2(capsys, rejudge + ["-o", "/dev/full"], "No space left on device")
+    fast = tmp_path / "fast.jsonl"
+    os.mkfifo(frames_path(fast))  # where a fast run keeps its steps: refused, never opened for writing
+    one_line_exit_2(capsys, ["run", "--backend", "fast", "--algo", "none", "--no-tui", "--max-new-tokens", "2",
+                             "--trace", str(fast)], "a trace's frames are one")
+    fast.write_text((Path(__file__).with_name("data") / "walkthrough.jsonl").read_text())
+    assert any("frames is not a regular file" in n for n in open_trace(fast).notices)  # read around, not read
     copy = tmp_path / "copy"
     copy.mkdir()
     shutil.copy(probs_trace, copy / "t.jsonl")

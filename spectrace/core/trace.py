@@ -18,6 +18,7 @@ import math
 import os
 import stat
 import time
+import uuid
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -101,9 +102,12 @@ class TraceWriter:
             if self.path.exists() and stat.S_ISFIFO(os.stat(self.path).st_mode):  # its open would wait for a reader
                 raise TraceError(f"cannot write trace {self.path}: it is a FIFO, and a trace is a file")
             self._f = _locked(self.path)  # UTF-8 lines, written whole
+            if self.path.is_file() and frames_path(self.path).is_file():  # an earlier run's steps
+                frames_path(self.path).unlink()
         except OSError as e:
             raise TraceError(f"cannot write trace {self.path}: {e.strerror}") from None
         self._format = RecordFormat(token_text)
+        self.run_id = uuid.uuid4().hex  # in the header and in a fast run's frames: they go together
         self._size = 0  # bytes of whole records on disk
         self._pending = 0  # bytes written since the last flush
         self.failed = False  # a write failed: the file ends at the last whole record
@@ -159,7 +163,8 @@ class TraceWriter:
         /dev/null that --trace named."""
         if self.path.is_file():
             self.path.unlink(missing_ok=True)
-            frames_path(self.path).unlink(missing_ok=True)
+            if frames_path(self.path).is_file():  # never a FIFO or a device put there
+                frames_path(self.path).unlink()
 
 
 def default_trace_path(algo: str) -> Path:

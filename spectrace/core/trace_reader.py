@@ -219,6 +219,8 @@ class TraceFile:
         self._framed: dict[int, dict[int, str]] = {}  # the lines built of frames read lately
         if frames_path(path).is_file():
             self._open_frames(recover)
+        elif frames_path(path).exists():  # a FIFO would block the reading, a device never end
+            self.notices.append(f"{frames_path(path).name} is not a regular file: its steps are not read")
         if self.summary is None:
             self.notices.append("the run did not finish: no summary record")
         self._cache: dict[int, dict] = {}

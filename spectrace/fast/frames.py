@@ -102,6 +102,8 @@ class FrameWriter:
     def __init__(self, path: Path):
         self.path = path
         try:
+            if path.exists() and not path.is_file():  # a FIFO's open would wait for a reader
+                raise TraceError(f"cannot write {path}: it is not a file, and a trace's frames are one")
             self._f = open(path, "wb")
             self._f.write(MAGIC)
         except OSError as e:

@@ -30,6 +30,8 @@ from spectrace.core.tree import DraftTree
 from spectrace.errors import SpectraceError
 from spectrace.fast.frames import frame_heads, join, read_blob, read_frames, unpack
 
+TAIL = 16  # the KV slots a record keeps of a request's row (core/engine.py: req_to_token_tail)
+
 
 @dataclass(frozen=True)
 class RecordContext:
@@ -174,10 +176,13 @@ class RecordBuilder:
 
     def kv_record(self, b: int, host: dict, seq_before: int) -> dict:
         after = int(host["seq_lens"][b])
+        start = max(0, after - TAIL)
+        if "req_to_token_tail" in host:  # (bs, TAIL): the row's last slots, from `start`
+            slots = host["req_to_token_tail"][b, :after - start].tolist()
+        else:  # a frame of an earlier version: the whole row
+            slots = host["req_to_token"][b, start:after].tolist()
         kv = {"style": "sglang", "target_seq_len": [seq_before, after],
-              "req_to_token_tail": {"start": max(0, after - 16),
-                                    "slots": host["req_to_token"][b, max(0, after - 16):after].tolist()},
-              "events": [], "free_slots": None}
+              "req_to_token_tail": {"start": start, "slots": slots}, "events": [], "free_slots": None}
         if host.get("draft_seq_lens") is not None:
             d_after, num = int(host["draft_seq_lens"][b]), int(host["accept_num"][b])
             kv["draft_seq_len"] = [d_after - num - 1, d_after]  # EXTEND ran over every accepted token
@@ -199,13 +204,17 @@ class FrameSteps:
     core/trace_reader.py's StepSource (spectrace/recovery.py makes it); skip: the (step, request)
     pairs the trace's own lines hold (a run killed while it built them into the trace)."""
 
-    def __init__(self, trace: Path, skip: set, token_text: Callable[[int], str]):
+    def __init__(self, trace: Path, skip: set, token_text: Callable[[int], str], run: str | None = None):
+        """run: the trace header's run id, which its frames' first head repeats."""
         self.path, self.steps, self.notice, self.token_text = frames_path(trace), [], None, token_text
         self.frames: list[tuple[dict, int, int]] = []  # each step frame: its head, its blob's offset, bytes
         heads = frame_heads(self.path)
         first = next(heads, None)
         if first is None or "context" not in first[0]:
             self.notice = f"{self.path.name} is not a spectrace frames file: its steps are not read"
+            return
+        if run is not None and first[0].get("run", run) != run:
+            self.notice = f"{self.path.name} holds another run's steps (not this trace's): they are not read"
             return
         try:
             self.builder = RecordBuilder(RecordContext(**first[0]["context"]))

@@ -25,7 +25,7 @@ from spectrace.core.trace import TraceWriter, frames_path
 from spectrace.errors import SpectraceError
 from spectrace.fast.frames import FrameWriter, Pack, split
 from spectrace.fast.graphs import Phase, eager, with_record
-from spectrace.fast.records import RecordBuilder, RecordContext
+from spectrace.fast.records import TAIL, RecordBuilder, RecordContext
 from spectrace.kernels.top_k import top_k_softmax
 
 
@@ -43,6 +43,14 @@ class Kept(NamedTuple):
 TREE_FIELDS = ("draft_tokens", "positions", "retrive_index", "retrive_next_token", "retrive_next_sibling")
 # the step tensors that hold token ids a record mentions (the trace carries their text)
 TOKEN_TENSORS = ("target_predict", "draft_tokens", "target_topk_indices", "draft_top_indices", "candidates00")
+
+
+def last_slots(req_to_token: torch.Tensor, seq_lens: torch.Tensor, n: int = TAIL) -> torch.Tensor:
+    """(bs, n): each request's last n KV slots after the step (its first n while it holds fewer),
+    what a record keeps of req_to_token, gathered on the device so a frame carries no more."""
+    start = (seq_lens - n).clamp(min=0)
+    cols = start[:, None] + torch.arange(n, device=seq_lens.device)
+    return torch.gather(req_to_token, 1, cols.clamp(max=req_to_token.shape[1] - 1))
 
 
 class StepRecorder:
@@ -64,7 +72,7 @@ class StepRecorder:
         # (--trace /dev/null), as the run goes
         if trace is not None and on_step is None and trace.path.is_file():
             self.frames = FrameWriter(frames_path(trace.path))
-            self.frames.write({"context": asdict(self.builder.context)})
+            self.frames.write({"context": asdict(self.builder.context), "run": trace.run_id})
 
     def write_prefill(self, reqs: list[Request], first: list[int], ms: float) -> None:
         """The prefill records; the target's lengths, which the first step finds."""
@@ -123,7 +131,8 @@ class StepRecorder:
         kv, tree, verdict, bs, n = self.kv, out.tree, out.verdict, *out.tree.draft_tokens.shape
         step = {"host_row": out.host_row,  # FastEngine.launch reads its row from this copy
                 "target_predict": out.target_predict.view(bs, n), "accept_index": verdict.accept_index,
-                "accept_num": verdict.accept_num, "req_to_token": kv.req_to_token, "seq_lens": kv.seq_lens,
+                "accept_num": verdict.accept_num, "req_to_token_tail": last_slots(kv.req_to_token, kv.seq_lens),
+                "seq_lens": kv.seq_lens,
                 "seq_lens_before": self.before,
                 "logits": out.logits.float().view(bs, n, -1) if self.keeps_logits else None}
         step.update(self.target_p(out.logits, tree.draft_tokens))
