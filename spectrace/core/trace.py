@@ -7,9 +7,10 @@
      "kv": {...}, "timing": {...}, "tokens": {...}}            one per decode step per request
     {"kind": "summary", "metrics": {...}, "requests": [...]}   last, when the run finished
 
-A run killed mid-way leaves every line it wrote. Token strings travel with the trace: each
-record's "tokens" maps ids first mentioned there to their text, so a viewer needs neither
-tokenizer nor model. Here the format and its writer; core/trace_reader.py reads it (no torch).
+A fast run keeps its step records as frames beside the trace, TRACE.frames (fast/frames.py),
+which readers build (docs/trace-format.md). A run killed mid-way leaves every line it wrote. Token
+strings travel with the trace: each record's "tokens" maps ids first mentioned there to their
+text, so a viewer needs neither tokenizer nor model. Here the format and its writer; core/trace_reader.py reads it (no torch).
 """
 from __future__ import annotations
 

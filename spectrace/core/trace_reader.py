@@ -2,7 +2,8 @@
 of the steps at open, each step record parsed and validated when asked for, so ten thousand steps
 open in a blink. A torn last line is reported and skipped; a file that is not a regular file, a
 field of the wrong type, a number or a string past its bound is refused in one line before
-anything is allocated for it. Reading needs no torch.
+anything is allocated for it. Reading needs no torch; a fast run's steps, which it keeps as
+frames beside the trace, come from a StepSource that builds them (spectrace/recovery.py).
 """
 from __future__ import annotations
 
@@ -153,8 +154,8 @@ class TraceFile:
     record is parsed and validated when asked for (`step(i)`)."""
 
     def __init__(self, path: str | Path, recover: Recover | None = None):
-        """recover: builds the records of the frames a fast run left beside the trace
-        (spectrace/recovery.py); without it they are named in a notice."""
+        """recover: the steps a fast run keeps as frames beside the trace (spectrace/recovery.py),
+        built when read; without it they are named in a notice."""
         self.path = path = Path(path)
         try:
             if not path.is_dir() and not stat.S_ISREG(os.stat(path).st_mode):
@@ -215,12 +216,7 @@ class TraceFile:
                 self.summary = rec
             else:
                 raise TraceError(f"trace {path} line {lineno}: unknown record kind {kind!r}")
-        self._frames: StepSource | None = None
-        self._framed: dict[int, dict[int, str]] = {}  # the lines built of frames read lately
-        if frames_path(path).is_file():
-            self._open_frames(recover)
-        elif frames_path(path).exists():  # a FIFO would block the reading, a device never end
-            self.notices.append(f"{frames_path(path).name} is not a regular file: its steps are not read")
+        self._open_frames(recover)
         if self.summary is None:
             self.notices.append("the run did not finish: no summary record")
         self._cache: dict[int, dict] = {}
@@ -229,7 +225,12 @@ class TraceFile:
         """A fast run's steps, kept in TRACE.frames (all of them, or those it had not yet written
         into the trace when it was killed): indexed from the frames' heads, each built when asked
         for (`step`); the files are not touched."""
-        sidecar = frames_path(self.path).name
+        sidecar, self._frames = frames_path(self.path).name, None
+        self._framed: dict[int, dict[int, str]] = {}  # the lines built of frames read lately
+        if not frames_path(self.path).is_file():
+            if frames_path(self.path).exists():  # a FIFO would block the reading, a device never end
+                self.notices.append(f"{sidecar} is not a regular file: its steps are not read")
+            return
         if recover is None:
             self.notices.append(f"the run kept its steps in {sidecar}, which this reader does not build: "
                                 "open the trace with spectrace's commands (replay, render, report, export)")

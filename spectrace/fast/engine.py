@@ -74,10 +74,6 @@ class FastEngine:
         a launch of its own."""
         self.spec, self.eos, self.drafter = spec, set(eos_token_ids), drafter
         device, bs = kv.seq_lens.device, kv.seq_lens.shape[0]
-        recording = trace is not None or on_step is not None
-        vocab = target.config.vocab_size
-        self.recorder = (StepRecorder(spec, drafter, kv, probs, trace, on_step, vocab) if recording
-                         else NoRecorder())
         self.adaptive = AdaptiveSpeculativeParams(spec.num_steps) if spec.adaptive else FixedSteps()
         self.host = drafter if drafter is not None and drafter.drafts_on_host else NoHostDrafts()
         randoms = DeviceRandoms(RULES[spec.acceptance], bs, spec.topk, target.config.vocab_size,
@@ -85,6 +81,11 @@ class FastEngine:
         tiers = {steps: Tier(steps, n, randoms.for_shape(steps, n)) for steps, n in spec.tiers}
         longest = max(len(p) for p in prompt_ids)
         self.runner = StepRunner(target, kv, spec, drafter, tiers, longest, probe)
+        recording, vocab = trace is not None or on_step is not None, target.config.vocab_size
+        self.recorder = NoRecorder()
+        if recording:
+            roots = self.runner.roots
+            self.recorder = StepRecorder(spec, drafter, kv, roots, probs, trace, on_step, vocab)
         self.tier = tiers[spec.num_steps]  # adaptive: the tier it starts from
         self.metrics = SpecMetrics(spec.max_steps, spec.num_draft_tokens)
         self.step_count, self.clock, self.ranks = 0, PhaseClock(device, probe), NoRanks()
@@ -191,7 +192,7 @@ class FastEngine:
                        adaptive) -> Kept:
         """One unfinished request's tokens, metrics and sibling worth; what the recorder keeps
         of it."""
-        num, tier, root = row[-1], self.tier, r.output_ids[-1]
+        num, tier = row[-1], self.tier
         committed = append_tokens(r, row[:num + 1], self.eos, self.spec.max_new_tokens)
         self.metrics.observe(b, self.step_count, timing, len(committed), num,
                              launched.sizes[b] - 1 or None, num + 1,
@@ -199,4 +200,4 @@ class FastEngine:
         # the walk's tries and acceptances by sibling rank
         self.ranks.add(r, row[tier.num_steps + 1:-1])
         draws = launched.randoms[b] if launched.randoms else None
-        return Kept(b, r.req_pool_idx, root, row[:num + 1], committed, r.finish_reason, draws)
+        return Kept(b, len(committed), r.finish_reason, draws)

@@ -1,12 +1,11 @@
 """Step frames: what a fast run keeps of each step while it decodes, beside its trace.
 
 Building a step's JSON records costs the host about half a millisecond a request, more than a
-whole decode step of the embedded pair, so a run that records a trace does not build them in its
-decode loop: each step it appends one frame to TRACE.frames, the step's tensors as they came off
-the device (one packed copy) with a small JSON head, and the records are built from the frames
-once the loop is over (fast/step_record.py: StepRecorder.finish), as profilers record raw events
-and format them later. Then the sidecar is removed. A run killed before that leaves its frames:
-TraceFile builds their records when it opens the trace (`recovered_lines`).
+whole decode step of the embedded pair, so a run that records a trace does not build them: each
+step it appends one frame to TRACE.frames, the step's tensors as they came off the device (one
+packed copy) with a small JSON head, and readers build the records from the frames when they read
+them (fast/records.py: FrameSteps), as profilers record raw events and format them later. A run
+killed at any point leaves every whole frame.
 
     spectrace.frames/1\\n                                     the file's first line
     per frame: <u64 head bytes><u64 blob bytes> head blob   head: UTF-8 JSON; blob: raw tensors

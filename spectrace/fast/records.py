@@ -1,8 +1,9 @@
 """A fast run's step records, built from its frames (fast/frames.py) as the explicit engine
 writes them (core/step_record.py).
 
-A frame holds a step's tensors as they came off the device and, per request, what the host knew
-(its root, accept tokens, committed tokens, finish reason, draws). `RecordBuilder.records` rebuilds
+A frame holds a step's tensors as they came off the device (each request's root and accept
+tokens among them) and what the host knew besides: the rows that ran, where one finished, the
+draws (`frame_requests`). `RecordBuilder.records` rebuilds
 each request's draft tree and StepRow from it, and the explicit rule's walk runs over the same
 tree with the same p and random numbers: its per-node decisions are what the trace records, and
 a step whose kernel path or bonus differs from the explicit walk's is refused with one line. The
@@ -36,8 +37,8 @@ TAIL = 16  # the KV slots a record keeps of a request's row (core/engine.py: req
 @dataclass(frozen=True)
 class RecordContext:
     """What building a step's records reads besides its frame: the run's rule and sampling and
-    the kind of drafter (none for --algo none). The sidecar's first frame, so that a reader can
-    build the records of a run that was killed before it did."""
+    the kind of drafter (none for --algo none). The frames' first head, so that a reader can
+    build the records of any frame."""
     acceptance: str
     greedy: bool  # temperature 0
     topk: int
@@ -80,18 +81,21 @@ class RecordBuilder:
         leave out (those a trace holds already)."""
         for head, blob in itertools.islice(read_frames(path), 1, None):
             size = blob_bytes(self.layout(head, "device"))
-            head["requests"] = [e for e in head["requests"] if (head["step"], e[1]) not in skip]
-            yield self.records(head, blob[:size], blob[size:].clone())  # clone: its own aligned buffer
+            yield self.records(head, blob[:size], blob[size:].clone(),  # clone: its own aligned buffer
+                               {r for s, r in skip if s == head["step"]})
 
-    def records(self, head: dict, device_blob: torch.Tensor, host_blob: torch.Tensor) -> list[dict]:
-        """A frame's records, one per request that ran."""
+    def records(self, head: dict, device_blob: torch.Tensor, host_blob: torch.Tensor,
+                skip: set = frozenset()) -> list[dict]:
+        """A frame's records, one per request that ran, but the requests in `skip`."""
         host = self.host_tensors(unpack(device_blob, self.layout(head, "device")))
         frame = unpack(host_blob, self.layout(head, "host"))
         if "host_tree" in head:  # n-gram's trees as the host drafted them, and each row's index in them
             host["host_tree"] = join(DraftTree, head["host_tree"], prefixed(frame, "tree."))
             host["index"] = dict(map(tuple, head["index"]))
         out = []
-        for b, rid, root, tokens, committed, finish_reason, draw in head["requests"]:
+        for b, rid, root, tokens, committed, finish_reason, draw in frame_requests(head, host):
+            if rid in skip:
+                continue
             if isinstance(draw, dict):
                 draw = join(Randoms, draw["randoms"], prefixed(frame, f"draw{b}."))
             r = Request(rid, [], [root] + committed, finish_reason)  # the request as the step left it
@@ -189,6 +193,22 @@ class RecordBuilder:
         return kv
 
 
+def frame_requests(head: dict, host: dict) -> list[tuple]:
+    """(row, request, root, accept tokens, committed, finish_reason, draw) of each request that ran
+    a step, from the frame's head (the rows that ran, those that finished, the draws) and its
+    tensors (host: `host_row`, `roots`); a request's row is its id. A frame of an earlier version
+    lists them in its head."""
+    if "requests" in head:
+        return [tuple(e) for e in head["requests"]]
+    rows, roots = host["host_row"].tolist(), host["roots"].tolist()
+    finished, draws, out = {b: (n, why) for b, n, why in head.get("finished", [])}, head.get("draws", {}), []
+    for b in head["ran"]:
+        tokens = rows[b][:rows[b][-1] + 1]  # accept_tokens, the bonus last; accept_num in the last column
+        n, why = finished.get(b, (len(tokens), None))
+        out.append((b, b, roots[b], tokens, tokens[:n], why, draws.get(str(b))))
+    return out
+
+
 def prefixed(tensors: dict, prefix: str) -> dict:
     return {k.removeprefix(prefix): t for k, t in tensors.items() if k.startswith(prefix)}
 
@@ -207,6 +227,7 @@ class FrameSteps:
     def __init__(self, trace: Path, skip: set, token_text: Callable[[int], str], run: str | None = None):
         """run: the trace header's run id, which its frames' first head repeats."""
         self.path, self.steps, self.notice, self.token_text = frames_path(trace), [], None, token_text
+        self.skips: list[set] = []  # each frame's requests whose records the trace's lines hold
         self.frames: list[tuple[dict, int, int]] = []  # each step frame: its head, its blob's offset, bytes
         heads = frame_heads(self.path)
         first = next(heads, None)
@@ -219,15 +240,28 @@ class FrameSteps:
         try:
             self.builder = RecordBuilder(RecordContext(**first[0]["context"]))
             for head, offset, size in heads:
-                requests = [e for e in head["requests"] if (head["step"], e[1]) not in skip]
-                if size != sum(blob_bytes(self.builder.layout(head, p)) for p in ("device", "host")):
+                device = self.builder.layout(head, "device")
+                if size != blob_bytes(device) + blob_bytes(self.builder.layout(head, "host")):
                     raise ValueError("a blob of another size than its layouts")
-                for b, rid, root, tokens, committed, finish_reason, draw in requests:
-                    self.steps.append((int(head["step"]), int(rid), len(tokens), [int(t) for t in committed],
-                                       dict(head["timing"]), len(self.frames)))
-                self.frames.append(({**head, "requests": requests}, offset, size))
+                step, skipped = int(head["step"]), {r for s, r in skip if s == head["step"]}
+                self.skips.append(skipped)
+                for b, rid, root, tokens, committed, finish_reason, draw in frame_requests(
+                        head, self.index_tensors(device, offset)):
+                    if rid not in skipped:
+                        self.steps.append((step, int(rid), len(tokens), [int(t) for t in committed],
+                                           dict(head["timing"]), len(self.frames)))
+                self.frames.append((head, offset, size))
         except (*MALFORMED, RuntimeError) as e:  # an edited or foreign sidecar: the steps before it
             self.notice = f"{self.path.name} stops being readable after {len(self.steps)} steps ({str(e)[:80]})"
+
+    def index_tensors(self, device: dict, offset: int) -> dict:
+        """The tensors a frame's index reads (host_row, roots), read alone from its blob."""
+        out = {}
+        for name in ("host_row", "roots"):
+            if device.get(name):
+                at, size, dtype, shape = device[name]
+                out[name] = read_blob(self.path, offset + at, size).view(getattr(torch, dtype)).view(shape)
+        return out
 
     def records(self, frame: int) -> dict[int, dict]:
         """Frame `frame`'s records, by request. A step whose kernel walk differs from the explicit
@@ -235,7 +269,7 @@ class FrameSteps:
         head, offset, size = self.frames[frame]
         blob = read_blob(self.path, offset, size)
         device = blob_bytes(self.builder.layout(head, "device"))
-        records = self.builder.records(head, blob[:device], blob[device:].clone())  # clone: aligned
+        records = self.builder.records(head, blob[:device], blob[device:].clone(), self.skips[frame])  # aligned
         return {rec["request"]: rec for rec in records}
 
     def lines(self, frame: int, tokens: dict[int, str]) -> dict[int, str]:

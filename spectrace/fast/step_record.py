@@ -4,8 +4,8 @@ A recording run (a trace, or on_step) packs the step's tensors on the device (`p
 step's last CUDA graph, so its time counts in that launch group's) and copies them to the host
 in one copy that the host does not wait for (`copy_step`), so the next step is launched before
 this one is recorded, as in an untraced run. Once the copy has landed, `keep` makes the step's
-frame (fast/frames.py): with only a trace to write, it goes to the sidecar and the records are
-built once the decode loop is over (`finish`); for a live view (on_step) they are built at once.
+frame (fast/frames.py): with only a trace to write, it goes to TRACE.frames, where readers build
+the records (spectrace/recovery.py); for a live view (on_step) they are built at once.
 """
 from __future__ import annotations
 
@@ -30,12 +30,10 @@ from spectrace.kernels.top_k import top_k_softmax
 
 
 class Kept(NamedTuple):
-    """What a step's frame keeps of a request that ran, beside the step's tensors (a JSON list)."""
-    b: int  # its row in the bucket
-    request: int
-    root: int  # its last token before the step
-    tokens: list[int]  # the step's accept tokens, the bonus last
-    committed: list[int]
+    """What the host knows of a request that ran a step and its tensors do not hold: the frame's
+    head carries it (its root and accept tokens are in the tensors: `roots`, `host_row`)."""
+    b: int  # its row in the bucket, which is its request id
+    committed: int  # how many of its accept tokens it kept (all but where it finished)
     finish_reason: str | None
     draws: object  # its random numbers: None (greedy), a float (a plain sample) or Randoms
 
@@ -57,9 +55,11 @@ class StepRecorder:
     """A recording run's records: to the trace (a TraceWriter), through the frames sidecar, and
     to on_step (the live view)."""
 
-    def __init__(self, spec: SpecConfig, drafter, kv, probs: ProbsRecorder | None, trace: TraceWriter | None,
-                 on_step, vocab_size: int):
+    def __init__(self, spec: SpecConfig, drafter, kv, roots: torch.Tensor, probs: ProbsRecorder | None,
+                 trace: TraceWriter | None, on_step, vocab_size: int):
+        """roots: the runner's, each request's last token, which a step's records start from."""
         self.spec, self.drafter, self.kv, self.trace, self.on_step = spec, drafter, kv, trace, on_step
+        self.roots, self.roots_before = roots, torch.zeros_like(roots)  # the roots the step found
         # every token id the steps' records mention, marked on the device as each step is packed
         self.mentioned = torch.zeros(vocab_size, dtype=torch.bool, device=kv.seq_lens.device)
         self.keeps_logits = probs is not None
@@ -68,8 +68,8 @@ class StepRecorder:
         self.no_host, self.layouts_kept = Pack({}), set()  # Pack keys whose layout a frame holds
         self.builder = RecordBuilder(RecordContext.of(spec, drafter), probs)
         self.frames, self.loop_s = None, 0.0  # loop_s: the host's time writing frames
-        # records after the loop, from the sidecar; for a live view, or a trace that is a device
-        # (--trace /dev/null), as the run goes
+        # the steps as frames, built into records by readers; for a live view, or a trace that is
+        # a device (--trace /dev/null), records as the run goes
         if trace is not None and on_step is None and trace.path.is_file():
             self.frames = FrameWriter(frames_path(trace.path))
             self.frames.write({"context": asdict(self.builder.context), "run": trace.run_id})
@@ -77,6 +77,7 @@ class StepRecorder:
     def write_prefill(self, reqs: list[Request], first: list[int], ms: float) -> None:
         """The prefill records; the target's lengths, which the first step finds."""
         self.before.copy_(self.kv.seq_lens)
+        self.roots_before.copy_(self.roots)
         for r, t in zip(reqs, first) if self.trace else ():
             self.trace.write(self.prefill_record(r, t, ms), r.prompt_ids + r.output_ids)
 
@@ -112,6 +113,7 @@ class StepRecorder:
             self.mention(tensors, out)
             pack = Pack(tensors)
             self.before.copy_(self.kv.seq_lens)
+            self.roots_before.copy_(self.roots)
             return pack
 
     def mention(self, tensors: dict, out) -> None:
@@ -133,7 +135,7 @@ class StepRecorder:
                 "target_predict": out.target_predict.view(bs, n), "accept_index": verdict.accept_index,
                 "accept_num": verdict.accept_num, "req_to_token_tail": last_slots(kv.req_to_token, kv.seq_lens),
                 "seq_lens": kv.seq_lens,
-                "seq_lens_before": self.before,
+                "seq_lens_before": self.before, "roots": self.roots_before,
                 "logits": out.logits.float().view(bs, n, -1) if self.keeps_logits else None}
         step.update(self.target_p(out.logits, tree.draft_tokens))
         if self.drafter is not None:
@@ -167,18 +169,26 @@ class StepRecorder:
         """A step's frame, once `copied` has landed: to the sidecar, or into records at once (for
         on_step, or a trace that is a device)."""
         t0 = time.perf_counter()
-        host, head = {}, {"step": step, "timing": timing, "adaptive": adaptive, "max_depth": max_depth}
-        for i, kept in enumerate(requests):
-            if isinstance(kept.draws, Randoms):
-                fields, tensors = split(kept.draws)
-                host.update({f"draw{kept.b}.{k}": t for k, t in tensors.items()})
-                requests[i] = kept._replace(draws={"randoms": fields})
+        host, head = {}, {"step": step, "timing": timing, "adaptive": adaptive, "max_depth": max_depth,
+                          "ran": [kept.b for kept in requests]}
+        finished = [[kept.b, kept.committed, kept.finish_reason] for kept in requests if kept.finish_reason]
+        if finished:
+            head["finished"] = finished
+        if requests and requests[0].draws is not None:  # a sampling run's random numbers
+            head["draws"] = {}
+            for kept in requests:
+                if isinstance(kept.draws, Randoms):
+                    fields, tensors = split(kept.draws)
+                    host.update({f"draw{kept.b}.{k}": t for k, t in tensors.items()})
+                    head["draws"][str(kept.b)] = {"randoms": fields}
+                else:
+                    head["draws"][str(kept.b)] = kept.draws
         if self.drafter is not None and self.drafter.drafts_on_host:  # the trees the host drafted
             head["host_tree"], tensors = split(self.drafter.tree)
             head["index"] = [[b, i] for b, i in self.drafter.index.items()]
             host.update({f"tree.{k}": t for k, t in tensors.items()})
         host = Pack(host) if host else self.no_host  # on the host already
-        head.update(requests=requests, packs={"device": copied.key, "host": host.key})
+        head["packs"] = {"device": copied.key, "host": host.key}
         for pack in (copied, host):  # a captured pack's layout, once
             if pack.key not in self.layouts_kept:
                 head.setdefault("layouts", {})[str(pack.key)] = pack.layout
