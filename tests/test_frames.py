@@ -181,3 +181,14 @@ def test_frames_go_with_their_own_trace_only(tmp_path):
     assert len(opened) == 0 and any("another run's steps" in n for n in opened.notices)
     run(RunConfig(algo="none", max_new_tokens=3, trace=str(b)))  # the explicit engine: its steps are lines
     assert not frames_path(b).exists() and len(open_trace(b)) == len(TraceFile(b)) > 0
+
+
+def test_frames_of_the_earlier_layout_build_the_records_that_version_built():
+    """tests/data/frames-v0: a fast run of the version whose frame heads listed each request and
+    carried every KV row whole (2026-12-07): killed.jsonl is its trace before the records, with
+    those frames; done.jsonl holds the records that version built from them. They build alike now."""
+    data = Path(__file__).with_name("data") / "frames-v0"
+    want, got = TraceFile(data / "done.jsonl"), open_trace(data / "killed.jsonl")
+    assert len(got) == len(want) > 0
+    assert [without_timing(got.step(i)) for i in range(len(got))] == \
+        [without_timing(want.step(i)) for i in range(len(want))]
