@@ -96,31 +96,41 @@ def join(cls, fields: dict, tensors: dict):
 
 
 class FrameWriter:
-    """Appends frames to a sidecar, each written whole and flushed."""
+    """Appends frames to a sidecar, each in one system call (os.writev: no copy, no buffer in
+    this process), so a frame is in the kernel's hands, whole, once `write` returns: a run killed
+    after it (SIGKILL included) keeps it."""
 
     def __init__(self, path: Path):
         self.path = path
         try:
             if path.exists() and not path.is_file():  # a FIFO's open would wait for a reader
                 raise TraceError(f"cannot write {path}: it is not a file, and a trace's frames are one")
-            self._f = open(path, "wb")
-            self._f.write(MAGIC)
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            self._writev([MAGIC])
         except OSError as e:
             raise TraceError(f"cannot write {path}: {e.strerror}") from None
 
     def write(self, head: dict, *blobs: torch.Tensor) -> None:
         """One frame: `head` and the bytes of blobs (uint8 tensors on the host), back to back."""
         text = json.dumps(head, separators=(",", ":")).encode("utf-8")
+        data = [b.numpy().data for b in blobs if b.numel()]
         try:
-            self._f.write(_LENGTHS.pack(len(text), sum(b.numel() for b in blobs)) + text)
-            for b in blobs:
-                self._f.write(b.numpy().data)
-            self._f.flush()
+            self._writev([_LENGTHS.pack(len(text), sum(b.numel() for b in blobs)), text, *data])
         except OSError as e:  # a full disk: the frames so far stay readable, a torn last one is skipped
             raise TraceError(f"cannot write {self.path}: {e.strerror}") from None
 
+    def _writev(self, parts: list) -> None:
+        """All of parts, in order (a regular file takes them in one call but where the disk fills)."""
+        parts = [memoryview(p).cast("B") for p in parts]
+        while parts:
+            done = os.writev(self._fd, parts)
+            while parts and done >= len(parts[0]):
+                done -= len(parts.pop(0))
+            if parts:
+                parts[0] = parts[0][done:]
+
     def close(self) -> None:
-        self._f.close()
+        os.close(self._fd)
 
 
 def frame_heads(path: Path) -> Iterator[tuple[dict, int, int]]:

@@ -65,7 +65,7 @@ class StepRecorder:
         self.keeps_logits = probs is not None
         self.before = torch.zeros_like(kv.seq_lens)  # the target's lengths as the step found them
         self.packs: dict[int, Pack] = {}  # a captured tier's num_steps -> the Pack its last graph rewrites
-        self.no_host, self.layouts_kept = Pack({}), set()  # Pack keys whose layout a frame holds
+        self.no_host, self.layouts_kept = Pack({}), {}  # key -> layout of those a frame holds
         self.builder = RecordBuilder(RecordContext.of(spec, drafter), probs)
         self.frames, self.loop_s = None, 0.0  # loop_s: the host's time writing frames
         # the steps as frames, built into records by readers; for a live view, or a trace that is
@@ -188,11 +188,7 @@ class StepRecorder:
             head["index"] = [[b, i] for b, i in self.drafter.index.items()]
             host.update({f"tree.{k}": t for k, t in tensors.items()})
         host = Pack(host) if host else self.no_host  # on the host already
-        head["packs"] = {"device": copied.key, "host": host.key}
-        for pack in (copied, host):  # a captured pack's layout, once
-            if pack.key not in self.layouts_kept:
-                head.setdefault("layouts", {})[str(pack.key)] = pack.layout
-                self.layouts_kept.add(pack.key)
+        head["packs"] = {"device": self.layout_key(copied, head), "host": self.layout_key(host, head)}
         if self.frames:
             self.frames.write(head, copied.host, host.host)
             self.loop_s += time.perf_counter() - t0
@@ -204,6 +200,19 @@ class StepRecorder:
                 self.on_step(rec)
         if self.trace:
             self.trace.flush()
+
+    def layout_key(self, pack: Pack, head: dict) -> int:
+        """The key a frame names `pack`'s layout by: a layout is written once, in the first frame
+        that uses it (a captured pack's every step; an eager step's pack, made anew, has the
+        layout of the steps of its shape before it)."""
+        if pack.key in self.layouts_kept:
+            return pack.key
+        for key, layout in self.layouts_kept.items():
+            if layout == pack.layout:
+                return key
+        self.layouts_kept[pack.key] = pack.layout
+        head.setdefault("layouts", {})[str(pack.key)] = pack.layout
+        return pack.key
 
     def finish(self) -> dict:
         """After the loop (or once it was interrupted): the frames closed, and the trace told the
