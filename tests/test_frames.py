@@ -140,13 +140,14 @@ def test_a_fast_run_killed_mid_way_reads_up_to_its_last_whole_frame(tmp_path):
                              "--topk", "2", "--no-tui", "--batch", "2", "--max-new-tokens", "400", "--trace", str(trace)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "TRITON_INTERPRET": "1"})
     frames, deadline = frames_path(trace), time.monotonic() + 120
-    while (not frames.exists() or frames.stat().st_size < 30_000) and run_.poll() is None and time.monotonic() < deadline:
+    # a step's frame is about 6 KB here: past 20 KB, a few steps are whole
+    while (not frames.exists() or frames.stat().st_size < 20_000) and run_.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     run_.kill()
     run_.wait()
     assert run_.returncode == -9, run_.stderr.read()[-2000:]  # killed mid-way, not finished
     opened = open_trace(trace)
-    assert len(opened) >= 4 and "the run did not finish: no summary record" in opened.notices
+    assert len(opened) >= 2 and "the run did not finish: no summary record" in opened.notices
     assert main(["export", str(trace), "--format", "jsonl", "-o", str(tmp_path / "whole.jsonl")]) == 0
     assert len(TraceFile(tmp_path / "whole.jsonl")) == len(opened)
 
