@@ -55,7 +55,7 @@ BUGS = [
         "ok = coin * p < q",
         "rejection sampling accepts with min(1, q/p)"),
     Bug("bonus_from_p_after_reject", "spectrace/core/acceptance/rejection.py",
-        "dist = target_probs[row] if all_accepted else torch.relu(target_probs[row] - torch.nan_to_num(draft_probs[row]))",
+        "dist = torch.relu(target_probs[row] - torch.nan_to_num(draft_probs[row]))",
         "dist = target_probs[row]",
         "after a rejection the bonus is drawn from p, not from the residual relu(p - q)"),
     Bug("parent_off_by_one", "spectrace/core/tree.py",

@@ -68,4 +68,5 @@ class AdaptiveSpeculativeParams:
         used = self.current_steps
         switched = self.update(accepted_drafts_per_req)
         return {"num_steps": used, "ema": round(self.ema, 6), "batch_count": self.batch_count,
-                "tiers": self.candidate_steps, "switched_to": self.current_steps if switched else None}
+                "tiers": self.candidate_steps,
+                "switched_to": self.current_steps if switched else None}

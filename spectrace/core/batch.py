@@ -32,13 +32,16 @@ class ForwardBatch:
         """One batch per row, in row order (a tree's parents before their children): row j of
         request i sees what its mask row shows, its own K/V written to its slot by its own pass."""
         out, row = [], 0
-        for req, seq_len, n, mask in zip(self.req_pool_indices, self.seq_lens, self.extend_lens, self.custom_masks):
+        for req, seq_len, n, mask in zip(self.req_pool_indices, self.seq_lens, self.extend_lens,
+                                         self.custom_masks):
             if mask is None:  # causal: new token j sits at position seq_len - n + j
-                mask = torch.ones(n, seq_len, dtype=torch.bool, device=self.input_ids.device).tril(seq_len - n)
+                mask = torch.ones(n, seq_len, dtype=torch.bool, device=self.input_ids.device)
+                mask = mask.tril(seq_len - n)
             for j in range(n):
                 r = slice(row + j, row + j + 1)
                 out.append(ForwardBatch(self.input_ids[r], self.positions[r], [req], [seq_len], [1],
-                                        self.out_cache_loc[r], [mask[j:j + 1]], batch_invariant=True))
+                                        self.out_cache_loc[r], [mask[j:j + 1]],
+                                        batch_invariant=True))
             row += n
         return out
 

@@ -2,7 +2,8 @@
 
     read_checkpoint(path)    (config.json, Weights): every tensor's name, shape and stored dtype
                              from the weight files' headers; no tensor data is read yet
-    check_keys               the checkpoint's names and shapes are exactly the model's (one line if not)
+    check_keys               the checkpoint's names and shapes are exactly the model's (one line if
+                             not)
     building(dtype, device)  modules built on the run's device in the run's dtype, weights unfilled
     load_weights             each tensor read onto the model's device and cast there into its
                              parameter, one at a time, with a progress callback
@@ -30,9 +31,9 @@ from spectrace.core.config import read_config_json
 from spectrace.errors import SpectraceError, first_line
 
 # safetensors' dtype names
-SAFE_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-               "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-               "BOOL": torch.bool}
+SAFE_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+               "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
+               "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
 FULL_HASH_LIMIT = 1 << 30  # bytes of weights up to which a trace's model identity hashes every byte
 Progress = Callable[[int, int], None]  # (bytes loaded, bytes in all)
 
@@ -62,21 +63,26 @@ def weight_files(path: Path) -> list[Path]:
         files = [path / "model.safetensors"]
     elif (path / "model.safetensors.index.json").is_file():
         try:
-            shards = json.loads((path / "model.safetensors.index.json").read_text(encoding="utf-8"))["weight_map"]
+            index = (path / "model.safetensors.index.json").read_text(encoding="utf-8")
+            shards = json.loads(index)["weight_map"]
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise SpectraceError(f"cannot load model from {path}: model.safetensors.index.json: {first_line(e)}") from None
-        if not isinstance(shards, dict) or not all(isinstance(s, str) and s == Path(s).name and s not in ("", "..")
+            raise SpectraceError(f"cannot load model from {path}: "
+                                 f"model.safetensors.index.json: {first_line(e)}") from None
+        if not isinstance(shards, dict) or not all(isinstance(s, str) and s == Path(s).name
+                                                   and s not in ("", "..")
                                                    for s in shards.values()):
-            raise SpectraceError(f"cannot load model from {path}: model.safetensors.index.json's weight_map "
-                                 "must name files in its own directory")
+            raise SpectraceError(f"cannot load model from {path}: model.safetensors.index.json's "
+                                 f"weight_map " "must name files in its own directory")
         files = [path / shard for shard in sorted(set(shards.values()))]
     elif (path / "pytorch_model.bin").exists():
         files = [path / "pytorch_model.bin"]
     else:
-        raise SpectraceError(f"{path} holds no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
+        raise SpectraceError(f"{path} holds no model.safetensors, "
+                             f"model.safetensors.index.json or pytorch_model.bin")
     for file in files:
         if file.exists() and not file.is_file():
-            raise SpectraceError(f"cannot load model from {path}: {file.name} is not a regular file")
+            raise SpectraceError(f"cannot load model from {path}: {file.name} is not a "
+                                 "regular file")
     return files
 
 
@@ -86,14 +92,16 @@ def read_weight_file(file: Path) -> Weights:
         from safetensors import safe_open
 
         with safe_open(file, framework="pt") as f:
-            return {k: Stored(file, k, tuple(f.get_slice(k).get_shape()), SAFE_DTYPES[f.get_slice(k).get_dtype()])
+            return {k: Stored(file, k, tuple(f.get_slice(k).get_shape()),
+                              SAFE_DTYPES[f.get_slice(k).get_dtype()])
                     for k in f.keys()}
     try:  # a zip-format torch file maps lazily; an old-format one is read whole
         try:
             state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
         except RuntimeError:
             state = torch.load(file, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:  # weights_only met something other than tensors: code, or objects
+    # weights_only met something other than tensors: code, or objects
+    except pickle.UnpicklingError:
         raise ValueError(f"{file.name} is not a plain state dict of tensors (loading it would run "
                          "code or build objects; weights_only refuses it)") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
@@ -102,7 +110,8 @@ def read_weight_file(file: Path) -> Weights:
 
 
 def read_checkpoint(path: str | Path) -> tuple[dict, Weights]:
-    """(config.json as a dict, every stored tensor by name) of a HF directory, with one-line errors."""
+    """(config.json as a dict, every stored tensor by name) of a HF directory, with one-line
+    errors."""
     from safetensors import SafetensorError
 
     path = Path(path)
@@ -111,7 +120,8 @@ def read_checkpoint(path: str | Path) -> tuple[dict, Weights]:
     try:
         for file in weight_files(path):
             weights.update(read_weight_file(file))
-    except (OSError, ValueError, KeyError, SafetensorError, RuntimeError) as e:  # unreadable, truncated, not weights
+    # unreadable, truncated, not weights
+    except (OSError, ValueError, KeyError, SafetensorError, RuntimeError) as e:
         raise SpectraceError(f"cannot load model from {path}: {first_line(e)}") from None
     return raw, {k: v for k, v in weights.items() if not k.endswith("rotary_emb.inv_freq")}
 
@@ -123,14 +133,17 @@ def check_keys(model: nn.Module, weights: Weights, path, what: str, optional=())
     missing = sorted(expected.keys() - weights.keys() - set(optional))
     unexpected = sorted(weights.keys() - expected.keys())
     if missing or unexpected:
-        raise SpectraceError(f"checkpoint {path} is not a {what}: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        raise SpectraceError(f"checkpoint {path} is not a {what}: missing {missing[:3]}, "
+                             f"unexpected {unexpected[:3]}")
     for k, v in weights.items():
         if expected[k].is_floating_point() and not v.dtype.is_floating_point:
-            raise SpectraceError(f"checkpoint {path}: {k} is stored as {str(v.dtype)[6:]} (a quantised "
-                                 "checkpoint?); spectrace loads float16, bfloat16 or float32 weights")
+            raise SpectraceError(f"checkpoint {path}: {k} is stored as "
+                                 f"{str(v.dtype)[6:]} (a quantised checkpoint?); "
+                                 f"spectrace loads float16, bfloat16 or float32 weights")
         if tuple(v.shape) != tuple(expected[k].shape):
-            raise SpectraceError(f"checkpoint {path} does not match its config.json: {k} is {tuple(v.shape)}, "
-                                 f"the config makes it {tuple(expected[k].shape)}")
+            raise SpectraceError(f"checkpoint {path} does not match its config.json: {k} is "
+                                 f"{tuple(v.shape)}, the config makes it "
+                                 f"{tuple(expected[k].shape)}")
 
 
 @contextmanager
@@ -176,7 +189,8 @@ def _fill(param: torch.Tensor, stored: torch.Tensor, name: str, path) -> None:
 
 
 @torch.no_grad()
-def load_weights(model: nn.Module, weights: Weights, path, progress: Progress | None = None) -> None:
+def load_weights(model: nn.Module, weights: Weights, path,
+                 progress: Progress | None = None) -> None:
     """Every stored tensor into the model's parameter or buffer of its name (keys checked first,
     check_keys): read onto the parameter's device in the stored dtype, then cast there."""
     from safetensors import SafetensorError, safe_open
@@ -207,8 +221,8 @@ def load_weights(model: nn.Module, weights: Weights, path, progress: Progress | 
         raise SpectraceError(f"cannot load model from {path}: {first_line(e)}") from None
 
 
-def finish_loading(build: Callable[[], nn.Module], weights: Weights, target: nn.Module, path, what: str,
-                   share_embedding: bool = False, optional=()) -> nn.Module:
+def finish_loading(build: Callable[[], nn.Module], weights: Weights, target: nn.Module, path,
+                   what: str, share_embedding: bool = False, optional=()) -> nn.Module:
     """The tail of every drafter loader: the model built on the target's device in its dtype, keys
     checked strictly, weights loaded. share_embedding: `embed_tokens.weight` may be absent, and then
     the target's embedding is the drafter's, shared (SGLang's `set_embed`; EAGLE's own loader reads
@@ -216,7 +230,8 @@ def finish_loading(build: Callable[[], nn.Module], weights: Weights, target: nn.
     p = target.lm_head.weight
     with building(p.dtype, p.device):
         model = build()
-    check_keys(model, weights, path, what, optional=[*optional, *(["embed_tokens.weight"] if share_embedding else [])])
+    check_keys(model, weights, path, what,
+               optional=[*optional, *(["embed_tokens.weight"] if share_embedding else [])])
     if share_embedding and "embed_tokens.weight" not in weights:
         model.embed_tokens = target.model.embed_tokens
     load_weights(model, weights, path)

@@ -20,21 +20,24 @@ from pathlib import Path
 
 from spectrace.errors import SpectraceError
 
-# what transformers' LlamaConfig, MistralConfig, Qwen2Config and Qwen3Config assume for a missing field
+# what transformers' LlamaConfig, MistralConfig, Qwen2Config and Qwen3Config assume for a missing
+# field
 _COMMON = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, rms_norm_eps=1e-6,
                tie_word_embeddings=False, mlp_bias=False, hidden_act="silu")
 _QWEN = dict(_COMMON, vocab_size=151936, intermediate_size=22016, num_key_value_heads=32,
-             max_position_embeddings=32768, eos_token_id=None, use_sliding_window=False, sliding_window=4096,
-             max_window_layers=28)
+             max_position_embeddings=32768, eos_token_id=None, use_sliding_window=False,
+             sliding_window=4096, max_window_layers=28)
 DEFAULTS = {
     "llama": dict(_COMMON, vocab_size=32000, intermediate_size=11008, num_key_value_heads=None,
                   max_position_embeddings=2048, eos_token_id=2, attention_bias=False),
     "mistral": dict(_COMMON, vocab_size=32000, intermediate_size=14336, num_key_value_heads=8,
                     max_position_embeddings=131072, eos_token_id=2, sliding_window=4096),
     "qwen2": _QWEN,
-    "qwen3": dict(_QWEN, head_dim=128, attention_bias=False),  # Qwen3's head_dim is its own, not hidden / heads
+    # Qwen3's head_dim is its own, not hidden / heads
+    "qwen3": dict(_QWEN, head_dim=128, attention_bias=False),
 }
-# model_type -> (q/k/v bias, o_proj bias) as the transformers modules define them (None: the config's
+# model_type -> (q/k/v bias, o_proj bias) as the transformers modules define them (None: the
+# config's
 # attention_bias applies to all four)
 ATTENTION_BIAS = {"llama": None, "mistral": (False, False), "qwen2": (True, False), "qwen3": None}
 QK_NORM = ("qwen3",)  # an RMSNorm over each head of q and k, before RoPE
@@ -68,7 +71,8 @@ def read_rope(raw: dict) -> tuple[float, dict | None]:
         raise SpectraceError(f"config.json: {field}.rope_type {rope_type!r} is not supported "
                              f"(supported: {', '.join(ROPE_TYPES)})")
     if rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise SpectraceError("config.json: partial_rotary_factor is not supported (RoPE over the whole head only)")
+        raise SpectraceError("config.json: partial_rotary_factor is not "
+                             "supported (RoPE over the whole head only)")
     if rope_type == "default":
         return theta, None
     missing = [k for k in ROPE_TYPES[rope_type] if rope.get(k) is None]
@@ -88,7 +92,8 @@ def read_sliding_window(model_type: str, c: dict) -> int | None:
     if model_type == "mistral":
         return c.get("sliding_window")
     if model_type in ("qwen2", "qwen3") and c.get("use_sliding_window"):
-        types = c.get("layer_types") or ["sliding_attention" if i >= c["max_window_layers"] else "full_attention"
+        types = c.get("layer_types") or ["sliding_attention" if i >= c["max_window_layers"]
+                                         else "full_attention"
                                          for i in range(c["num_hidden_layers"])]
         return c.get("sliding_window") if "sliding_attention" in types else None
     return None
@@ -119,7 +124,8 @@ class ModelConfig:
     intermediate_size: int
     rms_norm_eps: float
     rope_theta: float
-    rope_scaling: dict | None  # llama3: factor, low/high_freq_factor, original_max_position_embeddings
+    # llama3: factor, low/high_freq_factor, original_max_position_embeddings
+    rope_scaling: dict | None
     max_position_embeddings: int
     qkv_bias: bool
     o_bias: bool
@@ -134,13 +140,15 @@ class ModelConfig:
         """From a config.json of a Llama-family model (one line of error for anything else)."""
         mt = raw.get("model_type")
         if mt not in DEFAULTS:
-            raise SpectraceError(f"config.json: model_type {mt!r} is not supported (supported: {', '.join(DEFAULTS)})")
+            raise SpectraceError(f"config.json: model_type {mt!r} is not supported (supported: "
+                                 f"{', '.join(DEFAULTS)})")
         c = {**DEFAULTS[mt], **raw}
         if c["hidden_act"] != "silu":
-            raise SpectraceError(f"config.json: hidden_act {c['hidden_act']!r} is not supported (SwiGLU with silu only)")
+            raise SpectraceError(f"config.json: hidden_act {c['hidden_act']!r} is not supported "
+                                 f"(SwiGLU with silu only)")
         sizes = {name: positive_int(name, c[name]) for name in
-                 ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                  "max_position_embeddings")}
+                 ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                  "intermediate_size", "max_position_embeddings")}
         heads = sizes["num_attention_heads"]
         kv_heads = positive_int("num_key_value_heads", c["num_key_value_heads"] or heads)
         if heads % kv_heads:
@@ -163,5 +171,6 @@ class ModelConfig:
             qk_norm=mt in QK_NORM,
             sliding_window=read_sliding_window(mt, c),
             tie_word_embeddings=bool(c["tie_word_embeddings"]),
-            eos_token_ids=tuple(eos) if isinstance(eos, (list, tuple)) else (() if eos is None else (eos,)),
+            eos_token_ids=tuple(eos) if isinstance(eos, (list, tuple))
+            else (() if eos is None else (eos,)),
         )

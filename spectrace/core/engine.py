@@ -78,24 +78,28 @@ class StepRow:
     candidates: list[int] = field(default_factory=list)  # (n,) node tokens, root first
     positions: list[int] = field(default_factory=list)  # (n,) RoPE positions: seq_len + depth
     first_row: int = 0  # this request's first row in the forward batch
-    target_predict: list[int] = field(default_factory=list)  # (n,) the target's argmax after each node
+    # (n,) the target's argmax after each node
+    target_predict: list[int] = field(default_factory=list)
     target_probs: torch.Tensor | None = None  # (n, V) p after each node, on the CPU
     # or what a record keeps of it, reduced on the device (the fast engine's greedy steps):
     target_topk: list | None = None  # (n, trace_topk) [token, p] pairs after each node
     p_tokens: list | None = None  # (n, n) p after node r of node j's token
     result: AcceptResult | None = None
     committed: list[int] = field(default_factory=list)  # accept_tokens up to EOS or max_new_tokens
-    events: list[dict] = field(default_factory=list)  # this step's KV events, tagged with their phase
+    # this step's KV events, tagged with their phase
+    events: list[dict] = field(default_factory=list)
 
 
 class Engine:
-    def __init__(self, target: CausalLM, kv: KVCache, spec: SpecConfig, eos_token_ids, drafter: Drafter | None = None,
-                 trace: TraceWriter | None = None, on_step=None, probs: ProbsRecorder | None = None):
+    def __init__(self, target: CausalLM, kv: KVCache, spec: SpecConfig, eos_token_ids,
+                 drafter: Drafter | None = None, trace: TraceWriter | None = None, on_step=None,
+                 probs: ProbsRecorder | None = None):
         """kv: the target's paged KV, sized for every request (spectrace/engines.py: build_engine);
         on_step(record): called with every step record, after the metrics saw it; probs: keeps
         each walk's inputs for `spectrace rejudge` (--record-probs)."""
         if (spec.algo == "none") != (drafter is None):
-            raise SpectraceError(f"--algo {spec.algo} {'takes no' if spec.algo == 'none' else 'needs a'} drafter")
+            raise SpectraceError(f"--algo {spec.algo} "
+                                 f"{'takes no' if spec.algo == 'none' else 'needs a'} drafter")
         self.target, self.kv, self.spec, self.drafter = target, kv, spec, drafter
         self.trace, self.on_step, self.probs = trace, on_step, probs
         self.eos = set(eos_token_ids)
@@ -112,7 +116,8 @@ class Engine:
 
     # ---- the loop ------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]]) -> tuple[list[Request], dict]:
-        reqs = [Request(i, list(p), gen=request_generator(self.spec.seed, i)) for i, p in enumerate(prompts)]
+        reqs = [Request(i, list(p), gen=request_generator(self.spec.seed, i))
+                for i, p in enumerate(prompts)]
         t0 = time.perf_counter()
         self.prefill(reqs)
         step = self.decode_one_token if self.spec.algo == "none" else self.speculative_step
@@ -127,9 +132,11 @@ class Engine:
     def prefill(self, reqs: list[Request]) -> None:
         """Target EXTEND over every prompt; its last row gives each request's first token. Then
         the drafter aligns itself with the prompt (SGLang's forward_draft_extend)."""
-        rows, timing = [StepRow(r, 0, 0 if self.drafter_kv is not None else None, None) for r in reqs], {}
+        rows, timing = [StepRow(r, 0, 0 if self.drafter_kv is not None else None, None)
+                        for r in reqs], {}
         for row in rows:
-            row.candidates, row.positions = list(row.req.prompt_ids), list(range(len(row.req.prompt_ids)))
+            row.candidates, row.positions = (list(row.req.prompt_ids),
+                                             list(range(len(row.req.prompt_ids))))
         with self.phase("prefill", rows, timing):
             logits, features = self.forward_rows(rows, last_only=True)  # logits (bs, V)
             for b, row in enumerate(rows):
@@ -139,9 +146,9 @@ class Engine:
         live = [row for row in rows if not row.req.finish_reason]
         if self.drafter is not None and live:
             with self.phase("extend", live, timing):
-                self.drafter.draft_extend_for_prefill([(row.req.req_pool_idx, row.req.prompt_ids + row.req.output_ids,
-                                                        features[row.first_row:row.first_row + len(row.candidates)])
-                                                       for row in live])
+                self.drafter.draft_extend_for_prefill([
+                    (row.req.req_pool_idx, row.req.prompt_ids + row.req.output_ids,
+                     features[row.first_row:row.first_row + len(row.candidates)]) for row in live])
         for row in rows:
             self.metrics.observe_prefill(row.req.req_pool_idx, sum(timing.values()))
             rec = prefill_record(row, row.req.output_ids[0], self.kv_record(row), timing)
@@ -188,14 +195,17 @@ class Engine:
         Sampling rules get drafts sampled from q (trees ranked by each request's sibling worth)."""
         sampled = None
         if self.rule.samples_drafts:
-            worth = torch.stack([self.siblings(row.req).worth() for row in rows]) if self.spec.topk > 1 else None
+            worth = (torch.stack([self.siblings(row.req).worth() for row in rows])
+                     if self.spec.topk > 1 else None)
             sampled = SampledDrafts([row.req.gen for row in rows], worth)
-        tree = self.drafter.draft([row.req.req_pool_idx for row in rows], [row.req.output_ids[-1] for row in rows],
+        tree = self.drafter.draft([row.req.req_pool_idx for row in rows],
+                                  [row.req.output_ids[-1] for row in rows],
                                   [row.seq_len for row in rows], sampled)
         for b, row in enumerate(rows):
             n = tree.size(b)
             row.b, row.drafted = b, n > 1  # n-gram without a match: the root alone, a plain decode
-            row.candidates, row.positions = tree.draft_tokens[b, :n].tolist(), tree.positions[b, :n].tolist()
+            row.candidates, row.positions = (tree.draft_tokens[b, :n].tolist(),
+                                             tree.positions[b, :n].tolist())
         return tree
 
     def verify(self, rows: list[StepRow], tree: DraftTree):
@@ -206,7 +216,8 @@ class Engine:
         for row in rows:
             n = len(row.candidates)
             prefix = torch.ones(n, row.seq_len, dtype=torch.bool, device=self.device)
-            masks.append(torch.cat([prefix, tree.tree_mask[row.b, :n, :n]], dim=1))  # (n, seq_len + n)
+            # (n, seq_len + n)
+            masks.append(torch.cat([prefix, tree.tree_mask[row.b, :n, :n]], dim=1))
         return self.forward_rows(rows, masks)
 
     def accept(self, rows: list[StepRow], tree: DraftTree, logits: torch.Tensor) -> None:
@@ -223,19 +234,24 @@ class Engine:
             draft_probs = tree.draft_probs[b].cpu() if tree.draft_probs is not None else None
             randoms = self.rule.draw(n, row.target_probs.shape[-1], row.req.gen)
             if self.probs is not None:  # before the walk, which may write into q
-                self.probs.add(self.step_count, row.req.req_pool_idx, logits[row.first_row:row.first_row + n],
+                self.probs.add(self.step_count, row.req.req_pool_idx,
+                               logits[row.first_row:row.first_row + n],
                                tree.q_dists[b] if tree.q_dists is not None else None, randoms)
-            args = (row.candidates, next_token, next_sibling, row.target_predict, row.target_probs, draft_probs,
-                    randoms, self.spec.num_steps, self.spec.rule_params)
+            args = (row.candidates, next_token, next_sibling, row.target_predict, row.target_probs,
+                    draft_probs, randoms, self.spec.num_steps, self.spec.rule_params)
             twin = acceptance.TWIN_WALKS[self.kv.backend].get(self.rule.name)
-            twin_result = twin(self.device, *args) if twin is not None else None  # first: walks may write q
+            # first: walks may write q
+            twin_result = twin(self.device, *args) if twin is not None else None
             row.result = self.rule.walk(*args)
-            if twin_result is not None and twin_result != (row.result.accept_nodes, row.result.bonus_token):
+            if twin_result is not None and twin_result != (row.result.accept_nodes,
+                                                           row.result.bonus_token):
                 raise SpectraceError(
-                    f"--backend {self.kv.backend}: the {self.rule.name} kernel walked {twin_result[0]} with bonus "
-                    f"{twin_result[1]} where the explicit walk walked {row.result.accept_nodes} with bonus "
-                    f"{row.result.bonus_token} (request {row.req.req_pool_idx}, step {self.step_count})")
-            if self.rule.name == "tree_rejection":  # what each sibling rank was worth shapes the next trees
+                    f"--backend {self.kv.backend}: the {self.rule.name} kernel walked "
+                    f"{twin_result[0]} with bonus {twin_result[1]} where the explicit walk "
+                    f"walked {row.result.accept_nodes} with bonus {row.result.bonus_token} "
+                    f"(request {row.req.req_pool_idx}, step {self.step_count})")
+            # what each sibling rank was worth shapes the next trees
+            if self.rule.name == "tree_rejection":
                 self.siblings(row.req).observe(row.result.decisions, next_token, next_sibling)
 
     def commit(self, rows: list[StepRow]) -> None:
@@ -243,7 +259,8 @@ class Engine:
         rest; vllm: roll num_computed_tokens back), and the request takes accept_tokens up to EOS
         or max_new_tokens."""
         for row in rows:
-            self.kv.commit(row.req.req_pool_idx, row.seq_len, len(row.candidates), row.result.accept_nodes)
+            self.kv.commit(row.req.req_pool_idx, row.seq_len, len(row.candidates),
+                           row.result.accept_nodes)
             row.committed = self.append(row.req, row.result.accept_tokens)
 
     def extend(self, rows: list[StepRow], features: torch.Tensor) -> None:
@@ -295,18 +312,21 @@ class Engine:
         for row in rows:
             for kv in (self.kv, self.drafter_kv):
                 if kv is not None:
-                    row.events += [{**e, "phase": phase} for e in kv.take_events(row.req.req_pool_idx)]
+                    row.events += [{**e, "phase": phase}
+                                   for e in kv.take_events(row.req.req_pool_idx)]
 
     def new_rows(self, reqs: list[Request]) -> list[StepRow]:
         return [StepRow(r, self.kv.seq_lens[r.req_pool_idx],
-                        self.drafter_kv.seq_lens[r.req_pool_idx] if self.drafter_kv is not None else None,
-                        self.req_to_token_tail(r.req_pool_idx)) for r in reqs]
+                        self.drafter_kv.seq_lens[r.req_pool_idx] if self.drafter_kv is not None
+                        else None, self.req_to_token_tail(r.req_pool_idx)) for r in reqs]
 
     def forward_rows(self, rows: list[StepRow], masks=None, last_only: bool = False):
         """The target over each row's candidates at its positions, written after its seq_len
         committed tokens: logits (N, V), or (bs, V) of the last rows, and the features drafters
         read (N, F)."""
-        batch = ForwardBatch.build(self.kv, [(row.req.req_pool_idx, row.seq_len, row.candidates) for row in rows],
+        batch = ForwardBatch.build(self.kv,
+                                   [(row.req.req_pool_idx, row.seq_len, row.candidates)
+                                    for row in rows],
                                    masks, [row.positions for row in rows])
         # --deterministic: verify and decode rows each computed alone; prefill (last_only) stays
         # batched, as it is in the plain decoding a deterministic run is compared with
@@ -314,8 +334,11 @@ class Engine:
         first = 0
         for row in rows:
             row.first_row, first = first, first + len(row.candidates)
-        out = self.target(batch, self.kv, self.drafter.capture_layers if self.drafter is not None else (), last_only)
-        features = torch.cat(out.aux_hidden_states, dim=-1) if out.aux_hidden_states else out.hidden_states
+        out = self.target(batch, self.kv,
+                          self.drafter.capture_layers if self.drafter is not None else (),
+                          last_only)
+        features = (torch.cat(out.aux_hidden_states, dim=-1) if out.aux_hidden_states
+                    else out.hidden_states)
         return out.logits, features
 
     def read_verify(self, row: StepRow, logits: torch.Tensor) -> None:
@@ -324,7 +347,8 @@ class Engine:
         trace shows; else after temperature, top-k and top-p), on the CPU where the walks run."""
         lg = logits[row.first_row:row.first_row + len(row.candidates)]
         row.target_predict = torch.argmax(lg, dim=-1).tolist()
-        p = torch.softmax(lg, dim=-1) if self.spec.sampling.greedy else probs_from_logits(lg, self.spec.sampling)
+        p = (torch.softmax(lg, dim=-1) if self.spec.sampling.greedy
+             else probs_from_logits(lg, self.spec.sampling))
         row.target_probs = p.cpu()
 
     def next_token(self, logits: torch.Tensor, gen: torch.Generator | None) -> int:
@@ -338,7 +362,8 @@ class Engine:
         token = self.next_token(logits, row.req.gen)
         if self.spec.sampling.greedy:
             return AcceptResult([], token, [0], [])
-        return AcceptResult([], token, [0], [], bonus_from("target", 0, row.target_probs[0], self.spec.trace_topk))
+        return AcceptResult([], token, [0], [],
+                            bonus_from("target", 0, row.target_probs[0], self.spec.trace_topk))
 
     def append(self, r: Request, tokens: list[int]) -> list[int]:
         return append_tokens(r, tokens, self.eos, self.spec.max_new_tokens)
@@ -348,7 +373,8 @@ class Engine:
         return self.sibling_stats.setdefault(r.req_pool_idx, SiblingStats(self.spec.topk))
 
     def req_to_token_tail(self, req: int, n: int = 16) -> dict:
-        """The last n committed entries of `req_to_token` for one request: the pointers a viewer shows."""
+        """The last n committed entries of `req_to_token` for one request: the pointers a viewer
+        shows."""
         end = self.kv.seq_lens[req]
         start = max(0, end - n)
         return {"start": start, "slots": self.kv.req_to_token[req, start:end].tolist()}
@@ -357,8 +383,10 @@ class Engine:
         """KV state of one request after its step; a finished request releases its slots here,
         so the trace shows them freed."""
         req = row.req.req_pool_idx
-        rec = {"style": self.spec.commit_style, "target_seq_len": [row.seq_len, self.kv.seq_lens[req]],
-               "req_to_token_tail_before": row.tail_before, "req_to_token_tail": self.req_to_token_tail(req)}
+        rec = {"style": self.spec.commit_style,
+               "target_seq_len": [row.seq_len, self.kv.seq_lens[req]],
+               "req_to_token_tail_before": row.tail_before,
+               "req_to_token_tail": self.req_to_token_tail(req)}
         if self.drafter_kv is not None:
             rec["draft_seq_len"] = [row.draft_seq_len, self.drafter_kv.seq_lens[req]]
         if row.req.finish_reason:

@@ -77,17 +77,20 @@ class KVCache:
     pool: TokenToKVPool
     allocator: TokenAllocator
     req_to_token: torch.Tensor  # (max_requests, max_context) int64, -1 where unmapped
-    seq_lens: list[int] = field(default_factory=list)  # committed KV length (vLLM: num_computed_tokens)
+    # committed KV length (vLLM: num_computed_tokens)
+    seq_lens: list[int] = field(default_factory=list)
     mapped_lens: list[int] = field(default_factory=list)  # vllm style: positions that own a slot
     events: list[dict] = field(default_factory=list)
     pool_class = TokenToKVPool  # not a field: the class whose K/V tensors it keeps
-    backend = "explicit"  # whose hot operations read and write this cache: kernels/kv.py's TritonKVCache says "triton"
+    # whose hot operations read and write this cache: kernels/kv.py's TritonKVCache says "triton"
+    backend = "explicit"
 
     @classmethod
     def create(cls, name, style, num_layers, num_slots, num_kv_heads, head_dim, max_requests,
                max_context, dtype, device):
         if style not in COMMIT_STYLES:
-            raise SpectraceError(f"unknown commit style {style!r} (choose from {', '.join(COMMIT_STYLES)})")
+            raise SpectraceError(f"unknown commit style {style!r} (choose from "
+                                 f"{', '.join(COMMIT_STYLES)})")
         pool = cls.pool_class(num_layers, num_slots, num_kv_heads, head_dim, dtype, device)
         req_to_token = torch.full((max_requests, max_context), -1, dtype=torch.int64, device=device)
         return cls(name, style, pool, TokenAllocator(num_slots), req_to_token,
@@ -126,15 +129,18 @@ class KVCache:
     # The two req_to_token operations; kernels/kv.py replaces them with its Triton twins.
     def assign(self, req: int, start: int, slots: list[int]) -> None:
         """req_to_token[req, start:start+len(slots)] = slots (SGLang's assign_req_to_token_pool)."""
-        self.req_to_token[req, start:start + len(slots)] = torch.tensor(slots, device=self.req_to_token.device)
+        row = torch.tensor(slots, device=self.req_to_token.device)
+        self.req_to_token[req, start:start + len(slots)] = row
 
     def accepted_slots(self, slots: list[int], keep: list[int]) -> list[int]:
         """The slots of the kept rows, in order (SGLang's fill_accept_out_cache_loc)."""
         return [slots[i] for i in keep]
 
-    def record_write(self, req: int, positions: list[int], slots: torch.Tensor, token_ids: list[int]) -> None:
+    def record_write(self, req: int, positions: list[int], slots: torch.Tensor,
+                     token_ids: list[int]) -> None:
         """A forward wrote the KV of `token_ids` (at RoPE `positions`) into `slots`."""
-        self._event("write", req, positions=list(positions), slots=slots.tolist(), tokens=list(token_ids))
+        self._event("write", req, positions=list(positions), slots=slots.tolist(),
+                    tokens=list(token_ids))
 
     def commit(self, req: int, start: int, n: int, keep: list[int]) -> None:
         """Keep rows `keep` (indices into the n prepared rows, in order) as positions
@@ -158,7 +164,8 @@ class KVCache:
                 # move_kv_cache, EAGLE's copy); keep is increasing, so no source is overwritten
                 src, dst = self.accepted_slots(slots, keep), slots[:len(keep)]
                 self.pool.move(src, dst)
-                self._event("move", req, from_slots=src, to_slots=dst, positions=list(range(start, after)))
+                self._event("move", req, from_slots=src, to_slots=dst,
+                            positions=list(range(start, after)))
             self._event("rollback", req, num_computed_tokens_before=start + n,
                         num_rejected=n - len(keep), num_computed_tokens_after=after,
                         stale_slots=slots[len(keep):])

@@ -14,7 +14,8 @@ vLLM (`SpecDecodingStats` and the "SpecDecoding metrics" log line, current form)
     Per-position acceptance rate[i] = accepted_per_pos[i] / num_drafts
 Metrics are computed from step records, so a trace on disk gives the same numbers as the run.
 
-Phase costs (the textbook speed-up model, Leviathan et al. 2023): each decode step's phase times, counted once per step
+Phase costs (the textbook speed-up model, Leviathan et al. 2023): each decode step's phase times,
+counted once per step
 however many requests it carried; `predicted_speedup(τ, r)` = τ / (1 + r) with r = C_draft /
 C_verify, the textbook approximation (C_extend dropped, one verify taken as one plain decode step).
 """
@@ -46,11 +47,11 @@ class SpecMetrics:
     def observe_step(self, rec: dict) -> None:
         drafted = rec["draft"] is not None
         self.observe(rec["request"], rec["step"], rec["timing"], len(rec["committed_tokens"]),
-                     len(rec["correct_drafts"]), len(rec["draft"]["tokens"]) if drafted else None, rec["accept_len"],
-                     rec["adaptive"]["num_steps"] if "adaptive" in rec else None)
+                     len(rec["correct_drafts"]), len(rec["draft"]["tokens"]) if drafted else None,
+                     rec["accept_len"], rec["adaptive"]["num_steps"] if "adaptive" in rec else None)
 
-    def observe(self, r: int, step: int, timing: dict, committed: int, n_correct: int, n_drafts: int | None,
-                accept_len: int, adaptive_steps: int | None = None) -> None:
+    def observe(self, r: int, step: int, timing: dict, committed: int, n_correct: int,
+                n_drafts: int | None, accept_len: int, adaptive_steps: int | None = None) -> None:
         """One request's step: tokens committed, correct drafts, drafts verified (None: a plain
         decode step), accept_len; what a step record says, for engines that write none."""
         if step not in self.timed_steps:  # a batch's requests share their step's timing
@@ -60,13 +61,15 @@ class SpecMetrics:
                     self.phase_ms[phase] += ms
         self.completion[r] += committed
         if n_drafts is None:  # a plain decode step: no drafts
-            if self.num_steps:  # in a speculative run (n-gram found no match) it is still a target forward
+            # in a speculative run (n-gram found no match) it is still a target forward
+            if self.num_steps:
                 self.verify_ct[r] += 1
                 self.accept_len_hist[accept_len] += 1
             return
         self.verify_ct[r] += 1
         # adaptive runs change the chain length step by step; others propose num_draft_tokens - 1
-        self.proposed[r] += adaptive_steps if adaptive_steps is not None else self.num_draft_tokens - 1
+        self.proposed[r] += (adaptive_steps if adaptive_steps is not None
+                             else self.num_draft_tokens - 1)
         self.correct[r] += n_correct
         self.accept_len_hist[accept_len] += 1
         self.num_drafts += 1
@@ -83,7 +86,8 @@ class SpecMetrics:
             "spec_num_correct_drafts": self.correct[r],
             "spec_num_proposed_drafts": proposed,
             "spec_accept_rate": self.correct[r] / proposed if proposed else None,
-            "spec_accept_length": self.completion[r] / self.verify_ct[r] if self.verify_ct[r] else None,
+            "spec_accept_length": self.completion[r] / self.verify_ct[r] if self.verify_ct[r]
+            else None,
         }
 
     def summary(self, wall_s: float) -> dict:
@@ -98,7 +102,8 @@ class SpecMetrics:
             "num_accepted_tokens": self.num_accepted,
             "num_accepted_tokens_per_pos": list(self.accepted_per_pos),
             "mean_acceptance_length": 1 + self.num_accepted / nd if nd else None,
-            "draft_acceptance_rate": 100 * self.num_accepted / self.num_draft_tokens_vllm if nd else None,
+            "draft_acceptance_rate": 100 * self.num_accepted / self.num_draft_tokens_vllm if nd
+            else None,
             "per_position_acceptance_rate": [a / nd for a in self.accepted_per_pos] if nd else [],
             "accepted_throughput": self.num_accepted / wall_s if wall_s else None,
             "drafted_throughput": self.num_draft_tokens_vllm / wall_s if wall_s else None,
@@ -139,15 +144,16 @@ def speedup_model(steps: list[dict], summary_metrics: dict) -> dict:
     tau = summary_metrics["accept_length"]
     r = costs["draft"] / costs["verify"] if costs["verify"] else None
     return {"phase_ms": dict(costs), "tau": tau, "r": r,
-            "predicted_speedup": predicted_speedup(tau, r) if tau is not None and r is not None else None}
+            "predicted_speedup": predicted_speedup(tau, r) if tau is not None and r is not None
+            else None}
 
 
 def vllm_log_line(m: dict) -> str:
     """vLLM's `SpecDecodingLogging.log` message for the whole run."""
     v = m["vllm"]
     rates = "[" + ", ".join(f"{r:.3f}" for r in v["per_position_acceptance_rate"]) + "]"
-    return ("SpecDecoding metrics: Mean acceptance length: %.2f, Accepted throughput: %.2f tokens/s, "
-            "Drafted throughput: %.2f tokens/s, Accepted: %d tokens, Drafted: %d tokens, "
+    return ("SpecDecoding metrics: Mean acceptance length: %.2f, Accepted throughput: %.2f "
+            "tokens/s, Drafted throughput: %.2f tokens/s, Accepted: %d tokens, Drafted: %d tokens, "
             "Per-position acceptance rate: %s, Avg Draft acceptance rate: %.1f%%" % (
                 v["mean_acceptance_length"], v["accepted_throughput"], v["drafted_throughput"],
                 v["num_accepted_tokens"], v["num_draft_tokens"], rates, v["draft_acceptance_rate"]))

@@ -47,7 +47,8 @@ def apply_rope(x, cos, sin):
     return x * cos + rotate_half(x) * sin
 
 
-def llama3_inv_freq(inv_freq: torch.Tensor, factor: float, low_freq_factor: float, high_freq_factor: float,
+def llama3_inv_freq(inv_freq: torch.Tensor, factor: float, low_freq_factor: float,
+                    high_freq_factor: float,
                     original_max_position_embeddings: int, **_) -> torch.Tensor:
     """Llama 3.1's RoPE scaling (transformers' `_compute_llama3_parameters`): frequencies whose
     wavelength is longer than the pre-training context / low_freq_factor are divided by `factor`,
@@ -68,8 +69,8 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, theta: float, scaling: dict | None = None):
         super().__init__()
         # a plain float32 attribute, not a buffer: model.to(bfloat16) must not round the frequencies
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").to(torch.float32)
-                                    / head_dim))
+        even = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").to(torch.float32)
+        inv_freq = 1.0 / (theta ** (even / head_dim))
         self.inv_freq = llama3_inv_freq(inv_freq, **scaling) if scaling else inv_freq
 
     def forward(self, positions, dtype):  # positions (N,) -> cos, sin (N, 1, head_dim)
@@ -116,7 +117,8 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(D, cfg.rms_norm_eps)
 
     def head_norms(self, q, k):
-        """q (N, h, d), k (N, kvh, d), each head RMS-normalised where the model has q_norm/k_norm."""
+        """q (N, h, d), k (N, kvh, d), each head RMS-normalised where the model has
+        q_norm/k_norm."""
         return (self.q_norm(q), self.k_norm(k)) if hasattr(self, "q_norm") else (q, k)
 
     def forward(self, x, cos, sin, batch: ForwardBatch, kv: KVCache):
@@ -136,13 +138,16 @@ def paged_attention(q, k, v, batch: ForwardBatch, kv: KVCache, layer_id: int) ->
     new tokens' (N, kvh, d), for backends that read them directly (kernels/attention.py)."""
     out = torch.empty_like(q)
     row = 0
-    for req, seq_len, n, mask in zip(batch.req_pool_indices, batch.seq_lens, batch.extend_lens, batch.custom_masks):
+    for req, seq_len, n, mask in zip(batch.req_pool_indices, batch.seq_lens, batch.extend_lens,
+                                     batch.custom_masks):
         slots = kv.req_to_token[req, :seq_len]  # prefix + the new tokens, in position order
         if mask is None:  # causal: new token j sits at position seq_len - n + j
             mask = torch.ones(n, seq_len, dtype=torch.bool, device=q.device).tril(seq_len - n)
-        if batch.batch_invariant:  # one row: only the keys it sees, the keys a one-token decode reads
+        # one row: only the keys it sees, the keys a one-token decode reads
+        if batch.batch_invariant:
             slots, mask = slots[mask[0]], None
-        out[row:row + n] = attend(q[row:row + n], kv.pool.k[layer_id, slots], kv.pool.v[layer_id, slots], mask)
+        out[row:row + n] = attend(q[row:row + n], kv.pool.k[layer_id, slots],
+                                  kv.pool.v[layer_id, slots], mask)
         row += n
     return out
 
@@ -184,7 +189,8 @@ class Backbone(nn.Module):  # transformers' `model.` prefix
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, Attention(cfg, i)) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, Attention(cfg, i))
+                                    for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
 
@@ -193,13 +199,15 @@ class Backbone(nn.Module):  # transformers' `model.` prefix
 class ForwardOutput:
     logits: torch.Tensor  # (N, vocab) float32; (bs, vocab) with last_only
     hidden_states: torch.Tensor  # (N, H) after the final norm: what lm_head reads
-    aux_hidden_states: list[torch.Tensor]  # (N, H) each: residual stream entering each captured layer
+    # (N, H) each: residual stream entering each captured layer
+    aux_hidden_states: list[torch.Tensor]
 
 
 class KVCacheOwner:
     """Models that keep paged KV: one pool layer per decoder layer of `self.config`."""
 
-    def new_kv_cache(self, name, style, num_slots, max_requests, max_context, cache_class=KVCache) -> KVCache:
+    def new_kv_cache(self, name, style, num_slots, max_requests, max_context,
+                     cache_class=KVCache) -> KVCache:
         """cache_class: KVCache, or kernels/kv.py's TritonKVCache for --backend triton."""
         cfg, p = self.config, next(self.parameters())
         return cache_class.create(name, style, len(self.layers), num_slots, cfg.num_key_value_heads,
@@ -252,12 +260,15 @@ class CausalLM(nn.Module, KVCacheOwner):
 def least_params(cfg: ModelConfig) -> int:
     """The parameters cfg builds, but for norms and biases: the embedding (and an untied head), and
     each layer's attention and MLP projections."""
-    h, q, kv = cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    h, q, kv = (cfg.hidden_size, cfg.num_attention_heads * cfg.head_dim,
+                cfg.num_key_value_heads * cfg.head_dim)
     layer = 2 * h * (q + kv) + 3 * h * cfg.intermediate_size
-    return cfg.vocab_size * h * (1 if cfg.tie_word_embeddings else 2) + cfg.num_hidden_layers * layer
+    embeddings = cfg.vocab_size * h * (1 if cfg.tie_word_embeddings else 2)
+    return embeddings + cfg.num_hidden_layers * layer
 
 
-def load_model(path: str | Path, dtype=torch.float32, device="cpu", progress: Progress | None = None) -> CausalLM:
+def load_model(path: str | Path, dtype=torch.float32, device="cpu",
+               progress: Progress | None = None) -> CausalLM:
     """Config from config.json, weights from the directory's files straight onto `device` in
     `dtype`; the key set must match exactly (a tied head's stray lm_head.weight and RoPE buffers of
     old checkpoints aside). progress(bytes loaded, bytes in all) hears each tensor land."""
@@ -266,11 +277,13 @@ def load_model(path: str | Path, dtype=torch.float32, device="cpu", progress: Pr
     if cfg.tie_word_embeddings:  # lm_head is embed_tokens; transformers tolerates a stray copy
         weights.pop("lm_head.weight", None)
     stored, least = sum(math.prod(w.shape) for w in weights.values()), least_params(cfg)
-    if least > 2 * stored:  # refused before building: a config.json edited to 10**9 layers allocates nothing
-        raise SpectraceError(f"checkpoint {path} does not match its config.json: the config makes at least "
-                             f"{least:,} parameters, the weight files hold {stored:,}")
+    # refused before building: a config.json edited to 10**9 layers allocates nothing
+    if least > 2 * stored:
+        raise SpectraceError(f"checkpoint {path} does not match its config.json: the config makes "
+                             f"at least {least:,} parameters, the weight files hold {stored:,}")
     with building(dtype, device):
         model = CausalLM(cfg)
-    check_keys(model, weights, path, cfg.model_type, optional=["lm_head.weight"] if cfg.tie_word_embeddings else ())
+    check_keys(model, weights, path, cfg.model_type,
+               optional=["lm_head.weight"] if cfg.tie_word_embeddings else ())
     load_weights(model, weights, path, progress)
     return model.eval()

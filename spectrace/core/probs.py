@@ -52,14 +52,16 @@ class ProbsRecorder:
         self.path = Path(path)
         self.tensors: dict[str, torch.Tensor] = {}
 
-    def add(self, step: int, request: int, logits: torch.Tensor, q: torch.Tensor | None, randoms: Randoms) -> None:
+    def add(self, step: int, request: int, logits: torch.Tensor, q: torch.Tensor | None,
+            randoms: Randoms) -> None:
         """Copies taken before the walk: walks write into q and the kernels' buffers."""
         self.tensors[key(step, request, "logits")] = logits.detach().float().cpu().clone()
         if q is not None:
             self.tensors[key(step, request, "q")] = q.detach().float().cpu().clone()
         for name in RANDOM_FIELDS:
             value = getattr(randoms, name)
-            if value is not None:  # a 0-d coin is kept as (1,): safetensors' scalars vary by version
+            # a 0-d coin is kept as (1,): safetensors' scalars vary by version
+            if value is not None:
                 self.tensors[key(step, request, name)] = value.detach().cpu().reshape(-1).clone()
 
     def save(self) -> str:
@@ -71,9 +73,10 @@ class ProbsRecorder:
             save_file(self.tensors, str(self.path), metadata={"schema": SCHEMA})
         except (OSError, SafetensorError) as e:  # a full disk: safetensors says so as its own error
             self.path.unlink(missing_ok=True)  # no half a sidecar for rejudge to trip on
-            why = e.strerror if isinstance(e, OSError) else str(e).rsplit(": ", 1)[-1].split(" (os error")[0]
-            raise TraceError(f"cannot write {self.path}: {why} (the trace holds the steps; rejudge needs "
-                             "the sidecar)") from None
+            why = (e.strerror if isinstance(e, OSError)
+                   else str(e).rsplit(": ", 1)[-1].split(" (os error")[0])
+            raise TraceError(f"cannot write {self.path}: {why} (the trace holds the steps; rejudge "
+                             f"needs " "the sidecar)") from None
         return sha256(self.path)
 
 
@@ -88,7 +91,8 @@ def sha256(path: Path) -> str:
 def seal(trace_path: Path, digest: str) -> None:
     """Overwrite the header's placeholder with the sidecar's sha256, in place (same width)."""
     with open(trace_path, "r+b") as f:
-        # the key and its quotes: a prompt's text cannot hold them unescaped, so only the field matches
+        # the key and its quotes: a prompt's text cannot hold them unescaped, so only the field
+        # matches
         needle = f'"sha256": "{UNSEALED}"'.encode()
         at = f.readline().find(needle)
         if at < 0:
@@ -103,15 +107,19 @@ class RecordedProbs:
     def __init__(self, trace_path: str | Path, header: dict):
         info = header.get("probs")
         if not isinstance(info, dict) or not isinstance(info.get("file"), str):
-            raise SpectraceError(f"{trace_path} holds no recorded distributions: record the run with "
-                                 "`spectrace run ... --record-probs`")
-        path = Path(trace_path).with_name(Path(info["file"]).name)  # beside the trace, wherever it moved
+            raise SpectraceError(f"{trace_path} holds no recorded distributions: record the run "
+                                 f"with " "`spectrace run ... --record-probs`")
+        # beside the trace, wherever it moved
+        path = Path(trace_path).with_name(Path(info["file"]).name)
         if info.get("sha256") == UNSEALED:
-            raise SpectraceError(f"{trace_path}: its run stopped before saving the distributions ({path.name})")
+            raise SpectraceError(f"{trace_path}: its run stopped before "
+                                 f"saving the distributions ({path.name})")
         if not path.is_file():
-            raise SpectraceError(f"{trace_path} names the sidecar {path.name}, which is not beside it")
+            raise SpectraceError(f"{trace_path} names the sidecar "
+                                 f"{path.name}, which is not beside it")
         if sha256(path) != info.get("sha256"):
-            raise SpectraceError(f"{path} is not the sidecar {trace_path} was recorded with (sha256 differs)")
+            raise SpectraceError(f"{path} is not the sidecar {trace_path} "
+                                 f"was recorded with (sha256 differs)")
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 

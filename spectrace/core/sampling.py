@@ -53,16 +53,19 @@ def request_generator(seed: int, request: int) -> torch.Generator:
 
 def sample(probs: torch.Tensor, gen: torch.Generator) -> int:
     """One token from a (V,) distribution with the request's generator (inverse CDF)."""
-    return sample_from_prob(probs.detach().cpu(), float(torch.rand((), generator=gen, dtype=torch.float64)))
+    return sample_from_prob(probs.detach().cpu(),
+                            float(torch.rand((), generator=gen, dtype=torch.float64)))
 
 
-def exponential_race(probs: torch.Tensor, k: int, gen: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+def exponential_race(probs: torch.Tensor, k: int,
+                     gen: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
     """k draws without replacement from each row of probs (R, V), in draw order: the first k
     arrivals of an exponential race, token v arriving at E_v / p_v with E_v ~ Exp(1) (Gumbel-top-k
     sampling; each arrival is a sample of what the earlier ones left). SGLang's
     `sample_draft_proposal` draws a chain's draft as the first arrival, argmax(p / E). Returns the
     tokens (R, k) and which are real draws (R, k): a row with fewer than k tokens of mass pads."""
-    noise = torch.empty(probs.shape, dtype=torch.float32).exponential_(generator=gen).to(probs.device)
+    noise = torch.empty(probs.shape, dtype=torch.float32).exponential_(generator=gen)
+    noise = noise.to(probs.device)
     arrivals = torch.topk(probs / noise, k, dim=-1)
     return arrivals.indices, arrivals.values > 0
 
@@ -88,7 +91,8 @@ def topk_pairs(probs: torch.Tensor, k: int) -> list:
 
 
 def as_pairs(ids: list, ps: list) -> list:
-    """Token ids and their probabilities as the trace's [[token, prob], ...] lists (nested alike)."""
+    """Token ids and their probabilities as the trace's [[token, prob], ...] lists (nested
+    alike)."""
     if ids and isinstance(ids[0], list):
         return [as_pairs(a, b) for a, b in zip(ids, ps)]
     return [[a, round(b, 6)] for a, b in zip(ids, ps)]

@@ -6,7 +6,8 @@ shape a run may take) and every other module takes it as given.
 
     resolve_shape   a run's shape
     auto_shape      SGLang's `_auto_choose_speculative_params`
-    draft_tokens    the tree-size rule: a chain takes num_steps + 1 nodes; a tree, 8 where it holds them
+    draft_tokens    the tree-size rule: a chain takes num_steps + 1 nodes; a tree, 8 where it holds
+                    them
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ CHAIN = (3, 1, 4)
 def auto_shape(algo: str, target_architecture: str) -> tuple[int, int, int]:
     """SGLang's `_auto_choose_speculative_params` when no shape is given: the (5, 4, 8) tree on a
     Llama target (but for STANDALONE), else a chain of 3 steps."""
-    return LLAMA_TREE if ALGOS[algo].llama_tree and target_architecture == "LlamaForCausalLM" else CHAIN
+    return (LLAMA_TREE if ALGOS[algo].llama_tree and target_architecture == "LlamaForCausalLM"
+            else CHAIN)
 
 
 def draft_tokens(num_steps: int, topk: int, given: int | None) -> int | None:
@@ -46,19 +48,24 @@ def resolve_shape(cfg, target_architecture: str, tree: MedusaTree | None) -> tup
     if cfg.algo == "none":
         return 0, 1, 1
     given = (cfg.num_steps, cfg.topk, cfg.num_draft_tokens)
-    if cfg.algo == "dflash":  # SGLang: num_draft_tokens = the block (a given value must match it), topk 1;
-        B = read_config_json(cfg.draft_path).get("block_size") or 0  # here num_steps = B - 1 bounds the walk
-        if cfg.topk not in (None, 1) or cfg.num_draft_tokens not in (None, B) or cfg.num_steps not in (None, B - 1):
-            raise SpectraceError(f"DFLASH drafts one block of {B} tokens (its block_size): --num-draft-tokens must be "
+    # SGLang: num_draft_tokens = the block (a given value must match it), topk 1;
+    if cfg.algo == "dflash":
+        # here num_steps = B - 1 bounds the walk
+        B = read_config_json(cfg.draft_path).get("block_size") or 0
+        if (cfg.topk not in (None, 1) or cfg.num_draft_tokens not in (None, B)
+            or cfg.num_steps not in (None, B - 1)):
+            raise SpectraceError(f"DFLASH drafts one block of {B} tokens (its block_size): "
+                                 f"--num-draft-tokens must be "
                                  f"{B}, --num-steps {B - 1} and --topk 1, or left out")
         return B - 1, 1, B
     if cfg.algo == "medusa":  # the static tree's depth, widest rank and size
         if given != (None, None, None):
-            raise SpectraceError("Medusa's tree is given by --medusa-choices: --num-steps, --topk and "
-                                 "--num-draft-tokens do not apply")
+            raise SpectraceError("Medusa's tree is given by --medusa-choices: --num-steps, --topk "
+                                 "and --num-draft-tokens do not apply")
         return tree.shape
     if cfg.algo == "ngram" and cfg.ngram_style == "sglang":
-        # SGLang: topk = max_bfs_breadth, n = 12, num_steps = n // topk (unused by its n-gram verify,
+        # SGLang: topk = max_bfs_breadth, n = 12, num_steps = n // topk (unused by its n-gram
+        # verify,
         # whose accept width is n); here num_steps bounds the walk, so n - 1
         n = cfg.num_draft_tokens or 12
         return n - 1, cfg.ngram_trie.max_bfs_breadth, n

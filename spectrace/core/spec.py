@@ -28,14 +28,16 @@ class SpecConfig:
     max_new_tokens: int = 64
     commit_style: str = "sglang"
     trace_topk: int = 5  # target and draft candidates recorded per row
-    acceptance: str | None = None  # None: SGLang's default, greedy at temperature 0, else target_only
+    # None: SGLang's default, greedy at temperature 0, else target_only
+    acceptance: str | None = None
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
     threshold_single: float = 1.0
     threshold_acc: float = 1.0
-    adaptive: bool = False  # SGLang's --speculative-adaptive: num_steps follows an EMA of accepted drafts
+    # SGLang's --speculative-adaptive: num_steps follows an EMA of accepted drafts
+    adaptive: bool = False
     deterministic: bool = False  # batch-invariant verify and decode: each row as a one-token decode
 
     @property
@@ -52,9 +54,10 @@ class SpecConfig:
         check_ranges(max_new_tokens=self.max_new_tokens, top_p=self.top_p)
         if self.acceptance is None:
             self.acceptance = acceptance.default_rule(self.temperature)
-        acceptance.check(self.acceptance, self.algo, self.topk, self.temperature, self.threshold_single,
-                         self.threshold_acc)
-        if self.algo == "none":  # plain decoding: the root alone, one token a step, nothing to adapt
+        acceptance.check(self.acceptance, self.algo, self.topk, self.temperature,
+                         self.threshold_single, self.threshold_acc)
+        # plain decoding: the root alone, one token a step, nothing to adapt
+        if self.algo == "none":
             self.num_steps, self.num_draft_tokens, self.adaptive = 0, 1, False
             return
         check_ranges(num_steps=self.num_steps, topk=self.topk)
@@ -64,19 +67,21 @@ class SpecConfig:
         self.num_draft_tokens = draft_tokens(self.num_steps, self.topk, self.num_draft_tokens)
         if not 2 <= self.num_draft_tokens <= cap + 1:
             raise SpectraceError(
-                f"--num-draft-tokens {self.num_draft_tokens} does not fit a tree of topk {self.topk} and "
-                f"{self.num_steps} steps: it holds 2 to {cap + 1} nodes (root included)")
+                f"--num-draft-tokens {self.num_draft_tokens} does not "
+                f"fit a tree of topk {self.topk} and {self.num_steps} "
+                f"steps: it holds 2 to {cap + 1} nodes (root included)")
 
     def _check_adaptive(self) -> None:
         """SGLang: the EAGLE worker, topk 1, and a starting num_steps among the tiers."""
         if not ALGOS[self.algo].eagle_worker:
-            raise SpectraceError("--speculative-adaptive runs with EAGLE / EAGLE3 (and NEXTN, MTP), "
-                                 f"not --algo {self.algo}")
+            raise SpectraceError("--speculative-adaptive runs with EAGLE / EAGLE3 (and NEXTN, "
+                                 "MTP), " f"not --algo {self.algo}")
         if self.topk != 1:
             raise SpectraceError("--speculative-adaptive switches chain lengths: it needs --topk 1")
         tiers = AdaptiveConfig().candidate_steps
         if self.num_steps not in tiers:
-            raise SpectraceError(f"--speculative-adaptive starts from a tier: --num-steps must be one of {tiers}")
+            raise SpectraceError(f"--speculative-adaptive starts from a "
+                                 f"tier: --num-steps must be one of {tiers}")
 
     @property
     def tiers(self) -> list[tuple[int, int]]:
@@ -84,10 +89,13 @@ class SpecConfig:
         chain, or the run's one shape (plain decoding: (0, 1)). The engines size their buffers and
         capture their graphs from these and derive none of them again."""
         if self.adaptive:
-            return [(s, s + 1) for s in AdaptiveConfig().candidate_steps]  # num_steps is one (checked)
+            # num_steps is one (checked)
+            return [(s, s + 1) for s in AdaptiveConfig().candidate_steps]
         return [(self.num_steps, self.num_draft_tokens)]
 
     @property
     def max_steps(self) -> int:
-        """The deepest chain or tree a step may draft: num_steps, or the top tier of adaptive steps."""
-        return max(AdaptiveConfig().candidate_steps + [self.num_steps]) if self.adaptive else self.num_steps
+        """The deepest chain or tree a step may draft: num_steps, or the top tier of adaptive
+        steps."""
+        return (max(AdaptiveConfig().candidate_steps + [self.num_steps]) if self.adaptive
+                else self.num_steps)

@@ -25,7 +25,8 @@ def fates(n: int, decisions: list[dict]) -> list[str]:
     return fate[1:]
 
 
-def tree_record(tree: DraftTree, b: int, parents: list[int], decisions: list[dict], trace_topk: int) -> dict:
+def tree_record(tree: DraftTree, b: int, parents: list[int], decisions: list[dict],
+                trace_topk: int) -> dict:
     """One request's draft tree: nodes 1..n-1 (node 0 is the root); parents from DraftTree.parents.
     trace_topk 0 (--trace-level steps): each node's draft top-k is left empty."""
     n = tree.size(b)
@@ -39,7 +40,8 @@ def tree_record(tree: DraftTree, b: int, parents: list[int], decisions: list[dic
         "q": [round(x, 6) for x in tree.q[b, :n - 1].tolist()],
         "scores": [round(x, 6) for x in tree.scores[b, :n - 1].tolist()],
         "draft_topk": tree.draft_topk[b][:n - 1] if trace_topk else [[] for _ in range(n - 1)],
-        "tree_mask": ["".join("1" if x else "0" for x in row[:n]) for row in tree.tree_mask[b, :n].tolist()],
+        "tree_mask": ["".join("1" if x else "0" for x in row[:n])
+                      for row in tree.tree_mask[b, :n].tolist()],
         "retrive_next_token": tree.retrive_next_token[b, :n].tolist(),
         "retrive_next_sibling": tree.retrive_next_sibling[b, :n].tolist(),
         "fates": fates(n, decisions),
@@ -71,8 +73,8 @@ def verify_record(row, parents: list[int], trace_topk: int) -> dict:
     }
 
 
-def step_record(step: int, row, tree: DraftTree | None, rule: str, kv: dict, timing: dict, trace_topk: int,
-                adaptive: dict | None = None) -> dict:
+def step_record(step: int, row, tree: DraftTree | None, rule: str, kv: dict, timing: dict,
+                trace_topk: int, adaptive: dict | None = None) -> dict:
     """The step record of one request. Key order matters: TraceFile indexes a step line by its
     first keys and by accept_len, committed_tokens and timing without parsing it."""
     res = row.result
@@ -96,8 +98,9 @@ def step_record(step: int, row, tree: DraftTree | None, rule: str, kv: dict, tim
 
 
 def prefill_record(row, first_token: int, kv: dict, timing: dict) -> dict:
-    return {"kind": "prefill", "request": row.req.req_pool_idx, "prompt_len": len(row.req.prompt_ids),
-            "first_token": first_token, "finish_reason": row.req.finish_reason, "kv": kv, "timing": timing}
+    return {"kind": "prefill", "request": row.req.req_pool_idx,
+            "prompt_len": len(row.req.prompt_ids), "first_token": first_token,
+            "finish_reason": row.req.finish_reason, "kv": kv, "timing": timing}
 
 
 def record_token_ids(rec: dict) -> set[int]:

@@ -1,6 +1,7 @@
 """Trace format v1: JSON Lines, one record per line, flushed as it is written.
 
-    {"kind": "header", "schema": "spectrace.trace/1", "config": {...}, "models": {...}, "tokens": {...}}
+    {"kind": "header", "schema": "spectrace.trace/1", "config": {...}, "models": {...}, "tokens":
+    {...}}
     {"kind": "prefill", "request": r, ...}                      one per request
     {"kind": "step", "step": s, "request": r, "correct_drafts": [...], "bonus_token": t,
      "accept_tokens": [...], "accept_len": n, "draft": {...}, "verify": {...}, "accept": {...},
@@ -10,7 +11,8 @@
 A fast run keeps its step records as frames beside the trace, TRACE.frames (fast/frames.py),
 which readers build (docs/trace-format.md). A run killed mid-way leaves every line it wrote. Token
 strings travel with the trace: each record's "tokens" maps ids first mentioned there to their
-text, so a viewer needs neither tokenizer nor model. Here the format and its writer; core/trace_reader.py reads it (no torch).
+text, so a viewer needs neither tokenizer nor model. Here the format and its writer;
+core/trace_reader.py reads it (no torch).
 """
 from __future__ import annotations
 
@@ -46,7 +48,8 @@ MALFORMED = (KeyError, IndexError, TypeError, ValueError, AttributeError, Overfl
 def malformed(path, where: str, e: Exception) -> TraceError:
     """where: the record's place (StepMeta.where: "line 12", or "step 3, request 0" in a frame)."""
     what = str(e)[:80] if not isinstance(e, KeyError) else f"no field {e.args[0]!r}"[:80]
-    return TraceError(f"trace {path}: the record at {where} has a field of the wrong shape ({what})")
+    return TraceError(f"trace {path}: the record at {where} has a field of the wrong "
+                      f"shape ({what})")
 
 
 class RecordFormat:
@@ -72,7 +75,8 @@ class RecordFormat:
         self._mentioned = {}
         try:
             text = json.dumps(record, ensure_ascii=False, allow_nan=False)
-        except ValueError:  # NaN or ±inf somewhere (a diverged model's q, a clock): JSON has no such number
+        # NaN or ±inf somewhere (a diverged model's q, a clock): JSON has no such number
+        except ValueError:
             text = json.dumps(finite(record), ensure_ascii=False, allow_nan=False)
         return (text + "\n").encode("utf-8")
 
@@ -100,8 +104,10 @@ class TraceWriter:
         self.path = Path(path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            if self.path.exists() and stat.S_ISFIFO(os.stat(self.path).st_mode):  # its open would wait for a reader
-                raise TraceError(f"cannot write trace {self.path}: it is a FIFO, and a trace is a file")
+            # its open would wait for a reader
+            if self.path.exists() and stat.S_ISFIFO(os.stat(self.path).st_mode):
+                raise TraceError(f"cannot write trace {self.path}: it "
+                                 f"is a FIFO, and a trace is a file")
             self._f = _locked(self.path)  # UTF-8 lines, written whole
             if self.path.is_file() and frames_path(self.path).is_file():  # an earlier run's steps
                 frames_path(self.path).unlink()
@@ -174,7 +180,8 @@ def default_trace_path(algo: str) -> Path:
 
 
 def frames_path(trace: str | Path) -> Path:
-    """Where a fast run keeps its steps' frames until it has built their records (fast/frames.py)."""
+    """Where a fast run keeps its steps' frames until it has built their records
+    (fast/frames.py)."""
     trace = Path(trace)
     return trace.with_name(trace.name + ".frames")
 

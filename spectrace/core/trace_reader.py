@@ -88,12 +88,17 @@ def _check_step(rec: dict, lineno: str) -> None:
     parents, depths = draft.get("parents", []), draft.get("depths", [])
     for node, parent in enumerate(parents, start=1):  # a tree lists a parent before its children
         if not isinstance(parent, int) or isinstance(parent, bool) or not 0 <= parent < node:
-            raise TraceError(f"{lineno}: draft node {node}'s parent {parent!r} is not an earlier node")
+            raise TraceError(f"{lineno}: draft node {node}'s parent "
+                             f"{parent!r} is not an earlier node")
+        # bounds what viewers allocate
         if isinstance(depths, list) and node <= len(depths) and \
-                depths[node - 1] != (depths[parent - 1] if parent else 0) + 1:  # bounds what viewers allocate
-            raise TraceError(f"{lineno}: draft node {node}'s depth {depths[node - 1]!r} is not its parent's + 1")
-    levels = (draft.get("candidates") or {}).get("levels", []) if isinstance(draft.get("candidates"), dict) else []
-    if isinstance(levels, list) and any(not isinstance(v, int) or not 0 <= v < max(len(levels), 1) for v in levels):
+                depths[node - 1] != (depths[parent - 1] if parent else 0) + 1:
+            raise TraceError(f"{lineno}: draft node {node}'s depth "
+                             f"{depths[node - 1]!r} is not its parent's + 1")
+    levels = ((draft.get("candidates") or {}).get("levels", [])
+              if isinstance(draft.get("candidates"), dict) else [])
+    if isinstance(levels, list) and any(not isinstance(v, int) or not 0 <= v < max(len(levels), 1)
+                                        for v in levels):
         raise TraceError(f"{lineno}: a draft candidate's level is not between 0 and its count")
 
 
@@ -135,6 +140,25 @@ def _parse(line: str) -> dict:
     return rec
 
 
+def _header(path: Path, line: str) -> dict:
+    """A trace's first line, checked to be a header of the schema this spectrace reads."""
+    header = _json_object(line)
+    if header is None:
+        raise TraceError(f"{path} is not a spectrace trace (line 1 is not a JSON header)")
+    schema = header.get("schema")
+    if header.get("kind") != "header" or not isinstance(schema, str) or \
+            not schema.startswith(SCHEMA_PREFIX):
+        raise TraceError(f"{path} is not a spectrace trace (no spectrace.trace header)")
+    if schema != SCHEMA:
+        raise TraceError(f"trace schema {schema} is not readable "
+                         f"by this spectrace, which reads {SCHEMA}")
+    for name in ("config", "models", "tokens"):
+        if not isinstance(header.get(name, {}), dict):
+            raise TraceError(f"{path} is not a spectrace trace (its "
+                             f"header's {name} is not an object)")
+    return header
+
+
 def _timing(timing: dict) -> dict:
     """Phase times; what is not a finite number counts as absent."""
     return {k: v for k, v in timing.items()
@@ -159,7 +183,8 @@ class TraceFile:
         self.path = path = Path(path)
         try:
             if not path.is_dir() and not stat.S_ISREG(os.stat(path).st_mode):
-                raise TraceError(f"{path} is not a regular file (a FIFO or a device): a trace is a file")
+                raise TraceError(f"{path} is not a regular file (a FIFO "
+                                 f"or a device): a trace is a file")
             raw = path.read_bytes()
         except FileNotFoundError:
             raise TraceError(f"no trace file at {path}") from None
@@ -182,18 +207,7 @@ class TraceFile:
             self.notices.append(f"trace ends in a torn line (line {len(lines) + 1}); "
                                 f"read up to the last complete record")
         self._lines = lines
-        header = _json_object(lines[0])
-        if header is None:
-            raise TraceError(f"{path} is not a spectrace trace (line 1 is not a JSON header)")
-        schema = header.get("schema")
-        if header.get("kind") != "header" or not isinstance(schema, str) or not schema.startswith(SCHEMA_PREFIX):
-            raise TraceError(f"{path} is not a spectrace trace (no spectrace.trace header)")
-        if schema != SCHEMA:
-            raise TraceError(f"trace schema {schema} is not readable by this spectrace, which reads {SCHEMA}")
-        for name in ("config", "models", "tokens"):
-            if not isinstance(header.get(name, {}), dict):
-                raise TraceError(f"{path} is not a spectrace trace (its header's {name} is not an object)")
-        self.header = header
+        self.header = header = _header(path, lines[0])
         self.prefills: list[dict] = []
         self.summary: dict | None = None
         self.index: list[StepMeta] = []
@@ -228,33 +242,38 @@ class TraceFile:
         sidecar, self._frames = frames_path(self.path).name, None
         self._framed: dict[int, dict[int, str]] = {}  # the lines built of frames read lately
         if not frames_path(self.path).is_file():
-            if frames_path(self.path).exists():  # a FIFO would block the reading, a device never end
+            # a FIFO would block the reading, a device never end
+            if frames_path(self.path).exists():
                 self.notices.append(f"{sidecar} is not a regular file: its steps are not read")
             return
         if recover is None:
-            self.notices.append(f"the run kept its steps in {sidecar}, which this reader does not build: "
-                                "open the trace with spectrace's commands (replay, render, report, export)")
+            self.notices.append(f"the run kept its steps in {sidecar}, which this "
+                                f"reader does not build: open the trace with "
+                                f"spectrace's commands (replay, render, report, export)")
             return
         self._frames = recover(self.path, self.header, set(self._seen_steps))
         if self._frames.notice:
             self.notices.append(self._frames.notice)
         for step, request, accept_len, committed, timing, frame in self._frames.steps:
             if (step, request) in self._seen_steps:
-                raise TraceError(f"trace {self.path}: {sidecar} holds step {step} of request {request} twice")
+                raise TraceError(f"trace {self.path}: {sidecar} holds "
+                                 f"step {step} of request {request} twice")
             self._seen_steps[(step, request)] = 0
-            self.index.append(StepMeta(0, step, request, accept_len, committed, _timing(timing), frame))
+            self.index.append(StepMeta(0, step, request, accept_len, committed, _timing(timing),
+                                       frame))
         missing = {t for meta in self.index for t in meta.committed} - self.tokens.keys()
         if missing:  # a killed run's summary would have carried them
             self.tokens.update(self._frames.texts(missing))
 
     def _add_tokens(self, tokens, lineno: int = 1) -> None:
-        if not isinstance(tokens, dict) or not all(isinstance(v, str) and k.isascii() and k.isdigit()
-                                                   for k, v in tokens.items()):
-            raise TraceError(f"trace {self.path} line {lineno}: \"tokens\" must map token ids to their text")
+        if not isinstance(tokens, dict) or not all(isinstance(v, str) and k.isascii()
+                                                   and k.isdigit() for k, v in tokens.items()):
+            raise TraceError(f"trace {self.path} line {lineno}: \"tokens\" "
+                             f"must map token ids to their text")
         longest = max(map(len, tokens.values()), default=0)
         if longest > MAX_TOKEN_CHARS:
-            raise TraceError(f"trace {self.path} line {lineno}: a token's text of {longest:,} characters "
-                             f"(a token has at most {MAX_TOKEN_CHARS:,})")
+            raise TraceError(f"trace {self.path} line {lineno}: a token's text of {longest:,} "
+                             f"characters (a token has at most {MAX_TOKEN_CHARS:,})")
         self.tokens.update({int(k): v for k, v in tokens.items()})
 
     def view(self, i: int, show: Callable[[dict], object]):
@@ -268,23 +287,24 @@ class TraceFile:
             raise malformed(self.path, self.index[i].where, e) from None
 
     def _index_step(self, lineno: int, line: str) -> None:
-        head, acc, com, tim = (_STEP_HEAD.match(line), _ACCEPT_LEN.search(line), _COMMITTED.search(line),
-                               _TIMING.search(line))
+        head, acc, com, tim = (_STEP_HEAD.match(line), _ACCEPT_LEN.search(line),
+                               _COMMITTED.search(line), _TIMING.search(line))
         cut = line.rfind(_TOKENS)
-        tokens = _json_object(line[cut + len(_TOKENS) - 1:-1]) if cut > 0 and line.endswith("}}") else None
+        tokens = (_json_object(line[cut + len(_TOKENS) - 1:-1]) if cut > 0 and line.endswith("}}")
+                  else None)
         timing = _json_object(tim.group(1)) if tim else None
         if head is None or acc is None or com is None or tokens is None or timing is None:
             raise TraceError(f"trace {self.path} is corrupted at line {lineno} (not a step record)")
         key = (int(head.group(1)), int(head.group(2)))
         if key in self._seen_steps:
-            raise TraceError(f"trace {self.path} line {lineno}: a second record of step {key[0]} of request "
-                             f"{key[1]} (the first is at line {self._seen_steps[key]})")
+            raise TraceError(f"trace {self.path} line {lineno}: a second record of step {key[0]} "
+                             f"of request {key[1]} (the first is at line {self._seen_steps[key]})")
         self._seen_steps[key] = lineno
         self._add_tokens(tokens, lineno)
         timing = _timing(timing)
         committed = [int(t) for t in com.group(1).split(",") if t.strip()]
-        self.index.append(StepMeta(lineno, int(head.group(1)), int(head.group(2)), int(acc.group(1)), committed,
-                                   timing))
+        self.index.append(StepMeta(lineno, int(head.group(1)), int(head.group(2)),
+                                   int(acc.group(1)), committed, timing))
 
     def __len__(self) -> int:
         return len(self.index)
@@ -299,7 +319,8 @@ class TraceFile:
             except _RecordError as e:
                 raise TraceError(f"trace {self.path} is corrupted at {meta.where} ({e})") from None
             if rec.get("kind") != "step":
-                raise TraceError(f"trace {self.path} is corrupted at {meta.where} (not a step record)")
+                raise TraceError(f"trace {self.path} is corrupted at "
+                                 f"{meta.where} (not a step record)")
             if not meta.line:
                 self._add_tokens(rec.get("tokens", {}))
             _check_step(rec, meta.where)
@@ -317,8 +338,8 @@ class TraceFile:
             except SpectraceError as e:  # the kernels' walk and the explicit one disagree
                 raise TraceError(f"trace {self.path}: {e}") from None
             except (*MALFORMED, RuntimeError) as e:
-                raise TraceError(f"trace {self.path}: {sidecar} is not readable at step {meta.step} "
-                                 f"({str(e)[:80]})") from None
+                raise TraceError(f"trace {self.path}: {sidecar} is not readable at step "
+                                 f"{meta.step} ({str(e)[:80]})") from None
             if len(self._framed) > 16:
                 self._framed.clear()
             self._framed[meta.frame] = lines
@@ -329,8 +350,9 @@ class TraceFile:
 
 
 def read_trace(path: str | Path, recover: Recover | None = None) -> Trace:
-    """Read and validate a whole trace; raise TraceError with a one-line reason if it is unusable."""
+    """Read and validate a whole trace; raise TraceError with a one-line reason if it is
+    unusable."""
     f = TraceFile(path, recover)
     steps = [f.step(i) for i in range(len(f))]
-    return Trace(header=f.header, prefills=f.prefills, steps=steps, summary=f.summary, tokens=f.tokens,
-                 notices=f.notices)
+    return Trace(header=f.header, prefills=f.prefills, steps=steps, summary=f.summary,
+                 tokens=f.tokens, notices=f.notices)

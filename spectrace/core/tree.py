@@ -43,7 +43,8 @@ def select_top_k_tokens(i: int, topk_p, topk_index, hidden_states, scores, topk:
     bs = scores.shape[0] if scores is not None else topk_p.shape[0]
     if i == 0:
         input_ids = topk_index.flatten()
-        hidden_states = hidden_states.repeat_interleave(topk, dim=0) if hidden_states is not None else None
+        hidden_states = (hidden_states.repeat_interleave(topk, dim=0) if hidden_states is not None
+                         else None)
         scores = topk_p  # (bs, K)
         parents = torch.arange(-1, topk, device=topk_p.device).unsqueeze(0).expand(bs, topk + 1)
         tree_info = (topk_p.unsqueeze(1), topk_index, parents)  # (bs,1,K), (bs,K), (bs,K+1)
@@ -68,19 +69,22 @@ def organize_draft_results(score_list, token_list, parents_list, num_draft_token
     ss_token_list = torch.cat(token_list, dim=1)  # (bs, K + (S-1)K^2)
     # SGLang's torch.topk; a stable sort breaks ties toward the lower candidate index (a parent,
     # an earlier sibling), which topk leaves unspecified and sampled trees rely on
-    best = torch.sort(score_list, dim=-1, descending=True, stable=True).indices[:, :num_draft_token - 1]
+    best = torch.sort(score_list, dim=-1, descending=True, stable=True).indices
+    best = best[:, :num_draft_token - 1]
     top_scores_index = torch.sort(best).values  # (bs, n-1)
     draft_tokens = torch.gather(ss_token_list, 1, top_scores_index)  # (bs, n-1)
     if len(parents_list) > 1:
         parent_list = torch.cat(parents_list[:-1], dim=1)  # (bs, K(S-1)+1)
     else:
-        parent_list = torch.empty(score_list.shape[0], 0, dtype=torch.int64, device=score_list.device)
+        parent_list = torch.empty(score_list.shape[0], 0, dtype=torch.int64,
+                                  device=score_list.device)
     return parent_list, top_scores_index, draft_tokens
 
 
 # ---- building the tree -------------------------------------------------------------------------
 
-def _parent_position(selected_index: list[int], parents: list[int], i: int, topk: int, n: int) -> int:
+def _parent_position(selected_index: list[int], parents: list[int], i: int, topk: int,
+                     n: int) -> int:
     """Tree node of the parent of node i+1, as the kernel finds it (0: the root; n: not among the
     nodes). selected_index (n-1,) and parents (K(S-1)+1,) are one request's rows."""
     parent_tb_idx = selected_index[i] // topk  # the row of parent_list the node was expanded from
@@ -96,7 +100,8 @@ def _parent_position(selected_index: list[int], parents: list[int], i: int, topk
 
 def build_tree(parent_list, top_scores_index, seq_lens, topk: int, num_verify_tokens: int,
                tree_mask_mode: TreeMaskMode = TreeMaskMode.FULL_MASK):
-    """SGLang's `build_tree_kernel_efficient` kernel (sgl-kernel `eagle_utils.cu`) for every request.
+    """SGLang's `build_tree_kernel_efficient` kernel (sgl-kernel `eagle_utils.cu`) for every
+    request.
 
     seq_lens (bs,): committed prefix length, root excluded (the kernel's verified_seq_len).
     Returns the flat tree mask (layout by mode), positions (bs*n,) and retrive_index /
@@ -105,7 +110,8 @@ def build_tree(parent_list, top_scores_index, seq_lens, topk: int, num_verify_to
     bs, n = len(seq_lens), num_verify_tokens
     seq_lens = [int(s) for s in seq_lens]
     tree_rows, positions = [], []
-    retrive_index, retrive_next_token, retrive_next_sibling = ([[-1] * n for _ in range(bs)] for _ in range(3))
+    retrive_index, retrive_next_token, retrive_next_sibling = ([[-1] * n for _ in range(bs)]
+                                                               for _ in range(3))
     for b in range(bs):  # one CUDA block per request
         selected_index, parents = top_scores_index[b].tolist(), parent_list[b].tolist()
         # each row sees the root and, below, its own ancestors and itself
@@ -138,13 +144,14 @@ def build_tree(parent_list, top_scores_index, seq_lens, topk: int, num_verify_to
         positions += pos
     device = top_scores_index.device
     as_tensor = lambda x: torch.tensor(x, dtype=torch.int64, device=device)  # noqa: E731
-    return (lay_out_mask(torch.tensor(tree_rows, dtype=torch.bool, device=device).view(bs, n, n), seq_lens,
-                         tree_mask_mode),
+    return (lay_out_mask(torch.tensor(tree_rows, dtype=torch.bool, device=device).view(bs, n, n),
+                         seq_lens, tree_mask_mode),
             as_tensor(positions), as_tensor(retrive_index), as_tensor(retrive_next_token),
             as_tensor(retrive_next_sibling))
 
 
-# backend -> build_tree, as the drafters look it up by their KV cache's backend; kernels/backend.py adds "triton"
+# backend -> build_tree, as the drafters look it up by their KV cache's backend; kernels/backend.py
+# adds "triton"
 BUILD_TREE = {"explicit": build_tree}
 
 
@@ -156,8 +163,10 @@ def lay_out_mask(tree_rows: torch.Tensor, seq_lens: list[int], mode: TreeMaskMod
     BITPACKING   one integer per row, bit j = node j; uint8 / int16 / int32 for n <= 8 / 16 / 32"""
     bs, n = tree_rows.shape[:2]
     if mode == TreeMaskMode.FULL_MASK:
-        return torch.cat([torch.cat([torch.ones(n, L, dtype=torch.bool, device=tree_rows.device), rows], 1).flatten()
-                          for rows, L in zip(tree_rows, seq_lens)]) if bs else tree_rows.flatten()
+        if not bs:
+            return tree_rows.flatten()
+        prefix = [torch.ones(n, L, dtype=torch.bool, device=tree_rows.device) for L in seq_lens]
+        return torch.cat([torch.cat([p, rows], 1).flatten() for p, rows in zip(prefix, tree_rows)])
     if mode == TreeMaskMode.QLEN_ONLY:
         return tree_rows.flatten()
     if n > 32:
@@ -184,7 +193,8 @@ def tree_mask_rows(tree_mask, seq_lens, n: int, mode: TreeMaskMode) -> list[torc
 
 def reconstruct_indices_from_tree_mask(tree_mask, seq_lens, n: int):
     """Recover positions and the retrive_* lists from a QLEN_ONLY mask (bs*n*n,), as SGLang's
-    NGRAM path does. Returns (positions, retrive_index, retrive_next_token, retrive_next_sibling)."""
+    NGRAM path does. Returns (positions, retrive_index, retrive_next_token,
+    retrive_next_sibling)."""
     bs = len(seq_lens)
     device = tree_mask.device
     m = tree_mask.view(bs, n, n)
@@ -223,28 +233,35 @@ class DraftTree:
     q: torch.Tensor  # (bs, n-1) draft probability of each node given its parent
     scores: torch.Tensor  # (bs, n-1) path score (product of q from the root)
     draft_topk: list[list[list]]  # per request and node: the draft's top [token, q] at its parent
-    draft_probs: torch.Tensor | None = None  # sampled drafts: (bs, n-1, V), row j = the q node j+1 was drawn from
-    q_dists: torch.Tensor | None = None  # (bs, n-1, V) q at node j+1's parent, sampled or not (--record-probs)
+    # sampled drafts: (bs, n-1, V), row j = the q node j+1 was drawn from
+    draft_probs: torch.Tensor | None = None
+    # (bs, n-1, V) q at node j+1's parent, sampled or not (--record-probs)
+    q_dists: torch.Tensor | None = None
     sibling_worth: torch.Tensor | None = None  # sampled trees: (bs, K), what ranked the j-th draws
-    candidates: list[dict] | None = None  # per request: every candidate the draft loop scored (eagle_worker.py)
-    sizes: list[int] | None = None  # nodes per request, root included, when they differ (n-gram chains)
+    # per request: every candidate the draft loop scored (eagle_worker.py)
+    candidates: list[dict] | None = None
+    # nodes per request, root included, when they differ (n-gram chains)
+    sizes: list[int] | None = None
     proposers: list[dict | None] | None = None  # per request: where a model-free proposal came from
 
     def size(self, b: int) -> int:
         return self.sizes[b] if self.sizes is not None else self.draft_tokens.shape[1]
 
     def parents(self, b: int) -> list[int]:
-        """Parent node of each node 1..size-1 (0 = root), read off the mask: the deepest ancestor."""
+        """Parent node of each node 1..size-1 (0 = root), read off the mask: the deepest
+        ancestor."""
         n = self.size(b)
         mask = self.tree_mask[b, :n, :n].tolist()
         return [max(i for i in range(j) if mask[j][i]) for j in range(1, n)]
 
 
-def chain_tree(proposals: list[list[int]], root_tokens: list[int], seq_lens, q: torch.Tensor | None = None,
-               draft_topk: list | None = None, proposers: list[dict | None] | None = None, device="cpu") -> DraftTree:
+def chain_tree(proposals: list[list[int]], root_tokens: list[int], seq_lens,
+               q: torch.Tensor | None = None, draft_topk: list | None = None,
+               proposers: list[dict | None] | None = None, device="cpu") -> DraftTree:
     """Chains, one per request, each as long as its proposal, padded to the longest (`sizes` says
     where each ends). q (bs, n-1): each draft's probability given its parent, 1 by default (a
-    copied n-gram); draft_topk: the trace's draft top-k at each node's parent (default [[token, q]])."""
+    copied n-gram); draft_topk: the trace's draft top-k at each node's parent (default [[token,
+    q]])."""
     bs, n = len(proposals), 1 + max((len(p) for p in proposals), default=0)
     tokens = torch.zeros(bs, n, dtype=torch.int64)
     retrive_next_token, retrive_next_sibling = torch.full((2, bs, n), -1, dtype=torch.int64)
@@ -253,15 +270,20 @@ def chain_tree(proposals: list[list[int]], root_tokens: list[int], seq_lens, q: 
         retrive_next_token[b, :len(p)] = torch.arange(1, len(p) + 1)
     q = torch.ones(bs, n - 1) if q is None else q.float().cpu()
     return DraftTree(
-        draft_tokens=tokens.to(device), tree_mask=torch.ones(n, n, dtype=torch.bool).tril().expand(bs, n, n).to(device),
-        positions=(torch.tensor([int(s) for s in seq_lens]).view(bs, 1) + torch.arange(n)).to(device),
-        retrive_index=torch.arange(bs * n).view(bs, n).to(device), retrive_next_token=retrive_next_token.to(device),
+        draft_tokens=tokens.to(device),
+        tree_mask=torch.ones(n, n, dtype=torch.bool).tril().expand(bs, n, n).to(device),
+        positions=(torch.tensor([int(s) for s in seq_lens]).view(bs, 1)
+                   + torch.arange(n)).to(device),
+        retrive_index=torch.arange(bs * n).view(bs, n).to(device),
+        retrive_next_token=retrive_next_token.to(device),
         retrive_next_sibling=retrive_next_sibling.to(device), q=q, scores=torch.cumprod(q, dim=1),
-        draft_topk=draft_topk if draft_topk is not None else [[[[t, 1.0]] for t in p] for p in proposals],
-        sizes=[len(p) + 1 for p in proposals], proposers=proposers)
+        draft_topk=draft_topk if draft_topk is not None
+        else [[[[t, 1.0]] for t in p] for p in proposals], sizes=[len(p) + 1 for p in proposals],
+        proposers=proposers)
 
 
-def children(node: int, retrive_next_token: list[int], retrive_next_sibling: list[int]) -> list[int]:
+def children(node: int, retrive_next_token: list[int],
+             retrive_next_sibling: list[int]) -> list[int]:
     """A node's children in sibling order, read off the linked lists."""
     out, cur = [], retrive_next_token[node]
     while cur != -1:

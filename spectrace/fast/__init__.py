@@ -2,7 +2,8 @@
 on the device, replayed from CUDA graphs, laid out as spectrace/core/ is, file for file:
 
     engine.py      FastEngine: the host loop (requests, prefill, a step launched ahead, RECORD)
-    runner.py      StepRunner: the device half, graph-safe: `step` (draft, verify, accept, commit, extend)
+    runner.py      StepRunner: the device half, graph-safe: `step` (draft, verify, accept, commit,
+                   extend)
     kv.py          StaticKV: a req_to_token row per request; COMMIT reorders it
     batch.py       forward batches with their attention metadata built on the device
     tree.py        DeviceTree: one step's draft trees, each request's QLEN_ONLY mask rows

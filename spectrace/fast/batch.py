@@ -34,10 +34,12 @@ def extend_batch(kv, input_ids, positions, width: int, tree_mask=None) -> Forwar
     width) for a verify (QLEN_ONLY: every prefix column is visible), else causal. Shapes are fixed
     by (bs, width); the metadata costs two kernels (the new tokens' slots)."""
     bs, device = kv.seq_lens.shape[0], kv.seq_lens.device
-    meta = dict(qo_indptr=ramp(bs + 1, width, device), kv_indptr=None, kv_indices=None, custom_mask=None,
-                mask_indptr=None, max_len_extend=width, req_to_token=kv.req_to_token, prefix_lens=kv.seq_lens)
+    meta = dict(qo_indptr=ramp(bs + 1, width, device), kv_indptr=None, kv_indices=None,
+                custom_mask=None, mask_indptr=None, max_len_extend=width,
+                req_to_token=kv.req_to_token, prefix_lens=kv.seq_lens)
     if tree_mask is not None:
-        meta.update(custom_mask=tree_mask.flatten(), mask_indptr=ramp(bs + 1, width * width, device), qlen_mask=True)
+        meta.update(custom_mask=tree_mask.flatten(),
+                    mask_indptr=ramp(bs + 1, width * width, device), qlen_mask=True)
     slots = kv.req_to_token.gather(1, kv.seq_lens[:, None] + ramp(width, 1, device))
     return ForwardBatch(input_ids=input_ids, positions=positions, req_pool_indices=list(range(bs)),
                         seq_lens=[], extend_lens=[width] * bs, out_cache_loc=slots.flatten(),
@@ -45,8 +47,10 @@ def extend_batch(kv, input_ids, positions, width: int, tree_mask=None) -> Forwar
 
 
 @functools.cache
-def _scratch_grid(num_steps: int, topk: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(num_steps, 1, K) each: the level of path k's node at level i, and the scratch column it writes."""
+def _scratch_grid(num_steps: int, topk: int,
+                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(num_steps, 1, K) each: the level of path k's node at level i, and the scratch column it
+    writes."""
     level = torch.arange(num_steps, device=device).view(-1, 1, 1).expand(-1, 1, topk).contiguous()
     return level, level + torch.arange(topk, device=device) * (num_steps - 1)
 
@@ -87,20 +91,25 @@ def decode_rows_batch(kv, tree, invariant: bool) -> ForwardBatch:
     batch_invariant in one batched forward, where the explicit engine makes one pass a row."""
     bs, w = tree.draft_tokens.shape
     device = kv.seq_lens.device
-    shown = torch.ones(bs, 1, 1, dtype=torch.bool, device=device) if tree.tree_mask is None else tree.tree_mask
-    paths = torch.argsort((~shown).to(torch.int8), dim=-1, stable=True)  # (bs, w, w): the shown nodes first
-    splits = 4 if device.type == "cuda" else 1  # fixed: a row's tiles and splits depend on its keys alone
-    meta = dict(req_to_token=kv.req_to_token, prefix_lens=kv.seq_lens, paths=paths, path_lens=shown.sum(-1),
-                num_kv_splits=splits)
+    shown = (torch.ones(bs, 1, 1, dtype=torch.bool, device=device) if tree.tree_mask is None
+             else tree.tree_mask)
+    # (bs, w, w): the shown nodes first
+    paths = torch.argsort((~shown).to(torch.int8), dim=-1, stable=True)
+    # fixed: a row's tiles and splits depend on its keys alone
+    splits = 4 if device.type == "cuda" else 1
+    meta = dict(req_to_token=kv.req_to_token, prefix_lens=kv.seq_lens, paths=paths,
+                path_lens=shown.sum(-1), num_kv_splits=splits)
     slots = kv.req_to_token.gather(1, kv.seq_lens[:, None] + ramp(w, 1, device))
     return ForwardBatch(input_ids=tree.draft_tokens.flatten(), positions=tree.positions.flatten(),
-                        req_pool_indices=[], seq_lens=[], extend_lens=[w] * bs, out_cache_loc=slots.flatten(),
-                        custom_masks=[], attn_metadata={"branch": meta}, batch_invariant=invariant)
+                        req_pool_indices=[], seq_lens=[], extend_lens=[w] * bs,
+                        out_cache_loc=slots.flatten(), custom_masks=[],
+                        attn_metadata={"branch": meta}, batch_invariant=invariant)
 
 
 @dataclass
 class PromptBuffers:
-    """The prefill's static inputs, (bs, L) prompt ids and (bs,) their lengths, and once captured the
+    """The prefill's static inputs, (bs, L) prompt ids and (bs,) their lengths, and once captured
+    the
     prefill graph that reads them."""
 
     ids: torch.Tensor
@@ -114,7 +123,8 @@ class PromptBuffers:
                    torch.ones(bs, dtype=torch.int64, device=device))
 
     def fill(self, reqs) -> None:
-        """Each prompt padded with 0s; the bucket's spare rows are one token (the first prompt's first)."""
+        """Each prompt padded with 0s; the bucket's spare rows are one token (the first prompt's
+        first)."""
         bs, L = self.ids.shape
         ids = [r.prompt_ids + [0] * (L - len(r.prompt_ids)) for r in reqs]
         ids += [[reqs[0].prompt_ids[0]] + [0] * (L - 1)] * (bs - len(reqs))
@@ -123,5 +133,6 @@ class PromptBuffers:
 
 
 def features(out) -> torch.Tensor:
-    """What drafters read of a target forward: the captured layers' inputs, or the last hidden state."""
+    """What drafters read of a target forward: the captured layers' inputs, or the last hidden
+    state."""
     return torch.cat(out.aux_hidden_states, dim=-1) if out.aux_hidden_states else out.hidden_states

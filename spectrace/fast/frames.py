@@ -74,13 +74,15 @@ class Pack:
 
     def view(self, name: str) -> torch.Tensor:
         """One tensor of `host`, by its name."""
-        return self.views[name] if self.views is not None else unpack(self.host, {name: self.layout[name]})[name]
+        return (self.views[name] if self.views is not None
+                else unpack(self.host, {name: self.layout[name]})[name])
 
 
 def unpack(buffer: torch.Tensor, layout: dict) -> dict:
     """A Pack's tensors, as views of `buffer` (uint8) by its layout."""
     return {name: None if at is None else
-            buffer[at[0]:at[0] + at[1]].view(getattr(torch, at[2])).view(at[3]) for name, at in layout.items()}
+            buffer[at[0]:at[0] + at[1]].view(getattr(torch, at[2])).view(at[3])
+            for name, at in layout.items()}
 
 
 def split(obj) -> tuple[dict, dict]:
@@ -104,7 +106,8 @@ class FrameWriter:
         self.path = path
         try:
             if path.exists() and not path.is_file():  # a FIFO's open would wait for a reader
-                raise TraceError(f"cannot write {path}: it is not a file, and a trace's frames are one")
+                raise TraceError(f"cannot write {path}: it is not a "
+                                 f"file, and a trace's frames are one")
             self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             self._writev([MAGIC])
         except OSError as e:
@@ -116,11 +119,13 @@ class FrameWriter:
         data = [b.numpy().data for b in blobs if b.numel()]
         try:
             self._writev([_LENGTHS.pack(len(text), sum(b.numel() for b in blobs)), text, *data])
-        except OSError as e:  # a full disk: the frames so far stay readable, a torn last one is skipped
+        # a full disk: the frames so far stay readable, a torn last one is skipped
+        except OSError as e:
             raise TraceError(f"cannot write {self.path}: {e.strerror}") from None
 
     def _writev(self, parts: list) -> None:
-        """All of parts, in order (a regular file takes them in one call but where the disk fills)."""
+        """All of parts, in order (a regular file takes them in one call but where the disk
+        fills)."""
         parts = [memoryview(p).cast("B") for p in parts]
         while parts:
             done = os.writev(self._fd, parts)
@@ -140,7 +145,8 @@ def frame_heads(path: Path) -> Iterator[tuple[dict, int, int]]:
     if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the open, a device never end
         return
     with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size  # what a frame may claim: lengths past it are a torn frame
+        # what a frame may claim: lengths past it are a torn frame
+        size = os.fstat(f.fileno()).st_size
         if f.read(len(MAGIC)) != MAGIC:
             return
         while len(lengths := f.read(_LENGTHS.size)) == _LENGTHS.size:
@@ -157,7 +163,8 @@ def frame_heads(path: Path) -> Iterator[tuple[dict, int, int]]:
 
 
 def read_blob(path: Path, offset: int, size: int) -> torch.Tensor:
-    """A frame's blob (uint8, on the host, in a buffer of its own: its tensors' views are aligned)."""
+    """A frame's blob (uint8, on the host, in a buffer of its own: its tensors' views are
+    aligned)."""
     with open(path, "rb") as f:
         f.seek(offset)
         blob = bytearray(f.read(size))

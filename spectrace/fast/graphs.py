@@ -51,7 +51,8 @@ class Phase(enum.Enum):
 
 
 STEP = (Phase.DRAFT, Phase.VERIFY, Phase.ACCEPT, Phase.COMMIT, Phase.EXTEND)
-# a CUDA graph per group of phases; a drafter on the host, or none: DRAFT joins VERIFY's graph, and no EXTEND
+# a CUDA graph per group of phases; a drafter on the host, or none: DRAFT joins VERIFY's graph, and
+# no EXTEND
 LAUNCHES = (("draft", (Phase.DRAFT,)), ("verify", (Phase.VERIFY, Phase.ACCEPT, Phase.COMMIT)),
             ("extend", (Phase.EXTEND,)))
 HOST_LAUNCHES = (("verify", (Phase.DRAFT, Phase.VERIFY, Phase.ACCEPT, Phase.COMMIT)),)
@@ -65,7 +66,8 @@ def launch_groups(drafter, per_phase: bool) -> tuple:
     if not per_phase:
         return LAUNCHES if on_device else HOST_LAUNCHES
     groups = tuple((p.value, (p,)) for p in STEP[:5 if on_device else 4])
-    return groups if on_device or drafter is None else (("verify", (Phase.DRAFT, Phase.VERIFY)),) + groups[2:]
+    return (groups if on_device or drafter is None
+            else (("verify", (Phase.DRAFT, Phase.VERIFY)),) + groups[2:])
 
 
 def with_record(groups: tuple) -> tuple:
@@ -96,7 +98,8 @@ class PhaseGroups:
     @contextmanager
     def __call__(self, phase: Phase):
         if phase not in self.next:
-            raise LookupError(f"{phase} is in no launch group {self.groups}: on a GPU it would run in no graph")
+            raise LookupError(f"{phase} is in no launch group {self.groups}: "
+                              f"on a GPU it would run in no graph")
         if phase not in self.first and phase is not self.expected:
             raise LookupError(f"{phase} runs outside its launch group's order {self.groups}")
         if phase in self.first:
@@ -114,7 +117,8 @@ class PhaseGroups:
 def check_batch(batch: int) -> None:
     """One line for a batch over the largest bucket."""
     if batch > BUCKETS[-1]:
-        raise SpectraceError(f"--backend fast captures batches of at most {BUCKETS[-1]} requests, not {batch}")
+        raise SpectraceError(f"--backend fast captures batches of at "
+                             f"most {BUCKETS[-1]} requests, not {batch}")
 
 
 def bucket(batch: int) -> int:
@@ -166,10 +170,12 @@ def capture_step(step: Callable, groups: tuple, warmup: int = 2, pool=None):
     return graphs, outputs
 
 
-def replay_ms(graph: torch.cuda.CUDAGraph, repeat: int, before: Callable[[], None] | None = None) -> float:
+def replay_ms(graph: torch.cuda.CUDAGraph, repeat: int,
+              before: Callable[[], None] | None = None) -> float:
     """Median milliseconds of `repeat` replays (after one that warms up), each timed with CUDA
     events; before(): run ahead of each replay, untimed (e.g. an L2 flush)."""
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeat + 1)]
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(repeat + 1)]
     for start, end in events:
         if before is not None:
             before()
@@ -208,7 +214,8 @@ class PhaseClock:
         return {k: round((e - s) * 1000, 3) for k, (s, e) in marks.items()}
 
 
-def to_host(t: torch.Tensor, landing: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+def to_host(t: torch.Tensor,
+            landing: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.cuda.Event | None]:
     """t on its way to the host without waiting: a pinned copy (landing: where a copy already
     enqueued brings it, a recording step's Pack) and the event after which it has landed (on a
     CPU: a clone, there at once)."""

@@ -22,11 +22,12 @@ class StaticKV:
 
     def __init__(self, model, bs: int, columns: int):
         cfg, p = model.config, next(model.parameters())
-        self.pool = TokenToKVPool(len(model.layers), bs * columns, cfg.num_key_value_heads, cfg.head_dim, p.dtype,
-                                  p.device)
+        self.pool = TokenToKVPool(len(model.layers), bs * columns, cfg.num_key_value_heads,
+                                  cfg.head_dim, p.dtype, p.device)
         self.identity = torch.arange(bs * columns, device=p.device).view(bs, columns)
         self.req_to_token = self.identity.clone()
-        self.seq_lens = torch.zeros(bs, dtype=torch.int64, device=p.device)  # committed KV per request
+        # committed KV per request
+        self.seq_lens = torch.zeros(bs, dtype=torch.int64, device=p.device)
 
     def reset(self) -> None:
         self.req_to_token.copy_(self.identity)
@@ -34,9 +35,11 @@ class StaticKV:
 
     def slots(self, starts: torch.Tensor, width: int) -> torch.Tensor:
         """(bs, width) slots of columns starts[b] .. starts[b] + width - 1 of each row."""
-        return self.req_to_token.gather(1, starts[:, None] + torch.arange(width, device=starts.device))
+        return self.req_to_token.gather(1,
+                                        starts[:, None] + torch.arange(width, device=starts.device))
 
-    def commit(self, accept_index: torch.Tensor, accept_num: torch.Tensor, live: torch.Tensor, n: int) -> None:
+    def commit(self, accept_index: torch.Tensor, accept_num: torch.Tensor, live: torch.Tensor,
+               n: int) -> None:
         """COMMIT (SGLang's remap): the verify's n columns of each live row reordered so the
         accepted path's slots come first, in path order, and the rest after them, still owned by
         the request; seq_lens grows by accept_num + 1 (the root and the correct drafts).

@@ -51,8 +51,9 @@ class RecordContext:
 
     @classmethod
     def of(cls, spec: SpecConfig, drafter) -> RecordContext:
-        return cls(spec.acceptance, spec.sampling.greedy, spec.topk, spec.trace_topk, spec.threshold_single,
-                   spec.threshold_acc, drafter is not None, drafter is not None and drafter.drafts_on_host,
+        return cls(spec.acceptance, spec.sampling.greedy, spec.topk, spec.trace_topk,
+                   spec.threshold_single, spec.threshold_acc, drafter is not None,
+                   drafter is not None and drafter.drafts_on_host,
                    drafter is not None and drafter.samples_drafts)
 
     @property
@@ -74,14 +75,16 @@ class RecordBuilder:
     def __init__(self, context: RecordContext, probs: ProbsRecorder | None = None):
         self.context, self.probs = context, probs
         self.walk = RULES[context.acceptance].walk
-        self.layouts: dict[str, dict] = {}  # a Pack's key -> its layout, from the frame that first used it
+        # a Pack's key -> its layout, from the frame that first used it
+        self.layouts: dict[str, dict] = {}
 
     def frame_records(self, path: Path, skip=frozenset()) -> Iterator[list[dict]]:
         """The records of each whole frame of a sidecar, in order; skip: (step, request) pairs to
         leave out (those a trace holds already)."""
         for head, blob in itertools.islice(read_frames(path), 1, None):
             size = blob_bytes(self.layout(head, "device"))
-            yield self.records(head, blob[:size], blob[size:].clone(),  # clone: its own aligned buffer
+            # clone: its own aligned buffer
+            yield self.records(head, blob[:size], blob[size:].clone(),
                                {r for s, r in skip if s == head["step"]})
 
     def records(self, head: dict, device_blob: torch.Tensor, host_blob: torch.Tensor,
@@ -89,7 +92,8 @@ class RecordBuilder:
         """A frame's records, one per request that ran, but the requests in `skip`."""
         host = self.host_tensors(unpack(device_blob, self.layout(head, "device")))
         frame = unpack(host_blob, self.layout(head, "host"))
-        if "host_tree" in head:  # n-gram's trees as the host drafted them, and each row's index in them
+        # n-gram's trees as the host drafted them, and each row's index in them
+        if "host_tree" in head:
             host["host_tree"] = join(DraftTree, head["host_tree"], prefixed(frame, "tree."))
             host["index"] = dict(map(tuple, head["index"]))
         out = []
@@ -98,9 +102,10 @@ class RecordBuilder:
                 continue
             if isinstance(draw, dict):
                 draw = join(Randoms, draw["randoms"], prefixed(frame, f"draw{b}."))
-            r = Request(rid, [], [root] + committed, finish_reason)  # the request as the step left it
-            out.append(self.record(head["step"], b, r, host, tokens, draw, committed, head["timing"],
-                                   head["adaptive"], head["max_depth"]))
+            # the request as the step left it
+            r = Request(rid, [], [root] + committed, finish_reason)
+            out.append(self.record(head["step"], b, r, host, tokens, draw, committed,
+                                   head["timing"], head["adaptive"], head["max_depth"]))
         return out
 
     def layout(self, head: dict, pack: str) -> dict:
@@ -115,10 +120,13 @@ class RecordBuilder:
                                            host.pop("target_topk_values").tolist())
             host["p_tokens"] = host["p_tokens"].tolist()
         if "draft_top_values" in host:
-            host["draft_topk"] = [as_pairs(ib, vb) for ib, vb in zip(host.pop("draft_top_indices").tolist(),
-                                                                    host.pop("draft_top_values").tolist())]
-            candidates = [host.pop(k) for k in sorted(k for k in host if k.startswith("candidates"))]
-            host["candidates"] = draft_candidates(*candidates, self.context.topk) if candidates else None
+            host["draft_topk"] = [as_pairs(ib, vb)
+                                  for ib, vb in zip(host.pop("draft_top_indices").tolist(),
+                                                    host.pop("draft_top_values").tolist())]
+            candidates = [host.pop(k)
+                          for k in sorted(k for k in host if k.startswith("candidates"))]
+            host["candidates"] = (draft_candidates(*candidates, self.context.topk) if candidates
+                                  else None)
         return host
 
     def draft_tree(self, host: dict, b: int) -> tuple[DraftTree | None, int, int]:
@@ -129,14 +137,16 @@ class RecordBuilder:
             tree, i = host["host_tree"], host["index"][b]
             return tree, i, tree.size(i)
         tree = DraftTree(
-            draft_tokens=host["draft_tokens"], tree_mask=host["tree_mask"], positions=host["positions"],
-            retrive_index=host["retrive_index"], retrive_next_token=host["retrive_next_token"],
+            draft_tokens=host["draft_tokens"], tree_mask=host["tree_mask"],
+            positions=host["positions"], retrive_index=host["retrive_index"],
+            retrive_next_token=host["retrive_next_token"],
             retrive_next_sibling=host["retrive_next_sibling"], q=host["q"], scores=host["scores"],
-            draft_topk=host["draft_topk"], candidates=host["candidates"], sibling_worth=host["worth"])
+            draft_topk=host["draft_topk"], candidates=host["candidates"],
+            sibling_worth=host["worth"])
         return tree, b, host["draft_tokens"].shape[1]
 
-    def record(self, step: int, b: int, r: Request, host: dict, tokens: list[int], randoms, committed: list[int],
-               timing: dict, adaptive: dict | None, max_depth: int) -> dict:
+    def record(self, step: int, b: int, r: Request, host: dict, tokens: list[int], randoms,
+               committed: list[int], timing: dict, adaptive: dict | None, max_depth: int) -> dict:
         """Request b's step record (tokens: the step's accept tokens, the bonus last)."""
         context, seq_before = self.context, int(host["seq_lens_before"][b])
         tree, i, size = self.draft_tree(host, b)
@@ -147,36 +157,41 @@ class RecordBuilder:
             row.p_tokens = [r[:size] for r in host["p_tokens"][b][:size]]
         else:
             row.target_probs = host["target_probs"][b, :size]
-        if size == 1:  # plain decoding, or an n-gram request that drafted nothing: core's plain_result
+        # plain decoding, or an n-gram request that drafted nothing: core's plain_result
+        if size == 1:
             row.candidates, row.positions = [r.output_ids[-len(committed) - 1]], [seq_before]
             row.result = AcceptResult([], tokens[-1], [0], [], None if context.greedy else
-                                      bonus_from("target", 0, row.target_probs[0], context.trace_topk))
+                                      bonus_from("target", 0, row.target_probs[0],
+                                                 context.trace_topk))
         else:
             self.walk_explicitly(step, b, row, host, tokens, randoms, max_depth)
-        return step_record(step, row, tree, context.acceptance, self.kv_record(b, host, seq_before), timing,
-                           context.trace_topk, adaptive)
+        return step_record(step, row, tree, context.acceptance, self.kv_record(b, host, seq_before),
+                           timing, context.trace_topk, adaptive)
 
-    def walk_explicitly(self, step: int, b: int, row: StepRow, host: dict, tokens: list[int], randoms,
-                        max_depth: int) -> None:
-        """The explicit rule's walk over request b's tree, which must reach the kernels' path and bonus."""
+    def walk_explicitly(self, step: int, b: int, row: StepRow, host: dict, tokens: list[int],
+                        randoms, max_depth: int) -> None:
+        """The explicit rule's walk over request b's tree, which must reach the kernels' path and
+        bonus."""
         size, n = len(row.target_predict), host["draft_tokens"].shape[1]
         draft_probs = host.get("draft_probs")
         if self.probs is not None:  # the walk's inputs, for spectrace rejudge
             self.probs.add(step, row.req.req_pool_idx, host["logits"][b, :size],
-                           draft_probs[b] if draft_probs is not None else None, randoms or Randoms())
+                           draft_probs[b] if draft_probs is not None else None,
+                           randoms or Randoms())
         row.candidates = host["draft_tokens"][b, :size].tolist()
         row.positions = host["positions"][b, :size].tolist()
         sampled = self.context.samples_drafts
         row.result = self.walk(row.candidates, host["retrive_next_token"][b, :size].tolist(),
-                               host["retrive_next_sibling"][b, :size].tolist(), row.target_predict, row.target_probs,
-                               draft_probs[b] if sampled else None, randoms, max_depth, self.context.rule_params)
+                               host["retrive_next_sibling"][b, :size].tolist(), row.target_predict,
+                               row.target_probs, draft_probs[b] if sampled else None, randoms,
+                               max_depth, self.context.rule_params)
         num = int(host["accept_num"][b])
         kernel_path = (host["accept_index"][b, :num + 1] - b * n).tolist()
         if (kernel_path, tokens[-1]) != (row.result.accept_nodes, row.result.bonus_token):
             raise SpectraceError(
-                f"--backend fast: the {self.context.acceptance} kernel walked {kernel_path} with bonus {tokens[-1]} "
-                f"where the explicit walk walked {row.result.accept_nodes} with bonus {row.result.bonus_token} "
-                f"(request {b}, step {step})")
+                f"--backend fast: the {self.context.acceptance} kernel walked {kernel_path} with "
+                f"bonus {tokens[-1]} where the explicit walk walked {row.result.accept_nodes} "
+                f"with bonus {row.result.bonus_token} (request {b}, step {step})")
 
     def kv_record(self, b: int, host: dict, seq_before: int) -> dict:
         after = int(host["seq_lens"][b])
@@ -186,10 +201,12 @@ class RecordBuilder:
         else:  # a frame of an earlier version: the whole row
             slots = host["req_to_token"][b, start:after].tolist()
         kv = {"style": "sglang", "target_seq_len": [seq_before, after],
-              "req_to_token_tail": {"start": start, "slots": slots}, "events": [], "free_slots": None}
+              "req_to_token_tail": {"start": start, "slots": slots}, "events": [],
+              "free_slots": None}
         if host.get("draft_seq_lens") is not None:
             d_after, num = int(host["draft_seq_lens"][b]), int(host["accept_num"][b])
-            kv["draft_seq_len"] = [d_after - num - 1, d_after]  # EXTEND ran over every accepted token
+            # EXTEND ran over every accepted token
+            kv["draft_seq_len"] = [d_after - num - 1, d_after]
         return kv
 
 
@@ -201,9 +218,11 @@ def frame_requests(head: dict, host: dict) -> list[tuple]:
     if "requests" in head:
         return [tuple(e) for e in head["requests"]]
     rows, roots = host["host_row"].tolist(), host["roots"].tolist()
-    finished, draws, out = {b: (n, why) for b, n, why in head.get("finished", [])}, head.get("draws", {}), []
+    finished, draws, out = ({b: (n, why) for b, n, why in head.get("finished", [])},
+                            head.get("draws", {}), [])
     for b in head["ran"]:
-        tokens = rows[b][:rows[b][-1] + 1]  # accept_tokens, the bonus last; accept_num in the last column
+        # accept_tokens, the bonus last; accept_num in the last column
+        tokens = rows[b][:rows[b][-1] + 1]
         n, why = finished.get(b, (len(tokens), None))
         out.append((b, b, roots[b], tokens, tokens[:n], why, draws.get(str(b))))
     return out
@@ -224,18 +243,22 @@ class FrameSteps:
     core/trace_reader.py's StepSource (spectrace/recovery.py makes it); skip: the (step, request)
     pairs the trace's own lines hold (a run killed while it built them into the trace)."""
 
-    def __init__(self, trace: Path, skip: set, token_text: Callable[[int], str], run: str | None = None):
+    def __init__(self, trace: Path, skip: set, token_text: Callable[[int], str],
+                 run: str | None = None):
         """run: the trace header's run id, which its frames' first head repeats."""
-        self.path, self.steps, self.notice, self.token_text = frames_path(trace), [], None, token_text
+        self.path, self.steps, self.notice, self.token_text = (frames_path(trace), [], None,
+                                                               token_text)
         self.skips: list[set] = []  # each frame's requests whose records the trace's lines hold
-        self.frames: list[tuple[dict, int, int]] = []  # each step frame: its head, its blob's offset, bytes
+        # each step frame: its head, its blob's offset, bytes
+        self.frames: list[tuple[dict, int, int]] = []
         heads = frame_heads(self.path)
         first = next(heads, None)
         if first is None or "context" not in first[0]:
             self.notice = f"{self.path.name} is not a spectrace frames file: its steps are not read"
             return
         if run is not None and first[0].get("run", run) != run:
-            self.notice = f"{self.path.name} holds another run's steps (not this trace's): they are not read"
+            self.notice = (f"{self.path.name} holds another run's steps "
+                           f"(not this trace's): they are not read")
             return
         try:
             self.builder = RecordBuilder(RecordContext(**first[0]["context"]))
@@ -252,7 +275,8 @@ class FrameSteps:
                                            dict(head["timing"]), len(self.frames)))
                 self.frames.append((head, offset, size))
         except (*MALFORMED, RuntimeError) as e:  # an edited or foreign sidecar: the steps before it
-            self.notice = f"{self.path.name} stops being readable after {len(self.steps)} steps ({str(e)[:80]})"
+            self.notice = (f"{self.path.name} stops being readable after "
+                           f"{len(self.steps)} steps ({str(e)[:80]})")
 
     def index_tensors(self, device: dict, offset: int) -> dict:
         """The tensors a frame's index reads (host_row, roots), read alone from its blob."""
@@ -260,7 +284,8 @@ class FrameSteps:
         for name in ("host_row", "roots"):
             if device.get(name):
                 at, size, dtype, shape = device[name]
-                out[name] = read_blob(self.path, offset + at, size).view(getattr(torch, dtype)).view(shape)
+                blob = read_blob(self.path, offset + at, size)
+                out[name] = blob.view(getattr(torch, dtype)).view(shape)
         return out
 
     def records(self, frame: int) -> dict[int, dict]:
@@ -269,7 +294,9 @@ class FrameSteps:
         head, offset, size = self.frames[frame]
         blob = read_blob(self.path, offset, size)
         device = blob_bytes(self.builder.layout(head, "device"))
-        records = self.builder.records(head, blob[:device], blob[device:].clone(), self.skips[frame])  # aligned
+        # aligned
+        records = self.builder.records(head, blob[:device], blob[device:].clone(),
+                                       self.skips[frame])
         return {rec["request"]: rec for rec in records}
 
     def lines(self, frame: int, tokens: dict[int, str]) -> dict[int, str]:

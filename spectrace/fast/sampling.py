@@ -20,7 +20,8 @@ from spectrace.core.sampling import SamplingParams, probs_from_logits
 def sample_rows(probs: torch.Tensor, coins: torch.Tensor) -> torch.Tensor:
     """core/sampling.py's sample_from_prob for every row at once, in torch: probs (R, V), one
     float64 coin per row -> (R,) the smallest i with p_i > 0 and cumsum_i > coin * sum, else the
-    last i with p_i > 0 (float64, as the explicit draw; kernels/sampling.py's tiles sum in float32)."""
+    last i with p_i > 0 (float64, as the explicit draw; kernels/sampling.py's tiles sum in
+    float32)."""
     w = probs.double()
     cdf = w.cumsum(-1)
     hit = (w > 0) & (cdf > coins[:, None] * cdf[:, -1:])
@@ -28,7 +29,8 @@ def sample_rows(probs: torch.Tensor, coins: torch.Tensor) -> torch.Tensor:
     return torch.where(hit.any(-1), hit.int().argmax(-1), last_positive)
 
 
-def next_tokens(logits: torch.Tensor, sampling: SamplingParams, coins: torch.Tensor) -> torch.Tensor:
+def next_tokens(logits: torch.Tensor, sampling: SamplingParams,
+                coins: torch.Tensor) -> torch.Tensor:
     """Plain decoding's next token after each row of logits (bs, V): the argmax, or a sample of p
     with each request's coin (core/engine.py: Engine.next_token)."""
     if sampling.greedy:
@@ -39,23 +41,30 @@ def next_tokens(logits: torch.Tensor, sampling: SamplingParams, coins: torch.Ten
 class DeviceRandoms:
     """One step's random numbers on the device, one row per request of the bucket:
 
-        coins (bs, n), coin_final (bs,)   SGLang's verify coins (target_only, rejection, tree_rejection,
+        coins (bs, n), coin_final (bs,)   SGLang's verify coins (target_only, rejection,
+                                          tree_rejection,
                                           typical's final coin)
         uniforms (bs, n-1) float64,       vLLM's rejection sampler: a uniform per draft, the bonus's
           bonus_noise, inv_q (bs, V)      race noise, the recovered tokens' noise
-        noise[i] (bs * paths, V)          the draft loop's Exp(1) race noise at level i (sampled drafts)
-        coin64 (bs,) float64              a plain sample's coin (prefill, --algo none, a request that
+        noise[i] (bs * paths, V)          the draft loop's Exp(1) race noise at level i (sampled
+                                          drafts)
+        coin64 (bs,) float64              a plain sample's coin (prefill, --algo none, a request
+                                          that
                                           drafted nothing)
-        worth (bs, K)                     tree_rejection: what each sibling rank was worth (SiblingStats)
+        worth (bs, K)                     tree_rejection: what each sibling rank was worth
+                                          (SiblingStats)
     The shape-dependent buffers (coins, uniforms, noise) are a tier's own (`for_shape`)."""
 
-    def __init__(self, rule: Rule, bs: int, topk: int, vocab: int, samples_drafts: bool, device: torch.device):
-        self.rule, self.bs, self.topk, self.vocab, self.samples_drafts = rule, bs, topk, vocab, samples_drafts
+    def __init__(self, rule: Rule, bs: int, topk: int, vocab: int, samples_drafts: bool,
+                 device: torch.device):
+        self.rule, self.bs, self.topk, self.vocab = rule, bs, topk, vocab
+        self.samples_drafts = samples_drafts
         self.cuda = device.type == "cuda"
         zeros = torch.zeros(bs, device=device)
         self.coin_final, self.coin64 = zeros, zeros.double().clone()
         self.worth = torch.ones(bs, topk, device=device)
-        self.bonus_noise, self.inv_q = torch.ones(2, bs, vocab, device=device) if rule.name == "vllm" else (None, None)
+        self.bonus_noise, self.inv_q = (torch.ones(2, bs, vocab, device=device)
+                                        if rule.name == "vllm" else (None, None))
         self.num_steps, self.n, self.coins, self.uniforms, self.noise = 0, 1, None, None, []
 
     def for_shape(self, num_steps: int, n: int) -> "DeviceRandoms":
@@ -65,17 +74,20 @@ class DeviceRandoms:
         device = self.worth.device
         out.num_steps, out.n = num_steps, n
         out.coins = torch.zeros(self.bs, n, device=device)
-        out.uniforms = torch.zeros(self.bs, n - 1, dtype=torch.float64, device=device) if self.bonus_noise is not None \
-            else None
+        out.uniforms = None
+        if self.bonus_noise is not None:
+            out.uniforms = torch.zeros(self.bs, n - 1, dtype=torch.float64, device=device)
         out.noise = [torch.ones(self.bs * (1 if i == 0 else self.topk), self.vocab, device=device)
                      for i in range(num_steps)] if self.samples_drafts else []
         return out
 
     def stage_first(self, reqs: list[Request]) -> None:
         """The prefill's draws: each request's first token is a plain sample (its one coin)."""
-        self.upload(self.coin64, [float(torch.rand((), generator=r.gen, dtype=torch.float64)) for r in reqs])
+        self.upload(self.coin64,
+                    [float(torch.rand((), generator=r.gen, dtype=torch.float64)) for r in reqs])
 
-    def stage(self, reqs: list[Request], sizes: list[int], greedy: bool, worth: torch.Tensor | None = None):
+    def stage(self, reqs: list[Request], sizes: list[int], greedy: bool,
+              worth: torch.Tensor | None = None):
         """A step's host inputs into the buffers before it is launched: tree_rejection's sibling
         worth (bs, K) when given, and each request's draws (`draw`) unless greedy. Returns the
         draws (None when greedy)."""
@@ -97,7 +109,8 @@ class DeviceRandoms:
                 draws.append(float(torch.rand((), generator=r.gen, dtype=torch.float64)))
             else:  # the draft loop's races first, level by level, as propose_children draws them
                 for i, level in enumerate(noise):
-                    level.append(torch.empty(1 if i == 0 else self.topk, V).exponential_(generator=r.gen))
+                    rows = 1 if i == 0 else self.topk
+                    level.append(torch.empty(rows, V).exponential_(generator=r.gen))
                 draws.append(self.rule.draw(m, V, r.gen))
         for buffer, level in zip(self.noise, noise):
             rows = torch.cat(level) if level else torch.ones(0, V)
@@ -112,12 +125,18 @@ class DeviceRandoms:
         n, V = self.n, self.vocab
         if self.bonus_noise is not None:
             for name in ("bonus_noise", "inv_q"):
-                self.upload(getattr(self, name), torch.stack([getattr(d, name) if d else torch.ones(V) for d in trees]))
-            self.upload(self.uniforms, torch.stack([F.pad(d.uniforms, (0, n - 1 - len(d.uniforms))) if d else
-                                                    torch.zeros(n - 1, dtype=torch.float64) for d in trees]))
+                self.upload(getattr(self, name),
+                            torch.stack([getattr(d, name) if d else torch.ones(V) for d in trees]))
+            self.upload(self.uniforms,
+                        torch.stack([F.pad(d.uniforms, (0, n - 1 - len(d.uniforms))) if d else
+                                                    torch.zeros(n - 1, dtype=torch.float64)
+                                                    for d in trees]))
             return
-        self.upload(self.coins, [F.pad(d.coins, (0, n - len(d.coins))).tolist() if d is not None and d.coins is not None
-                                 else [0.0] * n for d in trees])  # typical draws the final coin only
+        self.upload(self.coins,
+                    [F.pad(d.coins, (0, n - len(d.coins))).tolist() if d is not None
+                     and d.coins is not None
+                                 # typical draws the final coin only
+                                 else [0.0] * n for d in trees])
         self.upload(self.coin_final, [float(d.coin_final) if d else 0.0 for d in trees])
 
     def upload(self, buffer: torch.Tensor, rows) -> None:

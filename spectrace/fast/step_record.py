@@ -38,9 +38,11 @@ class Kept(NamedTuple):
     draws: object  # its random numbers: None (greedy), a float (a plain sample) or Randoms
 
 
-TREE_FIELDS = ("draft_tokens", "positions", "retrive_index", "retrive_next_token", "retrive_next_sibling")
+TREE_FIELDS = ("draft_tokens", "positions", "retrive_index", "retrive_next_token",
+               "retrive_next_sibling")
 # the step tensors that hold token ids a record mentions (the trace carries their text)
-TOKEN_TENSORS = ("target_predict", "draft_tokens", "target_topk_indices", "draft_top_indices", "candidates00")
+TOKEN_TENSORS = ("target_predict", "draft_tokens", "target_topk_indices",
+                 "draft_top_indices", "candidates00")
 
 
 def last_slots(req_to_token: torch.Tensor, seq_lens: torch.Tensor, n: int = TAIL) -> torch.Tensor:
@@ -55,16 +57,18 @@ class StepRecorder:
     """A recording run's records: to the trace (a TraceWriter), through the frames sidecar, and
     to on_step (the live view)."""
 
-    def __init__(self, spec: SpecConfig, drafter, kv, roots: torch.Tensor, probs: ProbsRecorder | None,
-                 trace: TraceWriter | None, on_step, vocab_size: int):
+    def __init__(self, spec: SpecConfig, drafter, kv, roots: torch.Tensor,
+                 probs: ProbsRecorder | None, trace: TraceWriter | None, on_step, vocab_size: int):
         """roots: the runner's, each request's last token, which a step's records start from."""
-        self.spec, self.drafter, self.kv, self.trace, self.on_step = spec, drafter, kv, trace, on_step
+        self.spec, self.drafter, self.kv = spec, drafter, kv
+        self.trace, self.on_step = trace, on_step
         self.roots, self.roots_before = roots, torch.zeros_like(roots)  # the roots the step found
         # every token id the steps' records mention, marked on the device as each step is packed
         self.mentioned = torch.zeros(vocab_size, dtype=torch.bool, device=kv.seq_lens.device)
         self.keeps_logits = probs is not None
         self.before = torch.zeros_like(kv.seq_lens)  # the target's lengths as the step found them
-        self.packs: dict[int, Pack] = {}  # a captured tier's num_steps -> the Pack its last graph rewrites
+        # a captured tier's num_steps -> the Pack its last graph rewrites
+        self.packs: dict[int, Pack] = {}
         self.no_host, self.layouts_kept = Pack({}), {}  # key -> layout of those a frame holds
         self.builder = RecordBuilder(RecordContext.of(spec, drafter), probs)
         self.frames, self.loop_s = None, 0.0  # loop_s: the host's time writing frames
@@ -82,7 +86,8 @@ class StepRecorder:
             self.trace.write(self.prefill_record(r, t, ms), r.prompt_ids + r.output_ids)
 
     def prefill_record(self, r: Request, first_token: int, ms: float) -> dict:
-        kv = {"style": "sglang", "target_seq_len": [0, len(r.prompt_ids)], "events": [], "free_slots": None}
+        kv = {"style": "sglang", "target_seq_len": [0, len(r.prompt_ids)], "events": [],
+              "free_slots": None}
         return prefill_record(StepRow(r, 0, None, None), first_token, kv, {"prefill": ms})
 
     def packed(self, step, tier):
@@ -100,7 +105,8 @@ class StepRecorder:
 
     def copy_step(self, tier, out) -> Pack:
         """The step's tensors (out: its StepOutputs) packed on the device (a captured tier: by its
-        last graph) and on their way to the host: the cost of --trace-level steps/full inside the loop."""
+        last graph) and on their way to the host: the cost of --trace-level steps/full inside the
+        loop."""
         if tier.graphs and tier.num_steps in self.packs:
             return self.packs[tier.num_steps].to_host()
         return self.pack(eager, out, tier.randoms).to_host()
@@ -125,25 +131,30 @@ class StepRecorder:
         ids.append(out.verdict.accept_tokens.flatten())
         if tensors.get("target_probs") is not None:
             p = tensors["target_probs"]
-            ids.append(torch.topk(p, min(self.spec.trace_topk, p.shape[-1]), dim=-1).indices.flatten())
+            k = min(self.spec.trace_topk, p.shape[-1])
+            ids.append(torch.topk(p, k, dim=-1).indices.flatten())
         ids = torch.cat([t.to(torch.int64) for t in ids])
         self.mentioned[ids.clamp(min=0)] = True
 
     def step_tensors(self, out, randoms) -> dict:
         kv, tree, verdict, bs, n = self.kv, out.tree, out.verdict, *out.tree.draft_tokens.shape
         step = {"host_row": out.host_row,  # FastEngine.launch reads its row from this copy
-                "target_predict": out.target_predict.view(bs, n), "accept_index": verdict.accept_index,
-                "accept_num": verdict.accept_num, "req_to_token_tail": last_slots(kv.req_to_token, kv.seq_lens),
-                "seq_lens": kv.seq_lens,
-                "seq_lens_before": self.before, "roots": self.roots_before,
+                "target_predict": out.target_predict.view(bs, n),
+                "accept_index": verdict.accept_index, "accept_num": verdict.accept_num,
+                "req_to_token_tail": last_slots(kv.req_to_token, kv.seq_lens),
+                "seq_lens": kv.seq_lens, "seq_lens_before": self.before, "roots": self.roots_before,
                 "logits": out.logits.float().view(bs, n, -1) if self.keeps_logits else None}
         step.update(self.target_p(out.logits, tree.draft_tokens))
         if self.drafter is not None:
             step.update({name: getattr(tree, name) for name in TREE_FIELDS})
-            step["draft_seq_lens"] = self.drafter.kv.seq_lens if self.drafter.kv is not None else None
-        if self.drafter is not None and not self.drafter.drafts_on_host:  # n-gram's trees are on the host already
-            step.update({name: getattr(tree, name) for name in ("tree_mask", "q", "scores", "draft_probs")})
-            step["worth"] = randoms.worth if self.spec.acceptance == "tree_rejection" and self.spec.topk > 1 else None
+            step["draft_seq_lens"] = (self.drafter.kv.seq_lens if self.drafter.kv is not None
+                                      else None)
+        # n-gram's trees are on the host already
+        if self.drafter is not None and not self.drafter.drafts_on_host:
+            step.update({name: getattr(tree, name)
+                         for name in ("tree_mask", "q", "scores", "draft_probs")})
+            step["worth"] = (randoms.worth if self.spec.acceptance == "tree_rejection"
+                             and self.spec.topk > 1 else None)
             step["draft_top_values"], step["draft_top_indices"] = tree.draft_top
             for i, t in enumerate(tree.candidates or ()):
                 step[f"candidates{i:02d}"] = t
@@ -154,24 +165,27 @@ class StepRecorder:
         request's tree's tokens. A greedy walk at temperature 0 (RecordContext.reduces_p) reads no
         p: its top trace_topk and p at the drafts after each node, (bs, n, k) and (bs, n, n), from
         the row's max and sum in the same two kernels, no (bs * n, V) softmax (kernels/top_k.py).
-        Otherwise the whole of p (bs, n, V): softmax at temperature 0, else after T, top-k, top-p."""
+        Otherwise the whole of p (bs, n, V): softmax at temperature 0, else after T, top-k,
+        top-p."""
         (bs, n), sampling = drafts.shape, self.spec.sampling
         if not self.builder.context.reduces_p:
-            p = torch.softmax(logits, dim=-1) if sampling.greedy else probs_from_logits(logits, sampling)
+            p = (torch.softmax(logits, dim=-1) if sampling.greedy
+                 else probs_from_logits(logits, sampling))
             return dict(target_probs=p.view(bs, n, -1))
         k = min(self.spec.trace_topk, logits.shape[-1])
         values, indices, _, _, at = top_k_softmax(logits, k, drafts)
-        return dict(target_topk_values=values.view(bs, n, k), target_topk_indices=indices.view(bs, n, k),
-                    p_tokens=at.view(bs, n, n))
+        return dict(target_topk_values=values.view(bs, n, k),
+                    target_topk_indices=indices.view(bs, n, k), p_tokens=at.view(bs, n, n))
 
-    def keep(self, step: int, copied: Pack, requests: list[Kept], timing: dict, adaptive: dict | None,
-             max_depth: int) -> None:
+    def keep(self, step: int, copied: Pack, requests: list[Kept], timing: dict,
+             adaptive: dict | None, max_depth: int) -> None:
         """A step's frame, once `copied` has landed: to the sidecar, or into records at once (for
         on_step, or a trace that is a device)."""
         t0 = time.perf_counter()
-        host, head = {}, {"step": step, "timing": timing, "adaptive": adaptive, "max_depth": max_depth,
-                          "ran": [kept.b for kept in requests]}
-        finished = [[kept.b, kept.committed, kept.finish_reason] for kept in requests if kept.finish_reason]
+        host, head = {}, {"step": step, "timing": timing, "adaptive": adaptive,
+                          "max_depth": max_depth, "ran": [kept.b for kept in requests]}
+        finished = [[kept.b, kept.committed, kept.finish_reason] for kept in requests
+                    if kept.finish_reason]
         if finished:
             head["finished"] = finished
         if requests and requests[0].draws is not None:  # a sampling run's random numbers
@@ -188,7 +202,8 @@ class StepRecorder:
             head["index"] = [[b, i] for b, i in self.drafter.index.items()]
             host.update({f"tree.{k}": t for k, t in tensors.items()})
         host = Pack(host) if host else self.no_host  # on the host already
-        head["packs"] = {"device": self.layout_key(copied, head), "host": self.layout_key(host, head)}
+        head["packs"] = {"device": self.layout_key(copied, head),
+                         "host": self.layout_key(host, head)}
         if self.frames:
             self.frames.write(head, copied.host, host.host)
             self.loop_s += time.perf_counter() - t0
@@ -229,21 +244,26 @@ class StepRecorder:
         self.frames = None
         if self.builder.probs is None:
             self.trace.mention(self.mentioned.nonzero().flatten().tolist())
-            return {"trace_s": round(time.perf_counter() - t0, 4), "trace_loop_s": round(self.loop_s, 4)}
+            return {"trace_s": round(time.perf_counter() - t0, 4),
+                    "trace_loop_s": round(self.loop_s, 4)}
         try:
             for records in self.builder.frame_records(frames.path):
                 for rec in records:
                     self.trace.write(rec, record_token_ids(rec), flush=False)
-                self.trace.flush()  # a step's records whole: a run killed now still reads up to here
-        except SpectraceError:  # a step the explicit walk refuses: the trace ends before it, as it says
+                # a step's records whole: a run killed now still reads up to here
+                self.trace.flush()
+        # a step the explicit walk refuses: the trace ends before it, as it says
+        except SpectraceError:
             frames.path.unlink()
             raise
         frames.path.unlink()
-        return {"trace_s": round(time.perf_counter() - t0, 4), "trace_loop_s": round(self.loop_s, 4)}
+        return {"trace_s": round(time.perf_counter() - t0, 4),
+                "trace_loop_s": round(self.loop_s, 4)}
 
 
 class NoRecorder:
-    """A run that records nothing (no trace, no on_step): every part of the recorder does nothing."""
+    """A run that records nothing (no trace, no on_step): every part of the recorder does
+    nothing."""
 
     def write_prefill(self, reqs: list[Request], first: list[int], ms: float) -> None:
         pass

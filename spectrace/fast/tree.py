@@ -18,17 +18,22 @@ import torch
 class DeviceTree:
     draft_tokens: torch.Tensor  # (bs, n) root first
     positions: torch.Tensor  # (bs, n) committed length + depth
-    tree_mask: torch.Tensor | None  # (bs, n, n) bool, QLEN_ONLY: row i sees its ancestors and itself; None: a lone root
+    # (bs, n, n) bool, QLEN_ONLY: row i sees its ancestors and itself; None: a lone root
+    tree_mask: torch.Tensor | None
     retrive_index: torch.Tensor  # (bs, n) flat verify rows, b * n + j
     retrive_next_token: torch.Tensor  # (bs, n) each node's first child, -1 for none
     retrive_next_sibling: torch.Tensor  # (bs, n) each node's next sibling, -1 for none
-    draft_probs: torch.Tensor | None = None  # (bs, n-1, V) the q node j+1 was drawn from (or chosen by top-k)
-    num_drafts: torch.Tensor | None = None  # (bs,) drafts per request where they vary (n-gram); else n - 1
+    # (bs, n-1, V) the q node j+1 was drawn from (or chosen by top-k)
+    draft_probs: torch.Tensor | None = None
+    # (bs,) drafts per request where they vary (n-gram); else n - 1
+    num_drafts: torch.Tensor | None = None
     # what the trace keeps of each node (recording runs only)
     q: torch.Tensor | None = None  # (bs, n-1) q of each node given its parent
     scores: torch.Tensor | None = None  # (bs, n-1) path scores
-    draft_top: tuple[torch.Tensor, torch.Tensor] | None = None  # (values, indices) (bs, n-1, k) at each parent
-    candidates: tuple | None = None  # the draft loop's every candidate: level_tensors + top_scores_index
+    # (values, indices) (bs, n-1, k) at each parent
+    draft_top: tuple[torch.Tensor, torch.Tensor] | None = None
+    # the draft loop's every candidate: level_tensors + top_scores_index
+    candidates: tuple | None = None
 
     @property
     def num_nodes(self) -> int:
@@ -39,5 +44,5 @@ def root_tree(roots: torch.Tensor, seq_lens: torch.Tensor) -> DeviceTree:
     """Plain decoding's "tree": each request's last token alone, read causally after its prefix."""
     bs = roots.shape[0]
     none = torch.full((bs, 1), -1, device=roots.device)
-    return DeviceTree(roots[:, None], seq_lens[:, None], None, torch.arange(bs, device=roots.device)[:, None],
-                      none, none)
+    return DeviceTree(roots[:, None], seq_lens[:, None], None,
+                      torch.arange(bs, device=roots.device)[:, None], none, none)

@@ -1,4 +1,5 @@
-"""Acceptance rules: one module each, one signature, one registry (`RULES`, chosen with --acceptance).
+"""Acceptance rules: one module each, one signature, one registry (`RULES`, chosen with
+--acceptance).
 
     greedy          temperature 0: draft == argmax p                      (greedy.py, trees)
     target_only     SGLang's tree sampling with thresholds                (target_only.py, trees)
@@ -69,13 +70,16 @@ class AcceptResult:
 class Randoms:
     """One request's random numbers for one verify. SGLang draws `coins = rand_like(candidates)`
     and then one final coin per request; vLLM samples the bonus first (an exponential race), then
-    one float64 uniform per draft and one noise vector for recovered tokens. A rule reads its own."""
+    one float64 uniform per draft and one noise vector for recovered tokens. A rule reads its
+    own."""
 
     coins: torch.Tensor | None = None  # (n,) float32: SGLang's uniform_samples row
     coin_final: torch.Tensor | None = None  # () float32: uniform_samples_for_final_sampling
-    bonus_noise: torch.Tensor | None = None  # (V,) float32 Exp(1): vLLM's Sampler, bonus = argmax(p / noise)
+    # (V,) float32 Exp(1): vLLM's Sampler, bonus = argmax(p / noise)
+    bonus_noise: torch.Tensor | None = None
     uniforms: torch.Tensor | None = None  # (n-1,) float64: vLLM's uniform_probs
-    inv_q: torch.Tensor | None = None  # (V,) float32 1 / Exp(1): vLLM's noise of the recovered tokens
+    # (V,) float32 1 / Exp(1): vLLM's noise of the recovered tokens
+    inv_q: torch.Tensor | None = None
 
 
 def sglang_coins(n: int, vocab: int, gen: torch.Generator | None) -> Randoms:
@@ -94,7 +98,8 @@ class RuleParams:
 def decision(node: int, draft: int, accepted: bool, rule: str, **numbers) -> dict:
     """One node the walk looked at, for the trace: its numbers rounded as the trace keeps them."""
     return {"node": node, "draft": draft, "accepted": bool(accepted),
-            **{k: round(float(v), 6) if isinstance(v, (float, np.floating)) else v for k, v in numbers.items()},
+            **{k: round(float(v), 6) if isinstance(v, (float, np.floating)) else v
+               for k, v in numbers.items()},
             "rule": rule}
 
 
@@ -112,7 +117,8 @@ class Rule:
     walk: Callable[..., AcceptResult]  # the signature above
     draw: Callable[[int, int, torch.Generator | None], Randoms]  # (n nodes, vocab, generator)
     samples_drafts: bool = False  # the drafter samples drafts from q and keeps q (draft_probs)
-    needs_q: bool = False  # refuses drafts without a draft distribution (copied n-grams, argmax blocks)
+    # refuses drafts without a draft distribution (copied n-grams, argmax blocks)
+    needs_q: bool = False
     chains_only: bool = False  # verifies a chain (topk 1)
 
 
@@ -121,47 +127,53 @@ def default_rule(temperature: float) -> str:
     return "greedy" if temperature == 0.0 else "target_only"
 
 
-def check(rule: str, algo: str, topk: int, temperature: float, threshold_single: float, threshold_acc: float) -> None:
+def check(rule: str, algo: str, topk: int, temperature: float, threshold_single: float,
+          threshold_acc: float) -> None:
     """One clear line for a combination the engines refuse (or that would silently do nothing)."""
     if rule not in RULES:
         raise SpectraceError(f"unknown --acceptance {rule!r} (choose from {', '.join(RULES)})")
-    check_ranges(threshold_single=threshold_single, threshold_acc=threshold_acc, temperature=temperature)
+    check_ranges(threshold_single=threshold_single, threshold_acc=threshold_acc,
+                 temperature=temperature)
     if algo == "none":
         return
     r, a = RULES[rule], ALGOS[algo]
     if rule == "greedy" and temperature > 0:
-        raise SpectraceError("--acceptance greedy needs --temperature 0 (sampling rules: target_only, rejection, "
-                             "vllm, tree_rejection, typical)")
+        raise SpectraceError("--acceptance greedy needs --temperature 0 (sampling rules: "
+                             "target_only, rejection, vllm, tree_rejection, typical)")
     if rule != "greedy" and temperature == 0:
         raise SpectraceError(f"--acceptance {rule} samples: give --temperature > 0")
     if rule != "target_only" and (threshold_single, threshold_acc) != (1.0, 1.0):
-        raise SpectraceError(f"the accept thresholds belong to target_only; --acceptance {rule} needs both at 1.0")
+        raise SpectraceError(f"the accept thresholds belong to target_only; "
+                             f"--acceptance {rule} needs both at 1.0")
     if r.chains_only and topk != 1:
-        raise SpectraceError(f"--acceptance {rule} verifies a chain: it needs --topk 1 (tree_rejection samples "
-                             f"trees losslessly)")
+        raise SpectraceError(f"--acceptance {rule} verifies a chain: it needs --topk 1 "
+                             f"(tree_rejection samples trees losslessly)")
     if r.samples_drafts and a.drafts == "static":
-        raise SpectraceError(f"--acceptance {rule} needs drafts sampled from q; Medusa's static tree takes each "
-                             f"head's top-k (use target_only or typical)")
+        raise SpectraceError(f"--acceptance {rule} needs drafts sampled from q; Medusa's static "
+                             f"tree takes each head's top-k (use target_only or typical)")
     if r.needs_q and a.drafts == "fixed":
         what = ("n-gram drafts are copied" if algo == "ngram" else
                 "DFLASH drafts are the argmax of a block, as in SGLang")
-        raise SpectraceError(f"--acceptance {rule} needs drafts sampled from a draft model's q; {what} "
-                             f"(use target_only, or vllm, which takes them as one-hot)")
+        raise SpectraceError(f"--acceptance {rule} needs drafts sampled from a draft model's q; "
+                             f"{what} (use target_only, or vllm, which takes them as one-hot)")
     if rule == "rejection" and not a.eagle_worker:
-        raise SpectraceError(f"SGLang allows rejection sampling only for EAGLE / EAGLE3 (and NEXTN, MTP), "
-                             f"not --algo {algo}")
+        raise SpectraceError(f"SGLang allows rejection sampling only for EAGLE / EAGLE3 (and "
+                             f"NEXTN, MTP), not --algo {algo}")
 
 
 # The registry. The rule modules import AcceptResult and friends from this package, so they are
 # imported here, after those are defined.
-from spectrace.core.acceptance import greedy, rejection, target_only, tree_rejection, typical, vllm  # noqa: E402
+# noqa: E402
+from spectrace.core.acceptance import greedy, rejection, target_only, tree_rejection, typical, vllm
 
 RULES: dict[str, Rule] = {r.name: r for r in (
     Rule("greedy", greedy.greedy_walk, lambda n, vocab, gen: Randoms()),
     Rule("target_only", target_only.target_only_walk, sglang_coins),
-    Rule("rejection", rejection.rejection_walk, sglang_coins, samples_drafts=True, needs_q=True, chains_only=True),
+    Rule("rejection", rejection.rejection_walk, sglang_coins, samples_drafts=True, needs_q=True,
+         chains_only=True),
     Rule("vllm", vllm.vllm_accept, vllm.draw, samples_drafts=True, chains_only=True),
-    Rule("tree_rejection", tree_rejection.tree_rejection_walk, sglang_coins, samples_drafts=True, needs_q=True),
+    Rule("tree_rejection", tree_rejection.tree_rejection_walk, sglang_coins, samples_drafts=True,
+         needs_q=True),
     Rule("typical", typical.typical_walk, typical.draw),
 )}
 

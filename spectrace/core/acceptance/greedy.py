@@ -12,16 +12,18 @@ from __future__ import annotations
 from spectrace.core.acceptance import AcceptResult, decision
 
 
-def greedy_walk(candidates, retrive_next_token, retrive_next_sibling, target_predict, target_probs, draft_probs,
-                randoms, max_depth, params) -> AcceptResult:
-    """Reads candidates, the linked lists and target_predict (the target's argmax after each node)."""
+def greedy_walk(candidates, retrive_next_token, retrive_next_sibling, target_predict, target_probs,
+                draft_probs, randoms, max_depth, params) -> AcceptResult:
+    """Reads candidates, the linked lists and target_predict (the target's argmax after each
+    node)."""
     path, correct, decisions = [0], [], []
     for _ in range(max_depth):
         parent = path[-1]
         cur = retrive_next_token[parent]
         while cur != -1:
             ok = candidates[cur] == target_predict[parent]
-            decisions.append(decision(cur, candidates[cur], ok, "draft == argmax(p)" if ok else "draft != argmax(p)",
+            decisions.append(decision(cur, candidates[cur], ok,
+                                      "draft == argmax(p)" if ok else "draft != argmax(p)",
                                       target_argmax=target_predict[parent]))
             if ok:
                 path.append(cur)

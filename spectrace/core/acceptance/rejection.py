@@ -23,25 +23,29 @@ from spectrace.core.sampling import sample_from_prob
 F32 = np.float32
 
 
-def rejection_walk(candidates, retrive_next_token, retrive_next_sibling, target_predict, target_probs,
-                   draft_probs, randoms, max_depth, params) -> AcceptResult:
+def rejection_walk(candidates, retrive_next_token, retrive_next_sibling, target_predict,
+                   target_probs, draft_probs, randoms, max_depth, params) -> AcceptResult:
     """A chain: candidates (n,) root then drafts. Reads target_probs (n, V), draft_probs (n-1, V)
     (the q each draft was sampled from), randoms.coins (coin j-1 for draft j) and coin_final."""
     n = len(candidates)
     path, correct, decisions, row = [0], [], [], 0
     for step in range(1, n):
         tok = candidates[step]
-        p, q, coin = F32(target_probs[row, tok]), F32(draft_probs[row, tok]), F32(randoms.coins[step - 1])
+        p, q, coin = (F32(target_probs[row, tok]), F32(draft_probs[row, tok]),
+                      F32(randoms.coins[step - 1]))
         ok = coin * q < p
-        decisions.append(decision(step, tok, ok, "coin * q < p" if ok else "coin * q >= p", coin=coin, p=p, q=q))
+        decisions.append(decision(step, tok, ok, "coin * q < p" if ok else "coin * q >= p",
+                                  coin=coin, p=p, q=q))
         if not ok:
             break
         correct.append(tok)
         path.append(step)
         row = step
     all_accepted = len(correct) == n - 1
-    dist = target_probs[row] if all_accepted else torch.relu(target_probs[row] - torch.nan_to_num(draft_probs[row]))
+    dist = target_probs[row]  # every draft accepted: the bonus from p after the last
+    if not all_accepted:  # else from the residual after the rejected draft's parent
+        dist = torch.relu(target_probs[row] - torch.nan_to_num(draft_probs[row]))
     coin_final = float(randoms.coin_final)
     return AcceptResult(correct, sample_from_prob(dist, coin_final), path, decisions,
-                        bonus_from("target" if all_accepted else "residual", row, dist, params.trace_topk,
-                                   coin=coin_final))
+                        bonus_from("target" if all_accepted else "residual", row, dist,
+                                   params.trace_topk, coin=coin_final))

@@ -28,8 +28,8 @@ from spectrace.core.sampling import sample_from_prob
 F32 = np.float32
 
 
-def target_only_walk(candidates, retrive_next_token, retrive_next_sibling, target_predict, target_probs,
-                     draft_probs, randoms, max_depth, params) -> AcceptResult:
+def target_only_walk(candidates, retrive_next_token, retrive_next_sibling, target_predict,
+                     target_probs, draft_probs, randoms, max_depth, params) -> AcceptResult:
     """Reads target_probs (n, V) and randoms.coins (n,): coins[node] decides among node's
     children; randoms.coin_final draws the bonus. draft_probs: the kernel's (n, V) buffer, written
     in place as the kernel writes it (zeros when None; a drafter's q is not read)."""
@@ -48,9 +48,10 @@ def target_only_walk(candidates, retrive_next_token, retrive_next_sibling, targe
             by_acc, by_single = coin <= prob_acc / threshold_acc, p >= threshold_single
             ok = by_acc or by_single
             decisions.append(decision(
-                cur, tok, ok, ("coin <= prob_acc / threshold_acc" if by_acc else "p >= threshold_single") if ok
-                else "coin > prob_acc / threshold_acc and p < threshold_single", coin=coin, p=p, prob_acc=prob_acc,
-                threshold_single=threshold_single, threshold_acc=threshold_acc))
+                cur, tok, ok,
+                ("coin <= prob_acc / threshold_acc" if by_acc else "p >= threshold_single") if ok
+                else "coin > prob_acc / threshold_acc and p < threshold_single", coin=coin, p=p,
+                prob_acc=prob_acc, threshold_single=threshold_single, threshold_acc=threshold_acc))
             if ok:
                 path.append(cur)
                 correct.append(tok)
@@ -65,5 +66,5 @@ def target_only_walk(candidates, retrive_next_token, retrive_next_sibling, targe
     coin_final = float(randoms.coin_final)
     untouched = full_depth or bool(torch.equal(residual, target_probs[row]))
     return AcceptResult(correct, sample_from_prob(residual, coin_final), path, decisions,
-                        bonus_from("target" if untouched else "residual", row, residual, params.trace_topk,
-                                   coin=coin_final))
+                        bonus_from("target" if untouched else "residual", row, residual,
+                                   params.trace_topk, coin=coin_final))

@@ -10,7 +10,8 @@ At the current node, with p the target's distribution after it:
     p' = p, q' = q
     for each child x in draw order:   accept x  iff  coin * q'(x) < p'(x)   (prob. min(1, p'/q'))
                                       else  p' = relu(p' - q') / sum         (the residual)
-                                            q'(x) = 0;  q' = q' / sum        (x cannot be drawn again)
+                                            q'(x) = 0;  q' = q' / sum        (x cannot be drawn
+                                                                             again)
     no child accepted -> bonus ~ p';  a leaf or full depth -> bonus ~ p after it
 
 Each try is the chain rule of rejection.py against (p', q'), the distribution the next draw
@@ -25,7 +26,8 @@ r_j = P(the j-th draw is accepted | the earlier ones were rejected), and the j-t
 accepted path with probability a_j = r_j * prod_{i<j} (1 - r_i). A node's path score is the
 product of a over its path: the expected number of accepted drafts is the sum of those scores,
 so the draft loop's top n-1 by path score is the best tree under that estimate (Sequoia's
-acceptance vector, measured online rather than offline). docs/acceptance.md tells how this rule compares
+acceptance vector, measured online rather than offline). docs/acceptance.md tells how this rule
+compares
 with the others and with EAGLE's own sampling path.
 """
 from __future__ import annotations
@@ -37,8 +39,8 @@ from spectrace.core.sampling import sample_from_prob
 from spectrace.core.tree import children
 
 
-def tree_rejection_walk(candidates, retrive_next_token, retrive_next_sibling, target_predict, target_probs,
-                        draft_probs, randoms, max_depth, params) -> AcceptResult:
+def tree_rejection_walk(candidates, retrive_next_token, retrive_next_sibling, target_predict,
+                        target_probs, draft_probs, randoms, max_depth, params) -> AcceptResult:
     """Reads target_probs (n, V), draft_probs (n-1, V) (row j: the q node j+1 was drawn from, its
     parent's), randoms.coins (n,) (coins[node] when node is tried) and coin_final."""
     path, correct, decisions = [0], [], []
@@ -49,7 +51,8 @@ def tree_rejection_walk(candidates, retrive_next_token, retrive_next_sibling, ta
         q = draft_probs[cur - 1] if cur != -1 else None
         while cur != -1:
             tok = candidates[cur]
-            if q[tok] == 0.0:  # not a draw (the path's q had fewer than topk tokens): nothing more to try
+            # not a draw (the path's q had fewer than topk tokens): nothing more to try
+            if q[tok] == 0.0:
                 cur = -1
                 break
             coin = randoms.coins[cur]
@@ -78,7 +81,8 @@ def tree_rejection_walk(candidates, retrive_next_token, retrive_next_sibling, ta
         p = target_probs[row]
     coin_final = float(randoms.coin_final)
     return AcceptResult(correct, sample_from_prob(p, coin_final), path, decisions,
-                        bonus_from("residual" if rejected else "target", row, p, params.trace_topk, coin=coin_final))
+                        bonus_from("residual" if rejected else "target", row, p, params.trace_topk,
+                                   coin=coin_final))
 
 
 class SiblingStats:
@@ -89,8 +93,10 @@ class SiblingStats:
         self.tried = torch.full((topk,), 2.0, dtype=torch.float64)
         self.accepted = torch.ones(topk, dtype=torch.float64)
 
-    def observe(self, decisions: list[dict], retrive_next_token: list[int], retrive_next_sibling: list[int]) -> None:
-        rank = {c: j for node in range(len(retrive_next_token))  # node -> its index among its parent's children
+    def observe(self, decisions: list[dict], retrive_next_token: list[int],
+                retrive_next_sibling: list[int]) -> None:
+        # node -> its index among its parent's children
+        rank = {c: j for node in range(len(retrive_next_token))
                 for j, c in enumerate(children(node, retrive_next_token, retrive_next_sibling))}
         tried, accepted = torch.zeros_like(self.tried), torch.zeros_like(self.accepted)
         for d in decisions:

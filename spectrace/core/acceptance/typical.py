@@ -3,7 +3,8 @@ target's entropy (FasterDecoding/Medusa `evaluate_posterior`, sampling="typical"
 
 With p the target's distribution after a node's parent (softmax(logits / T)):
 
-    threshold = min(posterior_threshold, posterior_alpha * exp(-H(p)))     H(p) = -sum p log(p + 1e-5)
+    threshold = min(posterior_threshold, posterior_alpha * exp(-H(p)))     H(p) = -sum p log(p +
+                                                                           1e-5)
     a node x passes iff p(x) > threshold
     every root-to-leaf path keeps its longest passing prefix; the longest wins, ties go to the
     higher sum of log p(x) along it
@@ -28,7 +29,8 @@ from spectrace.core.tree import children
 POSTERIOR_THRESHOLD, POSTERIOR_ALPHA = 0.09, 0.3
 
 
-def typical_threshold(p: torch.Tensor, posterior_threshold: float, posterior_alpha: float) -> tuple[float, float]:
+def typical_threshold(p: torch.Tensor, posterior_threshold: float,
+                      posterior_alpha: float) -> tuple[float, float]:
     """(threshold, entropy) of one distribution (V,)."""
     entropy = float(-(p * torch.log(p + 1e-5)).sum())
     return min(posterior_threshold, math.exp(-entropy) * posterior_alpha), entropy
@@ -39,8 +41,8 @@ def draw(n: int, vocab: int, gen: torch.Generator | None) -> Randoms:
     return Randoms(coin_final=torch.rand((), generator=gen))
 
 
-def typical_walk(candidates, retrive_next_token, retrive_next_sibling, target_predict, target_probs, draft_probs,
-                 randoms, max_depth, params) -> AcceptResult:
+def typical_walk(candidates, retrive_next_token, retrive_next_sibling, target_predict, target_probs,
+                 draft_probs, randoms, max_depth, params) -> AcceptResult:
     """Reads target_probs (n, V), p after each node, and randoms.coin_final, the bonus's coin."""
     limits = [typical_threshold(p, POSTERIOR_THRESHOLD, POSTERIOR_ALPHA) for p in target_probs]
     parent = {c: node for node in range(len(candidates))
@@ -65,15 +67,19 @@ def typical_walk(candidates, retrive_next_token, retrive_next_sibling, target_pr
     for node in sorted(parent):  # each node whose parent passed (or is the root) was tested
         if parent[node] != 0 and not passes(parent[node]):
             continue
-        p, (threshold, entropy) = float(target_probs[parent[node], candidates[node]]), limits[parent[node]]
+        p, (threshold, entropy) = (float(target_probs[parent[node], candidates[node]]),
+                                   limits[parent[node]])
         ok = passes(node)
         decisions.append(decision(node, candidates[node], node in chosen,
                                   "p > threshold" if node in chosen else
-                                  "p > threshold, but another path is longer or likelier" if ok else "p <= threshold",
-                                  p=p, threshold=threshold, entropy=round(entropy, 4), passes=ok))
+                                  "p > threshold, but another path is longer or likelier" if ok
+                                  else "p <= threshold", p=p, threshold=threshold,
+                                  entropy=round(entropy, 4), passes=ok))
     last = best[-1] if best else 0
     p = target_probs[last].double()
     kept = torch.where(p >= limits[last][0], p, 0.0)  # Medusa removes tokens with p < threshold
     coin = float(randoms.coin_final)
-    return AcceptResult([candidates[n] for n in best], sample_from_prob(kept, coin), [0] + best, decisions,
-                        bonus_from("typical", last, kept, params.trace_topk, coin=coin, threshold=limits[last][0]))
+    return AcceptResult([candidates[n] for n in best], sample_from_prob(kept, coin), [0] + best,
+                        decisions,
+                        bonus_from("typical", last, kept, params.trace_topk, coin=coin,
+                                   threshold=limits[last][0]))

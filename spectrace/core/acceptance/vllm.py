@@ -1,4 +1,5 @@
-"""vLLM's rejection sampler (--acceptance vllm), `vllm/v1/sample/rejection_sampler.py`, with v0.8.5's
+"""vLLM's rejection sampler (--acceptance vllm), `vllm/v1/sample/rejection_sampler.py`, with
+v0.8.5's
 greedy convention and current vLLM's float64 uniforms and `* inv_q` recovered tokens.
 
 A chain of n drafts per request; target probabilities p at each draft position; the bonus token
@@ -26,8 +27,8 @@ MAX_SPEC_LEN = 32  # vLLM's bound on the drafts of one request
 F32 = np.float32
 
 
-def recovered_tokens(target_probs: torch.Tensor, draft_probs: torch.Tensor | None, drafts: list[int],
-                     inv_q: torch.Tensor) -> list[int]:
+def recovered_tokens(target_probs: torch.Tensor, draft_probs: torch.Tensor | None,
+                     drafts: list[int], inv_q: torch.Tensor) -> list[int]:
     """`sample_recovered_tokens_kernel` for one request: target_probs (n, V); draft_probs (n, V)
     or None; inv_q (V,) = 1 / Exp(1) noise, shared by the request's positions."""
     out = []
@@ -41,8 +42,9 @@ def recovered_tokens(target_probs: torch.Tensor, draft_probs: torch.Tensor | Non
     return out
 
 
-def vllm_walk(drafts: list[int], target_probs: torch.Tensor, draft_probs: torch.Tensor | None, bonus: int,
-              uniforms: torch.Tensor | None, inv_q: torch.Tensor | None, greedy: bool) -> tuple[list[int], list[dict]]:
+def vllm_walk(drafts: list[int], target_probs: torch.Tensor, draft_probs: torch.Tensor | None,
+              bonus: int, uniforms: torch.Tensor | None, inv_q: torch.Tensor | None,
+              greedy: bool) -> tuple[list[int], list[dict]]:
     """One request of `rejection_greedy_sample_kernel` / `rejection_random_sample_kernel`: the
     output row (n + 1 entries, -1 placeholders) and the decisions."""
     n = len(drafts)
@@ -53,7 +55,8 @@ def vllm_walk(drafts: list[int], target_probs: torch.Tensor, draft_probs: torch.
             out[pos] = argmax[pos]
             ok = d == argmax[pos]
             decisions.append(decision(pos + 1, d, ok, "draft == argmax(p)" if ok else
-                                      "draft != argmax(p): emit argmax(p)", target_argmax=argmax[pos]))
+                                      "draft != argmax(p): emit argmax(p)",
+                                      target_argmax=argmax[pos]))
             if not ok:
                 return out, decisions
         out[n] = bonus
@@ -65,16 +68,17 @@ def vllm_walk(drafts: list[int], target_probs: torch.Tensor, draft_probs: torch.
         p = F32(target_probs[pos, d])
         ok = bool(q > 0 and p / q >= u)  # the float32 quotient is compared in float64
         out[pos] = d if ok else recovered[pos]
-        decisions.append(decision(pos + 1, d, ok, "p / q >= u" if ok else
-                                  f"p / q < u: emit the recovered token {recovered[pos]} ~ relu(p - q)",
-                                  coin=u, p=p, q=q))
+        why = "p / q >= u" if ok else \
+            f"p / q < u: emit the recovered token {recovered[pos]} ~ relu(p - q)"
+        decisions.append(decision(pos + 1, d, ok, why, coin=u, p=p, q=q))
         if not ok:
             return out, decisions
     out[n] = bonus
     return out, decisions
 
 
-def sampler_randoms(num_drafts: int, vocab: int, gen: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+def sampler_randoms(num_drafts: int, vocab: int,
+                    gen: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
     """What the rejection sampler draws for one request, in vLLM's order on its generator: one
     float64 uniform per draft (`generate_uniform_probs`), then the recovered tokens' V Exp(1)
     noise, returned as inv_q = 1 / noise."""
@@ -90,18 +94,19 @@ def draw(n: int, vocab: int, gen: torch.Generator | None) -> Randoms:
     return Randoms(bonus_noise=bonus_noise, uniforms=uniforms, inv_q=inv_q)
 
 
-def expand_batch_to_tokens(x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tokens: int, replace_from=0,
-                           replace_to=0) -> torch.Tensor:
+def expand_batch_to_tokens(x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tokens: int,
+                           replace_from=0, replace_to=0) -> torch.Tensor:
     """vLLM's `expand_batch_to_tokens`: each request's value over its tokens (N,), replace_from
     becoming replace_to (greedy requests' temperature becomes 1). cu_num_tokens is inclusive."""
     counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())
-    out = torch.repeat_interleave(torch.where(x == replace_from, torch.full_like(x, replace_to), x), counts)
+    out = torch.repeat_interleave(torch.where(x == replace_from, torch.full_like(x, replace_to), x),
+                                  counts)
     assert out.numel() == num_tokens
     return out
 
 
-def vllm_accept(candidates, retrive_next_token, retrive_next_sibling, target_predict, target_probs, draft_probs,
-                randoms, max_depth, params) -> AcceptResult:
+def vllm_accept(candidates, retrive_next_token, retrive_next_sibling, target_predict, target_probs,
+                draft_probs, randoms, max_depth, params) -> AcceptResult:
     """The engine's use of the sampler on one request's chain: candidates (n,) root then drafts;
     target_probs (n, V) after each node; draft_probs (n-1, V), None for n-gram and DFLASH drafts
     (one-hot, as vLLM passes draft_probs=None). The bonus is vLLM's Sampler's exponential race on
@@ -122,4 +127,5 @@ def vllm_accept(candidates, retrive_next_token, retrive_next_sibling, target_pre
     else:
         prob = torch.clamp(target_probs[row] - draft_probs[row], min=0.0)
     return AcceptResult(correct, emitted[-1], list(range(row + 1)), decisions,
-                        bonus_from("residual" if rejected else "target", row, prob, params.trace_topk))
+                        bonus_from("residual" if rejected else "target", row, prob,
+                                   params.trace_topk))

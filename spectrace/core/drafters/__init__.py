@@ -24,7 +24,8 @@ class SampledDrafts:
     request's generator) instead of the draft's top K, and q kept (DraftTree.draft_probs)."""
 
     generators: list  # one torch.Generator per request
-    sibling_worth: torch.Tensor | None = None  # (bs, K): what a node's j-th draw is worth; needed when K > 1
+    # (bs, K): what a node's j-th draw is worth; needed when K > 1
+    sibling_worth: torch.Tensor | None = None
     # the fast engine: each level's Exp(1) noise (bs * paths, V), drawn ahead on the host from the
     # same generators in the same order, in place of drawing it here
     noise: Iterator[torch.Tensor] | None = None
@@ -32,16 +33,19 @@ class SampledDrafts:
 
 class Drafter(Protocol):
     kv: KVCache | None  # the drafter's own paged KV (the engine files its events), or None
-    capture_layers: tuple[int, ...]  # target layers whose inputs the features are; () = last hidden state
+    # target layers whose inputs the features are; () = last hidden state
+    capture_layers: tuple[int, ...]
 
     def draft_extend_for_prefill(self, items: list[ExtendItem]) -> None:
-        """After prefill: tokens = prompt + the first generated token; features of the prompt rows."""
+        """After prefill: tokens = prompt + the first generated token; features of the prompt
+        rows."""
 
     def draft(self, reqs: list[int], root_tokens: list[int], seq_lens: list[int],
               sampled: SampledDrafts | None = None) -> DraftTree:
         """DRAFT for every request: a tree rooted at its last committed token, whose nodes sit after
         the target's committed KV (seq_lens, root excluded). sampled: `SampledDrafts` when the
-        rule needs drafts sampled from q (drafters that cannot sample are refused before the run)."""
+        rule needs drafts sampled from q (drafters that cannot sample are refused before the
+        run)."""
 
     def draft_extend(self, items: list[ExtendItem]) -> None:
         """After a verify: tokens = the step's accept_tokens; features of the accepted path's rows

@@ -1,7 +1,8 @@
 """DFLASH (--algo dflash): a block drafter. One non-causal forward drafts block_size - 1 tokens.
 
     context   the target's hidden states after layers `target_layer_ids` (the input of layer
-              id + 1), concatenated per committed token, projected once: ctx = hidden_norm(fc(feats));
+              id + 1), concatenated per committed token, projected once: ctx =
+              hidden_norm(fc(feats));
               every draft layer turns ctx into extra keys and values with its own k_proj / v_proj
               ("KV injection"), cached per request as tokens commit
     block     [root, MASK, ..., MASK] (block_size tokens) through the TARGET's embedding, at
@@ -25,7 +26,8 @@ import torch.nn as nn
 
 from spectrace.core.config import ModelConfig
 from spectrace.core.checkpoint import finish_loading, read_checkpoint
-from spectrace.core.model import CausalLM, DecoderLayer, RMSNorm, RotaryEmbedding, apply_rope, attend
+from spectrace.core.model import (CausalLM, DecoderLayer, RMSNorm, RotaryEmbedding, apply_rope,
+                                  attend)
 from spectrace.core.sampling import topk_pairs
 from spectrace.core.tree import DraftTree, chain_tree
 from spectrace.errors import SpectraceError
@@ -63,25 +65,29 @@ class DFlashAttention(nn.Module):
         N, B, _ = x.shape
         q = apply_rope(self.q_norm(self.q_proj(x).view(N, B, self.h, self.d)), cos, sin)
         k, v = self.kv(x, cos, sin)
-        visible = torch.cat([ctx_mask, torch.ones(N, B, dtype=torch.bool, device=x.device)], 1)  # (N, T+B)
+        # (N, T+B)
+        visible = torch.cat([ctx_mask, torch.ones(N, B, dtype=torch.bool, device=x.device)], 1)
         out = attend(q, torch.cat([ctx_k, k], 1), torch.cat([ctx_v, v], 1), visible[:, None, :])
         return self.o_proj(out.reshape(N, B, self.h * self.d))
 
 
 class DFlashDraftModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, target_layer_ids: list[int], block_size: int, mask_token_id: int):
+    def __init__(self, cfg: ModelConfig, target_layer_ids: list[int], block_size: int,
+                 mask_token_id: int):
         super().__init__()
         self.config, self.target_layer_ids = cfg, list(target_layer_ids)
         self.block_size, self.mask_token_id = block_size, mask_token_id
         H = cfg.hidden_size
-        self.layers = nn.ModuleList([DecoderLayer(cfg, DFlashAttention(cfg)) for _ in range(cfg.num_hidden_layers)])
+        self.layers = nn.ModuleList([DecoderLayer(cfg, DFlashAttention(cfg))
+                                     for _ in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
         self.fc = nn.Linear(len(self.target_layer_ids) * H, H, bias=False)
         self.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
 
     @property
-    def capture_layers(self) -> tuple[int, ...]:  # the output of layer i is the input of layer i + 1
+    # the output of layer i is the input of layer i + 1
+    def capture_layers(self) -> tuple[int, ...]:
         return tuple(i + 1 for i in self.target_layer_ids)
 
     def _cos_sin(self, positions, dtype):  # positions (N, T) -> cos, sin (N, T, 1, d)
@@ -111,13 +117,17 @@ def load_dflash(path: str | Path, target: CausalLM) -> DFlashDraftModel:
     L, block = raw.get("num_target_layers"), raw.get("block_size")
     mask = extra.get("mask_token_id", raw.get("mask_token_id"))
     if L != tc.num_hidden_layers or not block or block < 2 or mask is None:
-        raise SpectraceError(f"DFLASH checkpoint {path} does not fit the target: num_target_layers {L} (the target "
-                             f"has {tc.num_hidden_layers}), block_size {block}, mask_token_id {mask}")
-    ids = extra.get("target_layer_ids", raw.get("target_layer_ids")) or build_target_layer_ids(L, cfg.num_hidden_layers)
-    if cfg.hidden_size != tc.hidden_size or cfg.vocab_size != tc.vocab_size or not all(0 <= i < L - 1 for i in ids):
-        raise SpectraceError(f"DFLASH checkpoint {path} does not fit the target: hidden size {cfg.hidden_size}, "
-                             f"vocabulary {cfg.vocab_size}, target layers {ids}")
-    return finish_loading(lambda: DFlashDraftModel(cfg, ids, block, mask), state, target, path, "DFLASH draft model")
+        raise SpectraceError(f"DFLASH checkpoint {path} does not fit the target: "
+                             f"num_target_layers {L} (the target has {tc.num_hidden_layers}), "
+                             f"block_size {block}, mask_token_id {mask}")
+    ids = (extra.get("target_layer_ids", raw.get("target_layer_ids"))
+           or build_target_layer_ids(L, cfg.num_hidden_layers))
+    if (cfg.hidden_size != tc.hidden_size or cfg.vocab_size != tc.vocab_size
+        or not all(0 <= i < L - 1 for i in ids)):
+        raise SpectraceError(f"DFLASH checkpoint {path} does not fit the target: hidden size "
+                             f"{cfg.hidden_size}, vocabulary {cfg.vocab_size}, target layers {ids}")
+    return finish_loading(lambda: DFlashDraftModel(cfg, ids, block, mask), state, target, path,
+                          "DFLASH draft model")
 
 
 class DFlashDrafter:
@@ -128,11 +138,13 @@ class DFlashDrafter:
         self.embed, self.lm_head = target.model.embed_tokens, target.lm_head
         self.capture_layers = model.capture_layers
         self.num_steps, self.topk, self.num_draft_tokens = model.block_size - 1, 1, model.block_size
-        self.ctx: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}  # req -> per layer (k, v) (1, T, kvh, d)
+        # req -> per layer (k, v) (1, T, kvh, d)
+        self.ctx: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
 
     @torch.no_grad()
     def _extend(self, req: int, feats: torch.Tensor) -> None:
-        """Cache the context K/V of newly committed tokens, at the positions after the cached ones."""
+        """Cache the context K/V of newly committed tokens, at the positions after the cached
+        ones."""
         start = self.ctx[req][0][0].shape[1] if req in self.ctx else 0
         pos = torch.arange(start, start + len(feats), device=feats.device)
         new = self.model.context_kv(feats[None], pos[None])
@@ -150,7 +162,8 @@ class DFlashDrafter:
             self._extend(req, feats)
 
     @torch.no_grad()
-    def draft(self, reqs: list[int], root_tokens: list[int], seq_lens: list[int], sampled=None) -> DraftTree:
+    def draft(self, reqs: list[int], root_tokens: list[int], seq_lens: list[int],
+              sampled=None) -> DraftTree:
         B, m = self.model.block_size, self.model
         device = self.lm_head.weight.device
         probs = []
@@ -159,7 +172,8 @@ class DFlashDrafter:
             assert ctx[0][0].shape[1] == L, "the context must cover every position before the root"
             block = torch.tensor([root] + [m.mask_token_id] * (B - 1), device=device)
             pos = torch.arange(L, L + B, device=device)
-            h = m(self.embed(block)[None], pos[None], ctx, torch.ones(1, L, dtype=torch.bool, device=device))
+            h = m(self.embed(block)[None], pos[None], ctx,
+                  torch.ones(1, L, dtype=torch.bool, device=device))
             probs.append(torch.softmax(self.lm_head(h[0, 1:]).float(), -1))  # (B-1, V)
         probs = torch.stack(probs)  # (bs, B-1, V): the drafts are each row's argmax
         q, drafts = probs.max(dim=-1)

@@ -32,13 +32,15 @@ class DraftHead(nn.Module, KVCacheOwner):
     feature) pairs in the head's own KV. Each head says `layer_input` (how token and feature
     enter the layer) and may change `finish` (what the next level is fed) and `compute_logits`."""
 
-    capture_layers: tuple[int, ...] = ()  # target layers whose inputs are the features; () = last hidden
+    # target layers whose inputs are the features; () = last hidden
+    capture_layers: tuple[int, ...] = ()
 
     def finish(self, h: torch.Tensor) -> torch.Tensor:
         """What the next tree level is fed: the layer output as is."""
         return h
 
-    vocab_ids: torch.Tensor | None = None  # target id of each id of the head's own vocabulary; None: the target's
+    # target id of each id of the head's own vocabulary; None: the target's
+    vocab_ids: torch.Tensor | None = None
 
     def vocab_logits(self, h: torch.Tensor, target_lm_head: nn.Module) -> torch.Tensor:
         """(N, the head's vocab) draft logits of what `forward` returned, in the model's dtype: the
@@ -70,11 +72,13 @@ class EagleHead(DraftHead):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, H)
         self.fc = nn.Linear(2 * H, H, bias=fc_bias)
         self.layers = nn.ModuleList([DecoderLayer(cfg, Attention(cfg, 0))])
-        self.layers[0].input_layernorm = nn.Identity()  # EAGLE's layer 0 has none: fc output is the input
+        # EAGLE's layer 0 has none: fc output is the input
+        self.layers[0].input_layernorm = nn.Identity()
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
 
     def layer_input(self, input_ids: torch.Tensor, features: torch.Tensor):
-        """(attention input, residual) of the decoder layer from tokens and features one position back."""
+        """(attention input, residual) of the decoder layer from tokens and features one position
+        back."""
         x = self.fc(torch.cat([self.embed_tokens(input_ids), features], dim=-1))
         return self.layers[0].input_layernorm(x), x
 
@@ -88,12 +92,12 @@ def load_eagle(path: str | Path, target: CausalLM) -> EagleHead:
     fc = state.get("fc.weight")
     if fc is None or tuple(fc.shape) != (cfg.hidden_size, 2 * H) or cfg.hidden_size != H:
         shape = None if fc is None else tuple(fc.shape)
-        raise SpectraceError(f"EAGLE checkpoint {path} does not fit the target: fc.weight is {shape}, "
-                             f"expected ({H}, {2 * H}) for hidden size {H}")
+        raise SpectraceError(f"EAGLE checkpoint {path} does not fit the target: fc.weight is "
+                             f"{shape}, expected ({H}, {2 * H}) for hidden size {H}")
     if cfg.vocab_size != target.config.vocab_size:
         raise SpectraceError(f"EAGLE checkpoint {path} has vocabulary {cfg.vocab_size}, "
                              f"the target {target.config.vocab_size}")
     bias = bool(raw.get("bias", True))  # SafeAILab's default when the config says nothing
-    return finish_loading(lambda: EagleHead(cfg, fc_bias=bias), state, target, path,
-                          f"EAGLE-1 head (fc {'with' if bias else 'without'} bias, as its config says)",
+    what = f"EAGLE-1 head (fc {'with' if bias else 'without'} bias, as its config says)"
+    return finish_loading(lambda: EagleHead(cfg, fc_bias=bias), state, target, path, what,
                           share_embedding=True)

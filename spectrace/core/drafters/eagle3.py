@@ -90,34 +90,43 @@ def load_eagle3(path: str | Path, target: CausalLM) -> Eagle3Head:
     cfg, weights = ModelConfig.from_json(layout.layer_config), rename(stored, layout, path)
     Ht, capture, draft_vocab = tc.hidden_size, layout.capture_layers, layout.draft_vocab_size
     if cfg.num_hidden_layers != 1:
-        raise SpectraceError(f"EAGLE-3 checkpoint {path}: num_hidden_layers is {cfg.num_hidden_layers}; spectrace "
+        raise SpectraceError(f"EAGLE-3 checkpoint {path}: num_hidden_layers is "
+                             f"{cfg.num_hidden_layers}; spectrace "
                              "runs one-layer heads, as SGLang does")
     fc = weights.get("fc.weight")
     want = (cfg.hidden_size, len(capture) * Ht)
     if layout.target_hidden_size != Ht:
-        raise SpectraceError(f"EAGLE-3 checkpoint {path} does not fit the target: it was made for a target "
-                             f"of hidden size {layout.target_hidden_size}; this target's is {Ht}")
+        raise SpectraceError(f"EAGLE-3 checkpoint {path} does not fit the target: "
+                             f"it was made for a target of hidden size "
+                             f"{layout.target_hidden_size}; this target's is {Ht}")
     if fc is None or tuple(fc.shape) != want:
         shape = None if fc is None else tuple(fc.shape)
         eagle1 = shape == (cfg.hidden_size, 2 * Ht)  # fc over [embedding; one feature]
-        raise SpectraceError(f"EAGLE-3 checkpoint {path} does not fit the target: its fc.weight is {shape}, and over "
-                             f"the target's {len(capture)} feature taps of width {Ht} it must be {want}"
-                             + (" (an fc over two hidden widths is an EAGLE-1 head: use --algo eagle)" if eagle1 else ""))
+        raise SpectraceError(f"EAGLE-3 checkpoint {path} does not fit the target: its "
+                             f"fc.weight is {shape}, and over the target's {len(capture)} "
+                             f"feature taps of width {Ht} it must be {want}"
+                             + (" (an fc over two hidden widths is an EAGLE-1 "
+                                "head: use --algo eagle)" if eagle1 else ""))
     if cfg.vocab_size != tc.vocab_size:
-        raise SpectraceError(f"EAGLE-3 checkpoint {path} has vocabulary {cfg.vocab_size}, the target {tc.vocab_size}")
+        raise SpectraceError(f"EAGLE-3 checkpoint {path} has vocabulary {cfg.vocab_size}, the "
+                             f"target {tc.vocab_size}")
     if any(not 0 <= i < tc.num_hidden_layers for i in capture):
-        raise SpectraceError(f"EAGLE-3 checkpoint {path} taps the inputs of layers {list(capture)}; the target has "
-                             f"{tc.num_hidden_layers}")
-    whole_vocab = draft_vocab == cfg.vocab_size and "d2t" not in weights  # no vocabulary map: the identity
+        raise SpectraceError(f"EAGLE-3 checkpoint {path} taps the inputs of layers "
+                             f"{list(capture)}; the target has {tc.num_hidden_layers}")
+    # no vocabulary map: the identity
+    whole_vocab = draft_vocab == cfg.vocab_size and "d2t" not in weights
     if whole_vocab:
         weights.pop("t2d", None)
-    head = finish_loading(lambda: Eagle3Head(cfg, draft_vocab, Ht, capture, layout.norm_before_residual),
+    head = finish_loading(lambda: Eagle3Head(cfg, draft_vocab, Ht, capture,
+                                             layout.norm_before_residual),
                           weights, target, path, f"EAGLE-3 head ({layout.name} layout)",
-                          share_embedding=cfg.hidden_size == Ht, optional=("d2t", "t2d") if whole_vocab else ())
+                          share_embedding=cfg.hidden_size == Ht,
+                          optional=("d2t", "t2d") if whole_vocab else ())
     if whole_vocab:
         head.d2t.zero_()
         head.t2d.fill_(True)
     hot = head.hot_token_id
     if hot.min() < 0 or hot.max() >= cfg.vocab_size or not head.t2d[hot].all():
-        raise SpectraceError(f"EAGLE-3 checkpoint {path}: d2t maps draft ids outside the vocabulary or t2d")
+        raise SpectraceError(f"EAGLE-3 checkpoint {path}: d2t maps "
+                             f"draft ids outside the vocabulary or t2d")
     return head

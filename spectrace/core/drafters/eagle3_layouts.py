@@ -1,14 +1,19 @@
 """EAGLE-3 heads as the three publishers lay them out, read into one description.
 
-    layout        config.json                              weight names                 aux-layer ids
-    SafeAILab     a one-layer Llama config plus            midlayer.*, fc, norm,        none: the inputs of
-                  draft_vocab_size (LlamaForCausalLM)      lm_head, d2t, t2d            layers 2, L//2, L-3
-    SGLang /      the same, LlamaForCausalLMEagle3,        midlayer.*, layers.0.* or    eagle_config.eagle_aux_
-    SpecForge     target_hidden_size, eagle_config          model.layers.0.*; any may    hidden_state_layer_ids:
-                                                           carry a `model.` prefix      id i = the OUTPUT of layer i
-    speculators   speculators_model_type "eagle3",         layers.0.*, fc, norm,        top-level eagle_aux_hidden_
-    (vLLM)        transformer_layer_config, draft_vocab_    lm_head, d2t, t2d            state_layer_ids: id i = the
-                  size, norm_before_residual                                             INPUT of layer i (vLLM's rule)
+    layout       config.json                        weight names             aux-layer ids
+    SafeAILab    a one-layer Llama config plus      midlayer.*, fc, norm,    none: the inputs of
+                 draft_vocab_size                   lm_head, d2t, t2d        layers 2, L//2, L-3
+                 (LlamaForCausalLM)
+    SGLang /     the same, LlamaForCausalLMEagle3,  midlayer.*, layers.0.*   eagle_config's: id i =
+    SpecForge    target_hidden_size, eagle_config   or model.layers.0.*;     the OUTPUT of layer i
+                                                    any may carry a
+                                                    `model.` prefix
+    speculators  speculators_model_type "eagle3",   layers.0.*, fc, norm,    top-level: id i = the
+    (vLLM)       transformer_layer_config,          lm_head, d2t, t2d        INPUT of layer i
+                 draft_vocab_size,                                           (vLLM's rule)
+                 norm_before_residual
+
+(the aux-layer ids: `eagle_aux_hidden_state_layer_ids`)
 
 The trap the table shows: SGLang and SpecForge count an aux id as the layer's output, vLLM as
 its input, so the same list names different layers (SGLang [1, 15, 28] = vLLM [2, 16, 29]). Here
@@ -53,7 +58,8 @@ class Eagle3Layout:
 def _refuse(config: dict, path, *fields: str) -> None:
     for field in fields:
         if config.get(field):
-            raise SpectraceError(f"EAGLE-3 checkpoint {path}: {field} is set; spectrace runs heads without it")
+            raise SpectraceError(f"EAGLE-3 checkpoint {path}: {field} is "
+                                 f"set; spectrace runs heads without it")
 
 
 def read_layout(raw: dict, num_target_layers: int, path) -> Eagle3Layout:
@@ -61,26 +67,29 @@ def read_layout(raw: dict, num_target_layers: int, path) -> Eagle3Layout:
     L = num_target_layers
     if raw.get("speculators_model_type") is not None or "speculators_config" in raw:
         if raw.get("speculators_model_type") != "eagle3":
-            raise SpectraceError(f"{path} is a speculators checkpoint of type {raw.get('speculators_model_type')!r}, "
-                                 "not eagle3")
+            raise SpectraceError(f"{path} is a speculators checkpoint of type "
+                                 f"{raw.get('speculators_model_type')!r}, " "not eagle3")
         layer = raw.get("transformer_layer_config")
         if not isinstance(layer, dict):
             raise SpectraceError(f"speculators checkpoint {path} has no transformer_layer_config")
         _refuse(raw, path, "norm_before_fc", "fc_norm", "norm_output")
         ids = raw.get("eagle_aux_hidden_state_layer_ids")
-        return Eagle3Layout("speculators", layer, raw.get("draft_vocab_size") or layer.get("vocab_size"),
+        return Eagle3Layout("speculators", layer,
+                            raw.get("draft_vocab_size") or layer.get("vocab_size"),
                             raw.get("target_hidden_size") or layer.get("hidden_size"),
                             tuple(ids) if ids else default_capture_layers(L),
-                            bool(raw.get("norm_before_residual", True)))  # vLLM's default when absent
+                            # vLLM's default when absent
+                            bool(raw.get("norm_before_residual", True)))
     eagle = raw.get("eagle_config") or {}
     _refuse(raw, path, "norm_before_fc")
     _refuse(eagle, path, "norm_before_fc")
     if eagle.get("use_aux_hidden_state") is False:
-        raise SpectraceError(f"EAGLE-3 checkpoint {path}: eagle_config.use_aux_hidden_state is false; spectrace "
-                             "runs heads that read the target's aux hidden states")
+        raise SpectraceError(f"EAGLE-3 checkpoint {path}: eagle_config.use_aux_hidden_state is "
+                             "false; spectrace runs heads that read the target's aux hidden states")
     ids = eagle.get("eagle_aux_hidden_state_layer_ids")
     sglang = "LlamaForCausalLMEagle3" in (raw.get("architectures") or []) or bool(eagle)
-    return Eagle3Layout("sglang" if sglang else "safeailab", raw, raw.get("draft_vocab_size") or raw.get("vocab_size"),
+    return Eagle3Layout("sglang" if sglang else "safeailab", raw,
+                        raw.get("draft_vocab_size") or raw.get("vocab_size"),
                         raw.get("target_hidden_size") or raw.get("hidden_size"),
                         tuple(i + 1 for i in ids) if ids else default_capture_layers(L), False)
 
@@ -91,6 +100,7 @@ def rename(weights: dict, layout: Eagle3Layout, path) -> dict:
     for key, stored in weights.items():
         name = layout.our_name(key)
         if name in out:
-            raise SpectraceError(f"EAGLE-3 checkpoint {path} stores {name} twice ({out[name].key} and {key})")
+            raise SpectraceError(f"EAGLE-3 checkpoint {path} stores {name} "
+                                 f"twice ({out[name].key} and {key})")
         out[name] = stored
     return out

@@ -33,7 +33,8 @@ from spectrace.core.drafters.scratch import TreeScratch
 from spectrace.core.kv import KVCache
 from spectrace.core.model import CausalLM
 from spectrace.core.sampling import exponential_race, topk_pairs
-from spectrace.core.tree import BUILD_TREE, DraftTree, TreeMaskMode, organize_draft_results, select_top_k_tokens
+from spectrace.core.tree import (BUILD_TREE, DraftTree, TreeMaskMode, organize_draft_results,
+                                 select_top_k_tokens)
 
 
 def propose_children(probs: torch.Tensor, topk: int, sampled: SampledDrafts | None):
@@ -50,7 +51,8 @@ def propose_children(probs: torch.Tensor, topk: int, sampled: SampledDrafts | No
         topk_index, real = arrivals.indices, arrivals.values > 0
     else:
         bs = len(sampled.generators)
-        draws = [exponential_race(rows, topk, gen) for rows, gen in zip(probs.reshape(bs, -1, probs.shape[-1]),
+        draws = [exponential_race(rows, topk, gen)
+                 for rows, gen in zip(probs.reshape(bs, -1, probs.shape[-1]),
                                                                          sampled.generators)]
         topk_index, real = torch.cat([d[0] for d in draws]), torch.cat([d[1] for d in draws])
     # a path whose q has fewer than K tokens with mass pads with q = 0 (never tried)
@@ -58,7 +60,8 @@ def propose_children(probs: torch.Tensor, topk: int, sampled: SampledDrafts | No
     if topk == 1:
         return topk_q, topk_index, torch.ones_like(topk_q)
     worth = sampled.sibling_worth
-    return topk_q, topk_index, worth.to(probs.device).repeat_interleave(probs.shape[0] // worth.shape[0], dim=0)
+    return (topk_q, topk_index,
+            worth.to(probs.device).repeat_interleave(probs.shape[0] // worth.shape[0], dim=0))
 
 
 @dataclass
@@ -73,8 +76,8 @@ class DraftLevels:
     probs_list: list = field(default_factory=list)  # (bs, V) at level 0, (bs*K, V) later
 
 
-def draft_forward(forward, probs: torch.Tensor, hidden_states: torch.Tensor | None, num_steps: int, topk: int,
-                  sampled: SampledDrafts | None = None) -> DraftLevels:
+def draft_forward(forward, probs: torch.Tensor, hidden_states: torch.Tensor | None, num_steps: int,
+                  topk: int, sampled: SampledDrafts | None = None) -> DraftLevels:
     """SGLang's `EAGLEWorker.draft_forward`.
 
     probs (bs, V): the draft's q after each root, kept by the last DRAFT_EXTEND; hidden_states
@@ -86,8 +89,8 @@ def draft_forward(forward, probs: torch.Tensor, hidden_states: torch.Tensor | No
     bs, levels, scores = probs.shape[0], DraftLevels(), None
     topk_q, topk_index, topk_p = propose_children(probs, topk, sampled)
     for i in range(num_steps):
-        input_ids, hidden_states, scores, tree_info = select_top_k_tokens(i, topk_p, topk_index, hidden_states,
-                                                                          scores, topk)
+        input_ids, hidden_states, scores, tree_info = select_top_k_tokens(
+            i, topk_p, topk_index, hidden_states, scores, topk)
         levels.score_list.append(tree_info[0])
         levels.token_list.append(tree_info[1])
         levels.parents_list.append(tree_info[2])
@@ -100,8 +103,9 @@ def draft_forward(forward, probs: torch.Tensor, hidden_states: torch.Tensor | No
     return levels
 
 
-def build_draft_tree(levels: DraftLevels, root_tokens: torch.Tensor, seq_lens: list[int], num_draft_tokens: int,
-                     topk: int, trace_topk: int, sampled: SampledDrafts | None, backend: str = "explicit") -> DraftTree:
+def build_draft_tree(levels: DraftLevels, root_tokens: torch.Tensor, seq_lens: list[int],
+                     num_draft_tokens: int, topk: int, trace_topk: int,
+                     sampled: SampledDrafts | None, backend: str = "explicit") -> DraftTree:
     """SGLang's `organize_draft_results` and `build_tree_kernel_efficient` over the loop's
     candidates. Each node also keeps its q, its path score and the distribution it was drawn
     from: its parent path's, row `top_scores_index // topk` of parent_list (the kernel's
@@ -110,19 +114,23 @@ def build_draft_tree(levels: DraftLevels, root_tokens: torch.Tensor, seq_lens: l
     n, bs = num_draft_tokens, root_tokens.shape[0]
     parent_list, top_scores_index, draft_tokens = organize_draft_results(
         levels.score_list, levels.token_list, levels.parents_list, n)
-    tree_mask, positions, retrive_index, retrive_next_token, retrive_next_sibling = BUILD_TREE[backend](
-        parent_list, top_scores_index, seq_lens, topk, n, TreeMaskMode.QLEN_ONLY)
+    tree_mask, positions, retrive_index, retrive_next_token, retrive_next_sibling = \
+        BUILD_TREE[backend](parent_list, top_scores_index, seq_lens, topk, n,
+                            TreeMaskMode.QLEN_ONLY)
     # one distribution per row of parent_list: the root's, then K per level (bs, 1 + K(S-1), V)
     dists = torch.cat([p.view(bs, -1, p.shape[-1]) for p in levels.probs_list], dim=1)
     parent_tb_idx = top_scores_index // topk  # (bs, n-1)
     pairs = topk_pairs(dists, min(max(topk, trace_topk), dists.shape[-1]))
-    at_parent = torch.gather(dists, 1, parent_tb_idx.unsqueeze(-1).expand(-1, -1, dists.shape[-1]))  # (bs, n-1, V)
+    # (bs, n-1, V)
+    at_parent = torch.gather(dists, 1, parent_tb_idx.unsqueeze(-1).expand(-1, -1, dists.shape[-1]))
     return DraftTree(
         draft_tokens=torch.cat([root_tokens.view(bs, 1), draft_tokens], dim=1),
-        tree_mask=tree_mask.view(bs, n, n), positions=positions.view(bs, n), retrive_index=retrive_index,
-        retrive_next_token=retrive_next_token, retrive_next_sibling=retrive_next_sibling,
+        tree_mask=tree_mask.view(bs, n, n), positions=positions.view(bs, n),
+        retrive_index=retrive_index, retrive_next_token=retrive_next_token,
+        retrive_next_sibling=retrive_next_sibling,
         q=torch.gather(torch.cat(levels.q_list, dim=1), 1, top_scores_index),
-        scores=torch.gather(torch.cat([s.flatten(1) for s in levels.score_list], dim=1), 1, top_scores_index),
+        scores=torch.gather(torch.cat([s.flatten(1) for s in levels.score_list], dim=1), 1,
+                            top_scores_index),
         draft_topk=[[pairs[b][row] for row in parent_tb_idx[b].tolist()] for b in range(bs)],
         draft_probs=at_parent if sampled is not None else None, q_dists=at_parent,
         candidates=draft_candidates(*level_tensors(levels), top_scores_index, topk),
@@ -132,9 +140,11 @@ def build_draft_tree(levels: DraftLevels, root_tokens: torch.Tensor, seq_lens: l
 def level_tensors(levels: DraftLevels) -> tuple[torch.Tensor, ...]:
     """Every candidate the draft loop scored, in SGLang's flat candidate order (level 0's K, then
     K*K per level): tokens, q, path scores (bs, C), and parent_list (bs, 1 + K(S-1)): the flat
-    candidate index of each kept path, -1 for the root; candidate c's parent is parent_list[c // K]."""
+    candidate index of each kept path, -1 for the root; candidate c's parent is parent_list[c //
+    K]."""
     return (torch.cat(levels.token_list, dim=1), torch.cat(levels.q_list, dim=1),
-            torch.cat([s.flatten(1) for s in levels.score_list], dim=1), torch.cat(levels.parents_list, dim=1))
+            torch.cat([s.flatten(1) for s in levels.score_list], dim=1),
+            torch.cat(levels.parents_list, dim=1))
 
 
 def draft_candidates(tokens, q, scores, parent_list, top_scores_index, topk: int) -> list[dict]:
@@ -168,16 +178,22 @@ class ScratchKVDrafter(ABC):
                       and for heads their output there
     Subclasses say what one forward of their model is (`forward`, `compute_logits`)."""
 
-    capture_layers: tuple[int, ...] = ()  # target layers whose inputs are the features; () = last hidden
-    feeds_hidden = False  # deeper levels read the model's own output (heads), not only tokens (an LM)
+    # target layers whose inputs are the features; () = last hidden
+    capture_layers: tuple[int, ...] = ()
+    # deeper levels read the model's own output (heads), not only tokens (an LM)
+    feeds_hidden = False
 
-    def __init__(self, kv: KVCache, num_steps: int, topk: int = 1, num_draft_tokens: int | None = None,
-                 temperature: float = 1.0, trace_topk: int = 5):
+    def __init__(self, kv: KVCache, num_steps: int, topk: int = 1,
+                 num_draft_tokens: int | None = None, temperature: float = 1.0,
+                 trace_topk: int = 5):
         self.kv, self.num_steps, self.topk, self.trace_topk = kv, num_steps, topk, trace_topk
         self.num_draft_tokens = num_draft_tokens or num_steps + 1
-        self.temperature = temperature  # q = softmax(logits / T): T of the run when drafts are sampled, else 1
-        self.next_probs: dict[int, torch.Tensor] = {}  # req -> (V,) q after the last committed token
-        self.last_hidden: dict[int, torch.Tensor] = {}  # req -> (H,) the model's output there (heads)
+        # q = softmax(logits / T): T of the run when drafts are sampled, else 1
+        self.temperature = temperature
+        # req -> (V,) q after the last committed token
+        self.next_probs: dict[int, torch.Tensor] = {}
+        # req -> (H,) the model's output there (heads)
+        self.last_hidden: dict[int, torch.Tensor] = {}
 
     @abstractmethod
     def forward(self, batch: ForwardBatch, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -196,7 +212,8 @@ class ScratchKVDrafter(ABC):
     @torch.no_grad()
     def _extend(self, items) -> None:
         """Append each request's tokens to its draft KV; keep q and the output after the last."""
-        batch = ForwardBatch.build(self.kv, [(req, self.kv.seq_lens[req], toks) for req, toks, _ in items])
+        batch = ForwardBatch.build(self.kv,
+                                   [(req, self.kv.seq_lens[req], toks) for req, toks, _ in items])
         h = self.forward(batch, torch.cat([f for _, _, f in items]))
         last = torch.cumsum(torch.tensor([len(toks) for _, toks, _ in items]), 0) - 1
         q = self.probs(h[last])
@@ -211,21 +228,23 @@ class ScratchKVDrafter(ABC):
         self._extend(items)
 
     @torch.no_grad()
-    def draft(self, reqs: list[int], root_tokens: list[int], seq_lens: list[int], sampled=None) -> DraftTree:
+    def draft(self, reqs: list[int], root_tokens: list[int], seq_lens: list[int],
+              sampled=None) -> DraftTree:
         # level 0 sits right after the committed draft KV
-        scratch = TreeScratch(self.kv, reqs, self.topk, self.num_steps, [self.kv.seq_lens[r] for r in reqs])
+        scratch = TreeScratch(self.kv, reqs, self.topk, self.num_steps,
+                              [self.kv.seq_lens[r] for r in reqs])
 
         def forward(i, input_ids, hidden_states, parents):
             h = self.forward(scratch.batch(i, input_ids, parents), hidden_states)
             return self.probs(h), h if self.feeds_hidden else None
 
         hidden = torch.stack([self.last_hidden[r] for r in reqs]) if self.feeds_hidden else None
-        levels = draft_forward(forward, torch.stack([self.next_probs[r] for r in reqs]), hidden, self.num_steps,
-                               self.topk, sampled)
+        levels = draft_forward(forward, torch.stack([self.next_probs[r] for r in reqs]), hidden,
+                               self.num_steps, self.topk, sampled)
         scratch.release()
         roots = torch.tensor(root_tokens, device=self.kv.req_to_token.device)
-        return build_draft_tree(levels, roots, seq_lens, self.num_draft_tokens, self.topk, self.trace_topk, sampled,
-                                self.kv.backend)
+        return build_draft_tree(levels, roots, seq_lens, self.num_draft_tokens, self.topk,
+                                self.trace_topk, sampled, self.kv.backend)
 
     def set_num_steps(self, num_steps: int) -> None:
         """Adaptive steps switch the chain's length between steps (topk 1)."""
@@ -249,7 +268,8 @@ class EagleDrafter(ScratchKVDrafter):
     feeds_hidden = True
 
     def __init__(self, head, target: CausalLM, kv: KVCache, num_steps: int, topk: int = 1,
-                 num_draft_tokens: int | None = None, temperature: float = 1.0, trace_topk: int = 5):
+                 num_draft_tokens: int | None = None, temperature: float = 1.0,
+                 trace_topk: int = 5):
         super().__init__(kv, num_steps, topk, num_draft_tokens, temperature, trace_topk)
         self.head, self.lm_head = head, target.lm_head
         self.capture_layers = head.capture_layers

@@ -35,7 +35,8 @@ from spectrace.core.config import ModelConfig
 from spectrace.core.drafters.eagle_worker import build_draft_tree, draft_forward
 from spectrace.core.kv import KVCache
 from spectrace.core.checkpoint import finish_loading, read_checkpoint
-from spectrace.core.model import CausalLM, DecoderLayer, RMSNorm, RotaryEmbedding, apply_rope, attend
+from spectrace.core.model import (CausalLM, DecoderLayer, RMSNorm, RotaryEmbedding, apply_rope,
+                                  attend)
 from spectrace.core.tree import DraftTree
 from spectrace.errors import SpectraceError
 
@@ -57,12 +58,15 @@ class FrozenKVAttention(nn.Module):
         return self.o_proj(FROZEN_ATTENTION[kv.backend](q, kv, kv_layer, rows).view(x.shape[0], -1))
 
 
-def frozen_attention(q, kv: KVCache, kv_layer: int, rows: list[tuple[int, int, int]]) -> torch.Tensor:
-    """q (N, h, d) against layer kv_layer of the target's KV, each request's rows over its prefix."""
+def frozen_attention(q, kv: KVCache, kv_layer: int,
+                     rows: list[tuple[int, int, int]]) -> torch.Tensor:
+    """q (N, h, d) against layer kv_layer of the target's KV, each request's rows over its
+    prefix."""
     out, row = torch.empty_like(q), 0
     for req, seq_len, n in rows:
         slots = kv.req_to_token[req, :seq_len]
-        out[row:row + n] = attend(q[row:row + n], kv.pool.k[kv_layer, slots], kv.pool.v[kv_layer, slots])
+        out[row:row + n] = attend(q[row:row + n], kv.pool.k[kv_layer, slots],
+                                  kv.pool.v[kv_layer, slots])
         row += n
     return out
 
@@ -108,16 +112,20 @@ def load_frozen_kv_mtp(path: str | Path, target: CausalLM) -> FrozenKVMtpHead:
     cfg, tc = ModelConfig.from_json(raw), target.config
     Ht = raw.get("backbone_hidden_size")
     pre = state.get("pre_projection.weight")
-    if Ht != tc.hidden_size or pre is None or tuple(pre.shape) != (cfg.hidden_size, 2 * tc.hidden_size):
-        raise SpectraceError(f"FROZEN_KV_MTP checkpoint {path} does not fit the target: backbone_hidden_size "
-                             f"{Ht}, pre_projection {None if pre is None else tuple(pre.shape)}; the target's "
-                             f"hidden size is {tc.hidden_size}")
-    if (cfg.head_dim, cfg.num_key_value_heads, cfg.vocab_size) != (tc.head_dim, tc.num_key_value_heads, tc.vocab_size):
-        raise SpectraceError(f"FROZEN_KV_MTP checkpoint {path} cannot read the target's KV: head_dim "
-                             f"{cfg.head_dim}, {cfg.num_key_value_heads} KV heads, vocabulary {cfg.vocab_size}; the "
-                             f"target has {tc.head_dim}, {tc.num_key_value_heads}, {tc.vocab_size}")
-    return finish_loading(lambda: FrozenKVMtpHead(cfg, Ht, kv_layer=tc.num_hidden_layers - 1), state, target, path,
-                          "FROZEN_KV_MTP assistant")
+    if (Ht != tc.hidden_size or pre is None
+        or tuple(pre.shape) != (cfg.hidden_size, 2 * tc.hidden_size)):
+        raise SpectraceError(f"FROZEN_KV_MTP checkpoint {path} does not fit the "
+                             f"target: backbone_hidden_size {Ht}, pre_projection "
+                             f"{None if pre is None else tuple(pre.shape)}; the "
+                             f"target's hidden size is {tc.hidden_size}")
+    if (cfg.head_dim, cfg.num_key_value_heads, cfg.vocab_size) != \
+            (tc.head_dim, tc.num_key_value_heads, tc.vocab_size):
+        raise SpectraceError(f"FROZEN_KV_MTP checkpoint {path} cannot read the target's "
+                             f"KV: head_dim {cfg.head_dim}, {cfg.num_key_value_heads} "
+                             f"KV heads, vocabulary {cfg.vocab_size}; the target has "
+                             f"{tc.head_dim}, {tc.num_key_value_heads}, {tc.vocab_size}")
+    return finish_loading(lambda: FrozenKVMtpHead(cfg, Ht, kv_layer=tc.num_hidden_layers - 1),
+                          state, target, path, "FROZEN_KV_MTP assistant")
 
 
 class FrozenKVMtpDrafter:
@@ -127,13 +135,17 @@ class FrozenKVMtpDrafter:
     kv = None  # no draft KV: the point of FROZEN_KV_MTP
     capture_layers: tuple[int, ...] = ()
 
-    def __init__(self, head: FrozenKVMtpHead, target: CausalLM, target_kv: KVCache, num_steps: int, topk: int = 1,
-                 num_draft_tokens: int | None = None, temperature: float = 1.0, trace_topk: int = 5):
-        self.head, self.embed, self.target_kv, self.trace_topk = head, target.model.embed_tokens, target_kv, trace_topk
+    def __init__(self, head: FrozenKVMtpHead, target: CausalLM, target_kv: KVCache, num_steps: int,
+                 topk: int = 1, num_draft_tokens: int | None = None, temperature: float = 1.0,
+                 trace_topk: int = 5):
+        self.head, self.embed, self.target_kv = head, target.model.embed_tokens, target_kv
+        self.trace_topk = trace_topk
         self.num_steps, self.topk = num_steps, topk
         self.num_draft_tokens = num_draft_tokens or num_steps + 1
-        self.temperature = temperature  # q = softmax(logits / T): T of the run when drafts are sampled, else 1
-        self.seed_feature: dict[int, torch.Tensor] = {}  # req -> (H_t,) target feature of the root's row
+        # q = softmax(logits / T): T of the run when drafts are sampled, else 1
+        self.temperature = temperature
+        # req -> (H_t,) target feature of the root's row
+        self.seed_feature: dict[int, torch.Tensor] = {}
 
     def draft_extend_for_prefill(self, items) -> None:
         """items: (req, prompt + first token, target features of the prompt rows): the last row
@@ -155,16 +167,19 @@ class FrozenKVMtpDrafter:
         return torch.softmax(logits / self.temperature, dim=-1), h
 
     @torch.no_grad()
-    def draft(self, reqs: list[int], root_tokens: list[int], seq_lens: list[int], sampled=None) -> DraftTree:
+    def draft(self, reqs: list[int], root_tokens: list[int], seq_lens: list[int],
+              sampled=None) -> DraftTree:
         roots = torch.tensor(root_tokens, device=self.head.lm_head.weight.device)
-        probs, hidden = self._forward(roots, torch.stack([self.seed_feature[r] for r in reqs]), seq_lens, reqs)
+        probs, hidden = self._forward(roots, torch.stack([self.seed_feature[r] for r in reqs]),
+                                      seq_lens, reqs)
 
-        def forward(i, input_ids, hidden_states, parents):  # no scratch KV: the paths need no ancestry
+        # no scratch KV: the paths need no ancestry
+        def forward(i, input_ids, hidden_states, parents):
             return self._forward(input_ids, hidden_states, seq_lens, reqs)
 
         levels = draft_forward(forward, probs, hidden, self.num_steps, self.topk, sampled)
-        return build_draft_tree(levels, roots, seq_lens, self.num_draft_tokens, self.topk, self.trace_topk, sampled,
-                                self.target_kv.backend)
+        return build_draft_tree(levels, roots, seq_lens, self.num_draft_tokens, self.topk,
+                                self.trace_topk, sampled, self.target_kv.backend)
 
     def release(self, req: int) -> None:
         self.seed_feature.pop(req, None)

@@ -32,12 +32,13 @@ from spectrace.core.tree import DraftTree, reconstruct_indices_from_tree_mask
 from spectrace.errors import SpectraceError
 
 # Medusa's mc_sim_7b_63 (medusa/model/medusa_choices.py), in its order: likeliest paths first
-MC_SIM_7B_63 = [[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0], [0, 2], [3], [0, 3], [4], [0, 4], [2, 0],
-                [0, 5], [0, 0, 1], [5], [0, 6], [6], [0, 7], [0, 1, 0], [1, 1], [7], [0, 8], [0, 0, 2], [3, 0],
-                [0, 9], [8], [9], [1, 0, 0], [0, 2, 0], [1, 2], [0, 0, 3], [4, 0], [2, 1], [0, 0, 4], [0, 0, 5],
-                [0, 0, 0, 0], [0, 1, 1], [0, 0, 6], [0, 3, 0], [5, 0], [1, 3], [0, 0, 7], [0, 0, 8], [0, 0, 9],
-                [6, 0], [0, 4, 0], [1, 4], [7, 0], [0, 1, 2], [2, 0, 0], [3, 1], [2, 2], [8, 0], [0, 5, 0],
-                [1, 5], [1, 0, 1], [0, 2, 1], [9, 0], [0, 6, 0], [0, 0, 0, 1], [1, 6], [0, 7, 0]]
+MC_SIM_7B_63 = [[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0], [0, 2], [3], [0, 3], [4], [0, 4],
+                [2, 0], [0, 5], [0, 0, 1], [5], [0, 6], [6], [0, 7], [0, 1, 0], [1, 1], [7], [0, 8],
+                [0, 0, 2], [3, 0], [0, 9], [8], [9], [1, 0, 0], [0, 2, 0], [1, 2], [0, 0, 3],
+                [4, 0], [2, 1], [0, 0, 4], [0, 0, 5], [0, 0, 0, 0], [0, 1, 1], [0, 0, 6], [0, 3, 0],
+                [5, 0], [1, 3], [0, 0, 7], [0, 0, 8], [0, 0, 9], [6, 0], [0, 4, 0], [1, 4], [7, 0],
+                [0, 1, 2], [2, 0, 0], [3, 1], [2, 2], [8, 0], [0, 5, 0], [1, 5], [1, 0, 1],
+                [0, 2, 1], [9, 0], [0, 6, 0], [0, 0, 0, 1], [1, 6], [0, 7, 0]]
 DEFAULT_CHOICES = 24  # our default tree: the first 24 paths (depth <= 3) of mc_sim_7b_63
 
 
@@ -45,7 +46,8 @@ class ResBlock(nn.Module):
     def __init__(self, hidden_size: int):
         super().__init__()
         self.linear = nn.Linear(hidden_size, hidden_size)
-        nn.init.zeros_(self.linear.weight)  # starts as the identity: each head starts as the base lm_head
+        # starts as the identity: each head starts as the base lm_head
+        nn.init.zeros_(self.linear.weight)
         self.act = nn.SiLU()
 
     def forward(self, x):
@@ -72,19 +74,23 @@ def load_medusa(path: str | Path, target: CausalLM) -> MedusaHeads:
     try:
         K, L = int(cfg["medusa_num_heads"]), int(cfg.get("medusa_num_layers", 1))
     except (KeyError, TypeError, ValueError):
-        raise SpectraceError(f"{path}/config.json is not a Medusa config (no medusa_num_heads)") from None
+        raise SpectraceError(f"{path}/config.json is not a Medusa config "
+                             "(no medusa_num_heads)") from None
     H, V = target.config.hidden_size, target.config.vocab_size
     if cfg.get("hidden_size", H) != H or cfg.get("vocab_size", V) != V:
-        raise SpectraceError(f"Medusa heads in {path} are for hidden size {cfg.get('hidden_size')} and vocabulary "
-                             f"{cfg.get('vocab_size')}; the target has {H} and {V}")
+        raise SpectraceError(f"Medusa heads in {path} are for hidden size {cfg.get('hidden_size')} "
+                             f"and vocabulary {cfg.get('vocab_size')}; the target has {H} and {V}")
     weights = path / "medusa_lm_head.safetensors"
     if not weights.is_file():
-        raise SpectraceError(f"no medusa_lm_head.safetensors in {path} (pickled .pt checkpoints are not read)")
+        raise SpectraceError(f"no medusa_lm_head.safetensors in {path} "
+                             f"(pickled .pt checkpoints are not read)")
     try:
         state = read_weight_file(weights)
     except (OSError, ValueError, SafetensorError) as e:
-        raise SpectraceError(f"cannot load Medusa heads from {path}: {str(e).splitlines()[0]}") from None
-    if not any(k.startswith("medusa_head.") for k in state):  # Medusa also saves the ModuleList alone
+        raise SpectraceError(f"cannot load Medusa heads from {path}: "
+                             f"{str(e).splitlines()[0]}") from None
+    # Medusa also saves the ModuleList alone
+    if not any(k.startswith("medusa_head.") for k in state):
         state = {f"medusa_head.{k}": v for k, v in state.items()}
     return finish_loading(lambda: MedusaHeads(H, V, K, L), state, target, path,
                           f"Medusa checkpoint of {K} heads x {L} layers")
@@ -97,13 +103,15 @@ def check_choices(choices, num_heads: int) -> list[list[int]]:
     except (TypeError, ValueError):
         paths = None
     if not paths or any(not p or min(p) < 0 for p in paths):
-        raise SpectraceError("Medusa choices must be non-empty paths of ranks >= 0, e.g. [[0], [0, 0], [1]]")
+        raise SpectraceError("Medusa choices must be non-empty paths "
+                             "of ranks >= 0, e.g. [[0], [0, 0], [1]]")
     seen = {tuple(p) for p in paths}
     if len(seen) != len(paths):
         raise SpectraceError("Medusa choices repeat a path")
     for p in paths:
         if len(p) > num_heads:
-            raise SpectraceError(f"Medusa choice {p} is {len(p)} deep; the checkpoint has {num_heads} heads")
+            raise SpectraceError(f"Medusa choice {p} is {len(p)} deep; "
+                                 f"the checkpoint has {num_heads} heads")
         if len(p) > 1 and tuple(p[:-1]) not in seen:
             raise SpectraceError(f"Medusa choice {p} has no parent {p[:-1]} in the tree")
     return sorted(paths, key=lambda p: (len(p), p))  # generate_medusa_buffers' order
@@ -140,7 +148,8 @@ class MedusaTree:
     @property
     def shape(self) -> tuple[int, int, int]:
         """(num_steps, topk, num_draft_tokens): its depth, its widest rank and its size."""
-        return max(map(len, self.choices)), max(max(c) for c in self.choices) + 1, len(self.choices) + 1
+        return (max(map(len, self.choices)), max(max(c) for c in self.choices) + 1,
+                len(self.choices) + 1)
 
 
 class MedusaDrafter:
@@ -157,17 +166,22 @@ class MedusaDrafter:
             self.last_hidden[req] = feats[-1]
 
     def draft_extend(self, items) -> None:
-        for req, _, feats in items:  # the last accepted row: its lm_head gave the bonus, the next root
+        # the last accepted row: its lm_head gave the bonus, the next root
+        for req, _, feats in items:
             self.last_hidden[req] = feats[-1]
 
     @torch.no_grad()
-    def draft(self, reqs: list[int], root_tokens: list[int], seq_lens: list[int], sampled=None) -> DraftTree:
+    def draft(self, reqs: list[int], root_tokens: list[int], seq_lens: list[int],
+              sampled=None) -> DraftTree:
         bs, n, wide = len(reqs), self.num_draft_tokens, max(self.topk, self.trace_topk)
-        probs = torch.softmax(self.heads(torch.stack([self.last_hidden[r] for r in reqs])).float(), -1)  # (K, bs, V)
+        # (K, bs, V)
+        probs = torch.softmax(self.heads(torch.stack([self.last_hidden[r] for r in reqs])).float(),
+                              -1)
         top_p, top_i = torch.topk(probs, wide, dim=-1)
         depth = [len(c) - 1 for c in self.tree.choices]
         rank = [c[-1] for c in self.tree.choices]
-        tokens = top_i[depth, :, rank].T  # (bs, n-1): node i+1 takes head depth[i]'s rank[i]-th token
+        # (bs, n-1): node i+1 takes head depth[i]'s rank[i]-th token
+        tokens = top_i[depth, :, rank].T
         q = top_p[depth, :, rank].T
         scores = q.clone()
         for i, p in enumerate(self.tree.parent):  # parents come first in the sorted choices
@@ -177,9 +191,10 @@ class MedusaDrafter:
         positions, ri, rnt, rns = reconstruct_indices_from_tree_mask(masks.reshape(-1), seq_lens, n)
         pairs = topk_pairs(probs, wide)  # (K, bs) lists: each head's top tokens
         return DraftTree(
-            draft_tokens=torch.cat([torch.tensor(root_tokens, device=probs.device).view(bs, 1), tokens], 1),
-            tree_mask=masks, positions=positions.view(bs, n), retrive_index=ri, retrive_next_token=rnt,
-            retrive_next_sibling=rns, q=q, scores=scores,
+            draft_tokens=torch.cat([torch.tensor(root_tokens, device=probs.device).view(bs, 1),
+                                    tokens], 1),
+            tree_mask=masks, positions=positions.view(bs, n), retrive_index=ri,
+            retrive_next_token=rnt, retrive_next_sibling=rns, q=q, scores=scores,
             draft_topk=[[pairs[d][b] for d in depth] for b in range(bs)])
 
     def release(self, req: int) -> None:

@@ -36,7 +36,8 @@ class MtpHead(DraftHead):
         self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
 
     def layer_input(self, input_ids, features):
-        x = self.eh_proj(torch.cat([self.enorm(self.embed_tokens(input_ids)), self.hnorm(features)], dim=-1))
+        x = self.eh_proj(torch.cat([self.enorm(self.embed_tokens(input_ids)), self.hnorm(features)],
+                                   dim=-1))
         return self.layers[0].input_layernorm(x), x
 
     def finish(self, h):
@@ -51,4 +52,5 @@ def load_mtp(path: str | Path, target: CausalLM) -> MtpHead:
     if eh is None or tuple(eh.shape) != (H, 2 * H) or cfg.vocab_size != target.config.vocab_size:
         raise SpectraceError(f"MTP checkpoint {path} does not fit the target (hidden size {H}, "
                              f"vocabulary {target.config.vocab_size})")
-    return finish_loading(lambda: MtpHead(cfg), state, target, path, "MTP module", share_embedding=True)
+    return finish_loading(lambda: MtpHead(cfg), state, target, path, "MTP module",
+                          share_embedding=True)

@@ -16,7 +16,8 @@ from spectrace.core.kv import KVCache
 
 
 class TreeScratch:
-    def __init__(self, kv: KVCache, reqs: list[int], topk: int, num_steps: int, base_positions: list[int]):
+    def __init__(self, kv: KVCache, reqs: list[int], topk: int, num_steps: int,
+                 base_positions: list[int]):
         """base_positions: RoPE position of level-0 inputs per request."""
         self.kv, self.reqs, self.K, self.S = kv, reqs, topk, num_steps
         self.T = [kv.seq_lens[r] for r in reqs]  # committed draft KV per request
@@ -43,7 +44,8 @@ class TreeScratch:
                 m[k, [self.T[b] + c for c in path]] = True
             masks.append(m)
             locs.append(self.slots[b][cols])
-            self.kv.record_write(r, [self.base[b] + i] * K, self.slots[b][cols], input_ids[b * K:(b + 1) * K].tolist())
+            self.kv.record_write(r, [self.base[b] + i] * K, self.slots[b][cols],
+                                 input_ids[b * K:(b + 1) * K].tolist())
         return ForwardBatch(
             input_ids=input_ids,
             positions=torch.tensor([p + i for p in self.base for _ in range(K)], device=device),

@@ -19,7 +19,8 @@ from spectrace.core.model import CausalLM
 
 class StandaloneDrafter(ScratchKVDrafter):
     def __init__(self, model: CausalLM, kv: KVCache, num_steps: int, topk: int = 1,
-                 num_draft_tokens: int | None = None, temperature: float = 1.0, trace_topk: int = 5):
+                 num_draft_tokens: int | None = None, temperature: float = 1.0,
+                 trace_topk: int = 5):
         super().__init__(kv, num_steps, topk, num_draft_tokens, temperature, trace_topk)
         self.model = model
 

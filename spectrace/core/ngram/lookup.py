@@ -66,7 +66,8 @@ def find_subarray_kmp(context, n: int) -> int | None:
     return None
 
 
-def propose_first_match(context, min_n: int, max_n: int, k: int, max_model_len: int) -> NgramMatch | None:
+def propose_first_match(context, min_n: int, max_n: int, k: int,
+                        max_model_len: int) -> NgramMatch | None:
     """v0.8.5 `NgramProposer.propose`: longest n first, first occurrence."""
     k = min(k, max_model_len - len(context))
     if k <= 0:
@@ -78,7 +79,8 @@ def propose_first_match(context, min_n: int, max_n: int, k: int, max_model_len: 
     return None
 
 
-def propose_longest_match(tokens, min_n: int, max_n: int, k: int, max_model_len: int) -> NgramMatch | None:
+def propose_longest_match(tokens, min_n: int, max_n: int, k: int,
+                          max_model_len: int) -> NgramMatch | None:
     """Current vLLM: the longest suffix n-gram (<= max_n) with an earlier occurrence, earliest
     occurrence. Reversed, the context's suffixes become prefixes, so one KMP self-match finds
     every earlier occurrence of them at once."""

@@ -42,11 +42,13 @@ class TrieConfig:
 
     def __post_init__(self):
         """ngram.cpp's Param checks, as one clear line."""
-        if not (self.branch_length > 1 and 0 < self.min_match_window_size <= self.max_match_window_size
+        if not (self.branch_length > 1
+                and 0 < self.min_match_window_size <= self.max_match_window_size
                 < self.branch_length and 0 < self.min_bfs_breadth <= self.max_bfs_breadth
                 and self.match_type in ("BFS", "PROB") and self.capacity > 0):
-            raise SpectraceError(f"SGLang's n-gram needs max_trie_depth > 1, 0 < min window <= max window < "
-                                 f"max_trie_depth, 0 < min bfs breadth <= max, match type BFS or PROB: got {self}")
+            raise SpectraceError(f"SGLang's n-gram needs max_trie_depth > 1, 0 < min "
+                                 f"window <= max window < max_trie_depth, 0 < min bfs "
+                                 f"breadth <= max, match type BFS or PROB: got {self}")
 
 
 @dataclass(eq=False)
@@ -147,9 +149,11 @@ class NgramTrie:
             return nexts[parent][token]
 
         if c.match_type == "BFS":
-            scale = (c.max_bfs_breadth - c.min_bfs_breadth) / (c.max_match_window_size - c.min_match_window_size + 1)
+            scale = (c.max_bfs_breadth - c.min_bfs_breadth) / (c.max_match_window_size
+                                                               - c.min_match_window_size + 1)
             for anchor, w in anchors:
-                queue = deque([(0, (c.max_match_window_size - w) * scale + c.min_bfs_breadth, anchor)])
+                queue = deque([(0, (c.max_match_window_size - w) * scale + c.min_bfs_breadth,
+                                anchor)])
                 while queue and len(tree_tokens) <= m:
                     parent, breadth, tnode = queue.popleft()
                     for child in tnode.lru[:max(1, int(breadth))]:

@@ -11,7 +11,8 @@ Each walks every request's verified tree at once and returns a Verdict:
     max_depth       the most drafts a walk may accept (num_steps)
 
 greedy, target_only and rejection are the Triton twins of the explicit walks as they are
-(kernels/acceptance/); vllm, tree_rejection and typical have device forms of their own, a file each. The explicit engine's
+(kernels/acceptance/); vllm, tree_rejection and typical have device forms of their own, a file each.
+The explicit engine's
 rule walks one request's tree on the host; a fast run's trace records the explicit walk over the
 same tree, and refuses a step where the two differ (fast/step_record.py).
 """
@@ -34,24 +35,30 @@ from spectrace.kernels.commit import accept_tokens
 class Verdict:
     """ACCEPT's result for the whole batch (SGLang's names)."""
 
-    accept_index: torch.Tensor  # (bs, max_depth + 1) the accepted path as flat verify rows, root first, -1 after
+    # (bs, max_depth + 1) the accepted path as flat verify rows, root first, -1 after
+    accept_index: torch.Tensor
     accept_num: torch.Tensor  # (bs,) correct drafts (SGLang's accept_length: the bonus excluded)
     bonus: torch.Tensor  # (bs,) the bonus token
-    accept_tokens: torch.Tensor | None = None  # (bs, max_depth + 1) correct drafts, the bonus, -1 after (engine)
-    sibling_counts: torch.Tensor | None = None  # (bs, 2 topk) tree_rejection: tries, then acceptances, by rank
-    path: torch.Tensor | None = None  # accept_index with -1 read as row 0: safe to gather with (made once)
+    # (bs, max_depth + 1) correct drafts, the bonus, -1 after (engine)
+    accept_tokens: torch.Tensor | None = None
+    # (bs, 2 topk) tree_rejection: tries, then acceptances, by rank
+    sibling_counts: torch.Tensor | None = None
+    # accept_index with -1 read as row 0: safe to gather with (made once)
+    path: torch.Tensor | None = None
 
     def __post_init__(self):
         self.path = self.accept_index.clamp(min=0)
 
 
 def walk_outputs(bs: int, n: int, width: int, device) -> tuple[torch.Tensor, ...]:
-    """The SGLang kernels' in-place outputs: predicts (bs * n,), accept_index (bs, width), accept_num (bs,)."""
+    """The SGLang kernels' in-place outputs: predicts (bs * n,), accept_index (bs, width),
+    accept_num (bs,)."""
     return (torch.full((bs * n,), -1, device=device), torch.full((bs, width), -1, device=device),
             torch.zeros(bs, dtype=torch.int64, device=device))
 
 
-def verdict(predicts: torch.Tensor, accept_index: torch.Tensor, accept_num: torch.Tensor, **extra) -> Verdict:
+def verdict(predicts: torch.Tensor, accept_index: torch.Tensor, accept_num: torch.Tensor,
+            **extra) -> Verdict:
     """The bonus is what the walk left in predicts at the last accepted row."""
     v = Verdict(accept_index, accept_num, None, **extra)
     v.bonus = predicts.gather(0, v.path.gather(1, accept_num[:, None]).flatten())
@@ -60,11 +67,13 @@ def verdict(predicts: torch.Tensor, accept_index: torch.Tensor, accept_num: torc
 
 def target_probs(logits: torch.Tensor, tree, spec) -> torch.Tensor:
     """p after every node, (bs, n, V) float32."""
-    return probs_from_logits(logits.view(tree.draft_tokens.shape[0], tree.num_nodes, -1), spec.sampling)
+    return probs_from_logits(logits.view(tree.draft_tokens.shape[0], tree.num_nodes, -1),
+                             spec.sampling)
 
 
 def greedy(tree, logits, target_predict, randoms, spec, max_depth) -> Verdict:
-    """greedy_walk (SGLang's verify_tree_greedy): a draft is correct when it is the target's argmax."""
+    """greedy_walk (SGLang's verify_tree_greedy): a draft is correct when it is the target's
+    argmax."""
     outs = walk_outputs(*tree.draft_tokens.shape, max_depth + 1, logits.device)
     greedy_walk(*outs, tree.draft_tokens, tree.retrive_index, tree.retrive_next_token,
                               tree.retrive_next_sibling, target_predict)
@@ -72,12 +81,14 @@ def greedy(tree, logits, target_predict, randoms, spec, max_depth) -> Verdict:
 
 
 def target_only(tree, logits, target_predict, randoms, spec, max_depth) -> Verdict:
-    """target_only_walk (SGLang's tree_speculative_sampling_target_only) with the step's coins (q unused: zeros)."""
+    """target_only_walk (SGLang's tree_speculative_sampling_target_only) with the step's coins (q
+    unused: zeros)."""
     outs = walk_outputs(*tree.draft_tokens.shape, max_depth + 1, logits.device)
     p = target_probs(logits, tree, spec)
     target_only_walk(
-        *outs, tree.draft_tokens, tree.retrive_index, tree.retrive_next_token, tree.retrive_next_sibling,
-        randoms.coins, randoms.coin_final, p, torch.zeros_like(p), spec.threshold_single, spec.threshold_acc)
+        *outs, tree.draft_tokens, tree.retrive_index, tree.retrive_next_token,
+        tree.retrive_next_sibling, randoms.coins, randoms.coin_final, p, torch.zeros_like(p),
+        spec.threshold_single, spec.threshold_acc)
     return verdict(*outs)
 
 
@@ -90,7 +101,8 @@ def rejection(tree, logits, target_predict, randoms, spec, max_depth) -> Verdict
 
 
 def plain_sample(tree, logits, target_predict, randoms, spec, max_depth) -> Verdict:
-    """--algo none at temperature > 0: each request's next token sampled from p (no tree to walk)."""
+    """--algo none at temperature > 0: each request's next token sampled from p (no tree to
+    walk)."""
     bs = logits.shape[0]
     accept_index = torch.full((bs, 1), -1, device=logits.device)
     accept_index[:, 0] = torch.arange(bs, device=logits.device)
@@ -125,7 +137,8 @@ def host_row(v: Verdict, draft_tokens: torch.Tensor) -> tuple[Verdict, torch.Ten
     return v, row
 
 
-from spectrace.fast.acceptance import tree_rejection, typical, vllm  # noqa: E402  (they import Verdict)
+# noqa: E402  (they import Verdict)
+from spectrace.fast.acceptance import tree_rejection, typical, vllm
 
 FAST_RULES: dict[str, Callable[..., Verdict]] = {
     "greedy": greedy, "target_only": target_only, "rejection": rejection, "vllm": vllm.vllm_accept,

@@ -16,13 +16,15 @@ from spectrace.kernels.acceptance.tree_rejection import tree_rejection_walk
 
 def tree_rejection_accept(tree, logits, target_predict, randoms, spec, max_depth) -> Verdict:
     index, num, bonus, tried, accepted = tree_rejection_walk(
-        target_probs(logits, tree, spec), tree.draft_probs, tree.draft_tokens, tree.retrive_next_token,
-        tree.retrive_next_sibling, randoms.coins, randoms.coin_final, sample_rows, max_depth, randoms.topk)
+        target_probs(logits, tree, spec), tree.draft_probs, tree.draft_tokens,
+        tree.retrive_next_token, tree.retrive_next_sibling, randoms.coins, randoms.coin_final,
+        sample_rows, max_depth, randoms.topk)
     return Verdict(index, num, bonus, sibling_counts=torch.cat([tried, accepted], dim=1))
 
 
 def ranked(spec, drafter) -> bool:
-    """Whether a run's trees are ranked by their siblings' worth: tree_rejection over trees of topk > 1."""
+    """Whether a run's trees are ranked by their siblings' worth: tree_rejection over trees of
+    topk > 1."""
     return spec.acceptance == "tree_rejection" and spec.topk > 1 and drafter is not None
 
 

@@ -2,7 +2,8 @@
 kernels of kernels/acceptance/vllm.py), over each request's chain of sampled drafts.
 
 The kernels' vllm_accept draws the bonus (the Sampler's race on p after the last draft), the
-recovered tokens and the walk; the output row is turned into SGLang's path. A model drafter's chains all
+recovered tokens and the walk; the output row is turned into SGLang's path. A model drafter's chains
+all
 hold k = n - 1 drafts; n-gram's vary per request (its one-hot drafts: q None), so the drafts are
 packed as vLLM packs them, request after request, into a buffer of bs * k rows
 (cu_num_draft_tokens says where each request's end).
@@ -21,18 +22,21 @@ def vllm_accept(tree, logits, target_predict, randoms, spec, max_depth) -> Verdi
     counts = tree.num_drafts if tree.num_drafts is not None else torch.full((bs,), k, device=device)
     cu = counts.cumsum(0)
     j = torch.arange(k, device=device)
-    packed = torch.where(j < counts[:, None], (cu - counts)[:, None] + j, bs * k).flatten()  # bs * k: dropped
+    # bs * k: dropped
+    packed = torch.where(j < counts[:, None], (cu - counts)[:, None] + j, bs * k).flatten()
 
-    def pack(x: torch.Tensor) -> torch.Tensor:  # (bs, k, ...) -> (bs * k, ...), request after request
+    # (bs, k, ...) -> (bs * k, ...), request after request
+    def pack(x: torch.Tensor) -> torch.Tensor:
         out = x.new_zeros((bs * k + 1,) + x.shape[2:])
         return out.index_copy_(0, packed, x.flatten(0, 1))[:-1]
 
     p = target_probs(logits, tree, spec)
-    drafts, target, uniforms = pack(tree.draft_tokens[:, 1:]), pack(p[:, :k]), pack(randoms.uniforms)
+    drafts, target, uniforms = (pack(tree.draft_tokens[:, 1:]), pack(p[:, :k]),
+                                pack(randoms.uniforms))
     q = pack(tree.draft_probs) if tree.draft_probs is not None else None
     out = torch.full((bs, n), -1, dtype=torch.int32, device=device)
-    accept_packed(out, cu, drafts, q, target, p[torch.arange(bs, device=device), counts], randoms.bonus_noise,
-                  randoms.inv_q, uniforms, k)
+    accept_packed(out, cu, drafts, q, target, p[torch.arange(bs, device=device), counts],
+                  randoms.bonus_noise, randoms.inv_q, uniforms, k)
     accept_num = (out != -1).sum(dim=1) - 1
     rows = torch.arange(bs, device=device)[:, None] * n + torch.arange(n, device=device)
     accept_index = torch.where(torch.arange(n, device=device) <= accept_num[:, None], rows, -1)

@@ -25,10 +25,14 @@ from spectrace.fast.tree import DeviceTree
 
 class FastDrafter(Protocol):
     kv: StaticKV | None  # a draft KV of its own (the trace shows its lengths), or None
-    capture_layers: tuple[int, ...]  # target layers whose inputs are the features; () = last hidden state
-    drafts_on_host: bool  # DRAFT runs on the host before the step's graphs (n-gram: host_prefill, host_draft and
-    #                host_extend over the requests' histories; `sizes`, `tree` and `index` say what it drafted)
-    samples_drafts: bool  # drafts sampled from q (the lossless sampling rules), each level reading randoms' race noise
+    # target layers whose inputs are the features; () = last hidden state
+    capture_layers: tuple[int, ...]
+    # DRAFT runs on the host before the step's graphs (n-gram: host_prefill, host_draft and
+    drafts_on_host: bool
+    #                host_extend over the requests' histories; `sizes`, `tree` and `index` say what
+    # it drafted)
+    # drafts sampled from q (the lossless sampling rules), each level reading randoms' race noise
+    samples_drafts: bool
 
     def reset(self) -> None:
         """Before a run (and after the CUDA-graph captures, which write into the buffers)."""
@@ -39,11 +43,12 @@ class FastDrafter(Protocol):
         prompt_lens (bs,), roots (bs,) the first generated tokens, features (bs * L, F) the
         target's features at every prompt row (captured layers, or the last hidden state)."""
 
-    def draft(self, roots: torch.Tensor, seq_lens: torch.Tensor, num_steps: int, num_draft_tokens: int,
-              randoms: DeviceRandoms) -> DeviceTree:
+    def draft(self, roots: torch.Tensor, seq_lens: torch.Tensor, num_steps: int,
+              num_draft_tokens: int, randoms: DeviceRandoms) -> DeviceTree:
         """DRAFT: every request's tree of num_draft_tokens nodes rooted at roots (bs,), after the
         target's committed KV (seq_lens); sampled drafts read randoms' race noise."""
 
-    def draft_extend(self, tree: DeviceTree, verdict: Verdict, features: torch.Tensor, live: torch.Tensor) -> None:
+    def draft_extend(self, tree: DeviceTree, verdict: Verdict, features: torch.Tensor,
+                     live: torch.Tensor) -> None:
         """EXTEND (DRAFT_EXTEND): each live request's accept_tokens with the target's features
         (bs * n, F) at the accepted path's rows; a frozen row keeps its state."""

@@ -23,19 +23,23 @@ class DFlash:
     drafts_on_host = False
     samples_drafts = False  # a block's argmax (vllm takes it one-hot)
 
-    def __init__(self, model: DFlashDraftModel, target, bs: int, columns: int, trace_topk: int | None):
+    def __init__(self, model: DFlashDraftModel, target, bs: int, columns: int,
+                 trace_topk: int | None):
         p = next(model.parameters())
         cfg, device = model.config, p.device
         self.model, self.embed, self.lm_head = model, target.model.embed_tokens, target.lm_head
         self.capture_layers = model.capture_layers
         self.n = n = model.block_size
         self.trace_topk = trace_topk
-        self.ctx = [tuple(torch.zeros(bs, columns, cfg.num_key_value_heads, cfg.head_dim, dtype=p.dtype,
+        self.ctx = [tuple(torch.zeros(bs, columns, cfg.num_key_value_heads, cfg.head_dim,
+                                      dtype=p.dtype,
                                       device=device) for _ in range(2)) for _ in model.layers]
         self.columns = torch.arange(columns, device=device)
         self.offsets = torch.arange(n, device=device)
-        self.block = torch.full((bs, n), model.mask_token_id, device=device)  # [root, MASK, ..., MASK]
-        self.masks = torch.ones(n, n, dtype=torch.bool, device=device).tril().repeat(bs, 1, 1)  # a chain
+        # [root, MASK, ..., MASK]
+        self.block = torch.full((bs, n), model.mask_token_id, device=device)
+        # a chain
+        self.masks = torch.ones(n, n, dtype=torch.bool, device=device).tril().repeat(bs, 1, 1)
         chain = torch.where(self.offsets < n - 1, self.offsets + 1, -1)
         self.retrive_next_token = chain.expand(bs, n).contiguous()
         self.retrive_next_sibling = torch.full((bs, n), -1, device=device)
@@ -56,23 +60,27 @@ class DFlash:
 
     def prefill(self, prompt_ids, prompt_lens, roots, features) -> None:
         """The prompt's context K/V (its padding rows land past each prompt, masked)."""
-        self.write(features.view(prompt_ids.shape[0], prompt_ids.shape[1], -1), torch.zeros_like(prompt_lens))
+        self.write(features.view(prompt_ids.shape[0], prompt_ids.shape[1], -1),
+                   torch.zeros_like(prompt_lens))
 
     def draft(self, roots, seq_lens, num_steps, num_draft_tokens, randoms) -> DeviceTree:
         """Every request's block after its committed context: drafts are each row's argmax; for
         the trace q, path scores (the product of q) and each row's top-k."""
         self.block[:, 0] = roots
         positions = seq_lens[:, None] + self.offsets
-        h = self.model(self.embed(self.block), positions, self.ctx, self.columns < seq_lens[:, None])
+        h = self.model(self.embed(self.block), positions, self.ctx,
+                       self.columns < seq_lens[:, None])
         probs = torch.softmax(self.lm_head(h[:, 1:]).float(), dim=-1)  # (bs, n-1, V)
         q, drafts = probs.max(dim=-1)
-        tree = DeviceTree(torch.cat([roots[:, None], drafts], dim=1), positions, self.masks, self.retrive_index,
-                          self.retrive_next_token, self.retrive_next_sibling)
+        tree = DeviceTree(torch.cat([roots[:, None], drafts], dim=1), positions, self.masks,
+                          self.retrive_index, self.retrive_next_token, self.retrive_next_sibling)
         if self.trace_topk is not None:
             top = torch.topk(probs, min(max(self.trace_topk, 1), probs.shape[-1]), dim=-1)
-            tree.q, tree.scores, tree.draft_top = q, torch.cumprod(q, dim=1), (top.values, top.indices)
+            tree.q, tree.scores, tree.draft_top = (q, torch.cumprod(q, dim=1),
+                                                   (top.values, top.indices))
         return tree
 
     def draft_extend(self, tree, verdict, features, live) -> None:
-        """The accepted rows' context, after the columns committed before this step (the root's position)."""
+        """The accepted rows' context, after the columns committed before this step (the root's
+        position)."""
         self.write(features[verdict.path], tree.positions[:, 0])

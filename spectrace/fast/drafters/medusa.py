@@ -22,30 +22,36 @@ class Medusa:
     drafts_on_host = False
     samples_drafts = False  # a static tree of each head's top-k
 
-    def __init__(self, heads: MedusaHeads, tree: MedusaTree, bs: int, hidden_size: int, trace_topk: int,
-                 recording: bool):
+    def __init__(self, heads: MedusaHeads, tree: MedusaTree, bs: int, hidden_size: int,
+                 trace_topk: int, recording: bool):
         device, dtype = next(heads.parameters()).device, next(heads.parameters()).dtype
         self.heads, self.n, self.recording = heads, len(tree.choices) + 1, recording
-        self.depth = torch.tensor([len(c) - 1 for c in tree.choices], device=device)  # node j+1's head
+        # node j+1's head
+        self.depth = torch.tensor([len(c) - 1 for c in tree.choices], device=device)
         self.rank = torch.tensor([c[-1] for c in tree.choices], device=device)
         self.parent = tree.parent  # node j+1's parent node (0 = the root); parents come first
-        self.masks = tree.mask.to(device).repeat(bs, 1, 1)  # (bs, n, n): every request's tree is the same
-        offsets, _, next_token, next_sibling = reconstruct_indices_from_tree_mask(tree.mask.reshape(-1), [0], self.n)
+        # (bs, n, n): every request's tree is the same
+        self.masks = tree.mask.to(device).repeat(bs, 1, 1)
+        offsets, _, next_token, next_sibling = reconstruct_indices_from_tree_mask(
+            tree.mask.reshape(-1), [0], self.n)
         self.offsets = offsets.to(device)  # (n,) each node's depth
         self.retrive_next_token = next_token.to(device).expand(bs, -1).contiguous()
         self.retrive_next_sibling = next_sibling.to(device).expand(bs, -1).contiguous()
         self.retrive_index = torch.arange(bs * self.n, device=device).view(bs, self.n)
-        # each head's top tokens: the tree's widest rank, and what the trace keeps (run traced or not,
+        # each head's top tokens: the tree's widest rank, and what the trace keeps (run traced or
+        # not,
         # the same top-k call, so ties fall the same way)
         self.width = min(max(tree.shape[1], trace_topk, 1), heads.medusa_head[0][-1].out_features)
-        self.last_hidden = torch.zeros(bs, hidden_size, dtype=dtype, device=device)  # h at the root's parent row
+        # h at the root's parent row
+        self.last_hidden = torch.zeros(bs, hidden_size, dtype=dtype, device=device)
 
     def reset(self) -> None:
         pass  # last_hidden is rewritten by every prefill
 
     def prefill(self, prompt_ids, prompt_lens, roots, features) -> None:
         L = prompt_ids.shape[1]
-        self.last_hidden.copy_(features[torch.arange(len(roots), device=roots.device) * L + prompt_lens - 1])
+        self.last_hidden.copy_(features[torch.arange(len(roots), device=roots.device) * L
+                                        + prompt_lens - 1])
 
     def draft(self, roots, seq_lens, num_steps, num_draft_tokens, randoms) -> DeviceTree:
         """Every request's tree: tokens (root first), positions; for the trace q, path scores of
@@ -61,7 +67,8 @@ class Medusa:
             for j, p in enumerate(self.parent):  # a path's score: the product of q from the root
                 scores.append(q[:, j] * scores[p - 1] if p else q[:, j])
             tree.q, tree.scores = q, torch.stack(scores, dim=1)
-            tree.draft_top = (top.values[self.depth].transpose(0, 1), top.indices[self.depth].transpose(0, 1))
+            tree.draft_top = (top.values[self.depth].transpose(0, 1),
+                              top.indices[self.depth].transpose(0, 1))
         return tree
 
     def draft_extend(self, tree, verdict, features, live) -> None:
