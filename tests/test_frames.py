@@ -193,3 +193,16 @@ def test_frames_of_the_earlier_layout_build_the_records_that_version_built():
     assert len(got) == len(want) > 0
     assert [without_timing(got.step(i)) for i in range(len(got))] == \
         [without_timing(want.step(i)) for i in range(len(want))]
+
+
+def test_a_fast_runs_summary_says_what_its_trace_cost(tmp_path, capsys):
+    """`spectrace run --backend fast --trace T` ends with the trace's size and what writing it
+    cost: the host's time in the loop and after it (the run's metrics, in the summary record too)."""
+    trace = tmp_path / "t.jsonl"
+    assert main(["run", "--backend", "fast", "--algo", "none", "--no-tui", "--max-new-tokens", "3",
+                 "--trace", str(trace)]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith(f"trace: {trace} (") and "its steps in t.jsonl.frames" in last
+    metrics = TraceFile(trace).summary["metrics"]
+    assert f"writing it took {metrics['trace_loop_s'] * 1e3:.1f} ms of the" in last
+    assert f"and {metrics['trace_s'] * 1e3:.1f} ms after it" in last

@@ -134,7 +134,7 @@ class StepRecorder:
             k = min(self.spec.trace_topk, p.shape[-1])
             ids.append(torch.topk(p, k, dim=-1).indices.flatten())
         ids = torch.cat([t.to(torch.int64) for t in ids])
-        self.mentioned[ids.clamp(min=0)] = True
+        self.mentioned.index_fill_(0, ids.clamp(min=0), True)  # a scalar fill: graph-safe
 
     def step_tensors(self, out, randoms) -> dict:
         kv, tree, verdict, bs, n = self.kv, out.tree, out.verdict, *out.tree.draft_tokens.shape
