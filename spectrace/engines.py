@@ -91,7 +91,7 @@ def build_engine(target: CausalLM, draft, spec: SpecConfig, prompt_ids: list[lis
 
 
 def explicit_drafter(target, draft, spec: SpecConfig, kv, ngram: NgramConfig, medusa_tree, draft_kv):
-    """The explicit drafter of the algorithm's checkpoint format (formats.py); draft_kv() makes its
+    """The explicit drafter of the algorithm's checkpoint format (loading/formats.py); draft_kv() makes its
     own KV."""
     if spec.algo == "ngram":
         return ngram.drafter(spec.num_steps, spec.num_draft_tokens, target.config.max_position_embeddings,
@@ -132,7 +132,7 @@ def fast_engine(target, draft, spec: SpecConfig, prompt_ids, eos_token_ids, trac
 
 def fast_drafter(target, draft, spec: SpecConfig, kv, committed: int, ngram: NgramConfig, medusa_tree,
                  recording: bool, record_probs: bool):
-    """The fast drafter of the algorithm's checkpoint format (formats.py), its buffers over the bucket."""
+    """The fast drafter of the algorithm's checkpoint format (loading/formats.py), its buffers over the bucket."""
     if spec.algo == "ngram":
         from spectrace.fast.drafters.ngram import Ngram
 
