@@ -254,13 +254,16 @@ class TraceFile:
         self._frames = recover(self.path, self.header, set(self._seen_steps))
         if self._frames.notice:
             self.notices.append(self._frames.notice)
+        timings: dict[int, dict] = {}  # a frame's phase times, shared by its requests' metas
         for step, request, accept_len, committed, timing, frame in self._frames.steps:
+            if frame not in timings:
+                timings[frame] = _timing(timing)
+            timing = timings[frame]
             if (step, request) in self._seen_steps:
                 raise TraceError(f"trace {self.path}: {sidecar} holds "
                                  f"step {step} of request {request} twice")
             self._seen_steps[(step, request)] = 0
-            self.index.append(StepMeta(0, step, request, accept_len, committed, _timing(timing),
-                                       frame))
+            self.index.append(StepMeta(0, step, request, accept_len, committed, timing, frame))
         missing = {t for meta in self.index for t in meta.committed} - self.tokens.keys()
         if missing:  # a killed run's summary would have carried them
             self.tokens.update(self._frames.texts(missing))

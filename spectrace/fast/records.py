@@ -216,7 +216,8 @@ def frame_requests(head: dict, host: dict) -> list[tuple]:
     tensors (host: `host_row`, `roots`); a request's row is its id. A frame of an earlier version
     lists them in its head."""
     if "requests" in head:
-        return [tuple(e) for e in head["requests"]]
+        return [(b, rid, root, tokens, [int(t) for t in committed], why, draw)
+                for b, rid, root, tokens, committed, why, draw in head["requests"]]
     rows, roots = host["host_row"].tolist(), host["roots"].tolist()
     finished, draws, out = ({b: (n, why) for b, n, why in head.get("finished", [])},
                             head.get("draws", {}), [])
@@ -225,6 +226,21 @@ def frame_requests(head: dict, host: dict) -> list[tuple]:
         tokens = rows[b][:rows[b][-1] + 1]
         n, why = finished.get(b, (len(tokens), None))
         out.append((b, b, roots[b], tokens, tokens[:n], why, draws.get(str(b))))
+    return out
+
+
+def index_tensors(device: dict, offset: int, f) -> dict:
+    """The tensors that name a step frame's requests (host_row, roots), read alone from its blob
+    in the open frames file f."""
+    out = {}
+    for name in ("host_row", "roots"):
+        if device.get(name):
+            at, size, dtype, shape = device[name]
+            f.seek(offset + at)
+            data = bytearray(f.read(size))
+            if len(data) < size:
+                raise ValueError("a frame's blob ends early")
+            out[name] = torch.frombuffer(data, dtype=getattr(torch, dtype)).view(shape)
     return out
 
 
@@ -246,47 +262,46 @@ class FrameSteps:
     def __init__(self, trace: Path, skip: set, token_text: Callable[[int], str],
                  run: str | None = None):
         """run: the trace header's run id, which its frames' first head repeats."""
-        self.path, self.steps, self.notice, self.token_text = (frames_path(trace), [], None,
-                                                               token_text)
+        self.path, self.token_text = frames_path(trace), token_text
+        self.steps, self.notice = [], None
         self.skips: list[set] = []  # each frame's requests whose records the trace's lines hold
-        # each step frame: its head, its blob's offset, bytes
-        self.frames: list[tuple[dict, int, int]] = []
+        self.frames: list[tuple[dict, int, int]] = []  # each step frame: head, blob offset, bytes
         heads = frame_heads(self.path)
         first = next(heads, None)
         if first is None or "context" not in first[0]:
             self.notice = f"{self.path.name} is not a spectrace frames file: its steps are not read"
             return
         if run is not None and first[0].get("run", run) != run:
-            self.notice = (f"{self.path.name} holds another run's steps "
-                           f"(not this trace's): they are not read")
+            self.notice = (f"{self.path.name} holds another run's steps (not this trace's): "
+                           "they are not read")
             return
         try:
             self.builder = RecordBuilder(RecordContext(**first[0]["context"]))
-            for head, offset, size in heads:
-                device = self.builder.layout(head, "device")
-                if size != blob_bytes(device) + blob_bytes(self.builder.layout(head, "host")):
-                    raise ValueError("a blob of another size than its layouts")
-                step, skipped = int(head["step"]), {r for s, r in skip if s == head["step"]}
-                self.skips.append(skipped)
-                for b, rid, root, tokens, committed, finish_reason, draw in frame_requests(
-                        head, self.index_tensors(device, offset)):
-                    if rid not in skipped:
-                        self.steps.append((step, int(rid), len(tokens), [int(t) for t in committed],
-                                           dict(head["timing"]), len(self.frames)))
-                self.frames.append((head, offset, size))
+            with open(self.path, "rb") as f:
+                self.index(heads, skip, f)
         except (*MALFORMED, RuntimeError) as e:  # an edited or foreign sidecar: the steps before it
-            self.notice = (f"{self.path.name} stops being readable after "
-                           f"{len(self.steps)} steps ({str(e)[:80]})")
+            self.notice = (f"{self.path.name} stops being readable after {len(self.steps)} "
+                           f"steps ({str(e)[:80]})")
 
-    def index_tensors(self, device: dict, offset: int) -> dict:
-        """The tensors a frame's index reads (host_row, roots), read alone from its blob."""
-        out = {}
-        for name in ("host_row", "roots"):
-            if device.get(name):
-                at, size, dtype, shape = device[name]
-                blob = read_blob(self.path, offset + at, size)
-                out[name] = blob.view(getattr(torch, dtype)).view(shape)
-        return out
+    def index(self, heads, skip: set, f) -> None:
+        """Each step frame's requests, from its head and the two tensors that name them."""
+        sizes = {}  # a layout's key -> its blob's bytes
+        for head, offset, size in heads:
+            keys = [str(head["packs"][pack]) for pack in ("device", "host")]
+            for key, pack in zip(keys, ("device", "host")):
+                if key not in sizes:
+                    sizes[key] = blob_bytes(self.builder.layout(head, pack))
+            if size != sizes[keys[0]] + sizes[keys[1]]:
+                raise ValueError("a blob of another size than its layouts")
+            step, skipped = int(head["step"]), {r for s, r in skip if s == head["step"]}
+            self.skips.append(skipped)
+            timing = dict(head["timing"])
+            tensors = index_tensors(self.builder.layouts[keys[0]], offset, f)
+            for b, rid, root, tokens, committed, why, draw in frame_requests(head, tensors):
+                if rid not in skipped:
+                    frame = len(self.frames)
+                    self.steps.append((step, int(rid), len(tokens), committed, timing, frame))
+            self.frames.append((head, offset, size))
 
     def records(self, frame: int) -> dict[int, dict]:
         """Frame `frame`'s records, by request. A step whose kernel walk differs from the explicit
