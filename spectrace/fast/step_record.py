@@ -124,9 +124,9 @@ class StepRecorder:
 
     def mention(self, tensors: dict, out) -> None:
         """The token ids of a step's records marked in `mentioned`: its trees, argmaxes and top-k,
-        its accept tokens (-1 pads them), and where p is
-        kept whole its top trace_topk after each node (a sampled bonus's residual top-k is not
-        marked: its text comes from the tokenizer where the trace is read)."""
+        its accept tokens (-1 pads them) and, where p is kept whole, its top trace_topk after each
+        node (a sampled bonus's residual top-k is not marked: its text comes from the tokenizer
+        where the trace is read)."""
         ids = [tensors[name].flatten() for name in TOKEN_TENSORS if tensors.get(name) is not None]
         ids.append(out.verdict.accept_tokens.flatten())
         if tensors.get("target_probs") is not None:
