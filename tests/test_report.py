@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from spectrace.cli import main
 from spectrace.core.trace_reader import TraceFile
+from spectrace.recovery import open_trace
 from spectrace.report.data import report_data
 from spectrace.report.page import inert_json, page
 from spectrace.viz.steptree import step_tree
@@ -71,7 +72,7 @@ def token_classes(trace: TraceFile, request: int) -> list[str]:
 # ---- the data, without a browser --------------------------------------------------------------
 @pytest.mark.parametrize("name", ["eagle", "none", "medusa-typical", "ngram", "fast", "batch"])
 def test_the_pages_data_is_every_step_once_as_the_viewers_read_it(traces, name):
-    trace = TraceFile(traces(name))
+    trace = open_trace(traces(name))
     data = report_data(trace)
     assert len(data["steps"]) == len(trace)
     for i, s in enumerate(data["steps"]):
@@ -88,11 +89,11 @@ def test_the_pages_data_is_every_step_once_as_the_viewers_read_it(traces, name):
 
 @pytest.mark.parametrize("name", ["eagle", "batch", "none"])
 def test_a_trace_without_its_summary_gets_the_summarys_numbers_from_its_steps(traces, tmp_path, name):
-    full = TraceFile(traces(name))
+    full = open_trace(traces(name))
     lines = traces(name).read_text().splitlines(keepends=True)
     cut = tmp_path / "cut.jsonl"
     cut.write_text("".join(lines[:-1]))  # the run killed before its summary
-    derived, m = report_data(TraceFile(cut))["summary"], full.summary["metrics"]
+    derived, m = report_data(open_trace(cut))["summary"], full.summary["metrics"]
     assert derived["derived"] is True
     for key in ("completion_tokens", "verify_ct", "accept_length", "accept_rate", "accept_len_histogram"):
         assert derived[key] == m[key], key
@@ -113,7 +114,7 @@ def test_the_page_lets_only_its_own_script_run(traces):
     import hashlib
     import re
 
-    html = page(report_data(TraceFile(traces("eagle"))), "t")
+    html = page(report_data(open_trace(traces("eagle"))), "t")
     csp = re.search(r'http-equiv="Content-Security-Policy" content="([^"]+)"', html).group(1)
     scripts = re.findall(r"<script>(.*?)</script>", html, re.S)
     assert len(scripts) == 1 and "default-src 'none'" in csp and "unsafe-inline" not in csp.split("script-src")[1].split(";")[0]
@@ -175,7 +176,7 @@ def test_the_page_shows_the_traces_summary_text_and_trees_step_by_step(browser, 
     from selenium.webdriver.common.keys import Keys
 
     path = traces("eagle")
-    trace = TraceFile(path)
+    trace = open_trace(path)
     open_page(browser, path, tmp_path)
     by_id = lambda i: browser.find_element("id", i).text  # noqa: E731
     m = trace.summary["metrics"]
@@ -273,7 +274,7 @@ def test_a_batch_trace_has_a_request_picker(browser, traces, tmp_path):
     from selenium.webdriver.support.ui import Select
 
     path = traces("batch")
-    trace = TraceFile(path)
+    trace = open_trace(path)
     open_page(browser, path, tmp_path)
     picker = Select(browser.find_element("id", "request"))
     assert [o.text for o in picker.options] == ["request 0", "request 1", "request 2"]
@@ -291,7 +292,7 @@ def test_every_algorithm_and_rule_opens_and_walks(browser, traces, tmp_path, nam
     from selenium.webdriver.common.keys import Keys
 
     path = traces(name)
-    trace = TraceFile(path)
+    trace = open_trace(path)
     open_page(browser, path, tmp_path)
     algo = trace.header["config"]["algo"]
     first = trace.step(0)
