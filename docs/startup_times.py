@@ -5,7 +5,9 @@
     spectrace run --algo eagle --topk 4         until the first status line, the walkthrough's
                                                 screen while the run loads, and the run's first
                                                 step drawn (its DRAFT phase)
-    spectrace replay TRACE                      until the first step drawn
+    spectrace replay TRACE                      until the first step drawn (the explicit run's
+                                                trace; and a fast run's, whose steps are frames
+                                                built when read, which needs torch)
 
     python docs/startup_times.py [--runs 5]
 
@@ -68,7 +70,10 @@ def main() -> None:
     runs = ap.parse_args().runs
     rows: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        trace = os.path.join(tmp, "t.jsonl")
+        trace, fast = os.path.join(tmp, "t.jsonl"), os.path.join(tmp, "fast.jsonl")
+        subprocess.run([sys.executable, "-m", "spectrace", "run", "--backend", "fast", "--algo", "eagle",
+                        "--topk", "4", "--no-tui", "--trace", fast], check=True, capture_output=True,
+                       env={**os.environ, "TRITON_INTERPRET": "1"})
         for _ in range(runs):
             rows.setdefault("run --max-new-tokens 0: the refusal", []).append(
                 in_a_terminal(["run", "--max-new-tokens", "0"])[2])
@@ -78,6 +83,8 @@ def main() -> None:
             rows.setdefault("run --algo eagle --topk 4: the first step drawn", []).append(found.get(DRAWN))
             replayed = in_a_terminal(["replay", trace], (DRAWN,))[1]
             rows.setdefault("replay TRACE: first screen", []).append(replayed.get(DRAWN))
+            replayed = in_a_terminal(["replay", fast], (DRAWN,))[1]
+            rows.setdefault("replay a fast run's TRACE: first screen", []).append(replayed.get(DRAWN))
     print(f"{'':<52} {'median s':>9} {'worst s':>8}   ({runs} runs, {os.cpu_count()} cores)")
     for name, times in rows.items():
         ok = [t for t in times if t is not None]

@@ -94,7 +94,7 @@ def no_traceback(capsys) -> str:
     return err
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_a_mutated_trace_is_read_or_refused_in_one_line(tmp_path_factory, capsys, data):
     tmp = tmp_path_factory.mktemp("fuzz")
