@@ -36,7 +36,7 @@ def reading(tmp: Path, copies: int = 700) -> None:
     """A fast run of 4 requests x 12 tokens (interpreted on a CPU), its step frames repeated
     `copies` times, renumbered: the time to open it and to build one step's records."""
     from spectrace.fast.frames import MAGIC, frame_heads
-    from spectrace.recovery import open_trace
+    from spectrace.traces import open_trace
     from spectrace.run import RunConfig, run
 
     trace = tmp / "big.jsonl"

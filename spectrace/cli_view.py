@@ -1,5 +1,5 @@
 """The viewing commands of `spectrace` (cli.py's other half, beside measure/cli.py): replay,
-render, export, rejudge and report, each reading a trace as spectrace/recovery.py opens it (a fast
+render, export, rejudge and report, each reading a trace as spectrace/traces.py opens it (a fast
 run's frames included). Torch-free at import; errors are SpectraceErrors: one line, exit code 2.
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ def cmd_report(args) -> int:
 def cmd_replay(args) -> int:
     progress = Progress(0)  # a large trace takes a moment to index: say so instead of a blank terminal
     progress.say("loading the walkthrough")
-    from spectrace.recovery import open_trace
+    from spectrace.traces import open_trace
     from spectrace.viz.tui.app import replay
 
     progress.say(f"reading {args.trace}")
@@ -57,7 +57,7 @@ def cmd_render(args) -> int:
     """One figure (--step N [--request R]) or one per step (--all)."""
     from pathlib import Path
 
-    from spectrace.recovery import open_trace
+    from spectrace.traces import open_trace
     from spectrace.viz.graph import step_graph, write_figure
 
     trace = open_trace(args.trace)
@@ -86,11 +86,11 @@ def cmd_render(args) -> int:
 
 def cmd_export(args) -> int:
     """spectrace/timeline.py: the trace's phases for Perfetto, or a CSV for pandas; or the whole
-    trace in one JSON Lines file (spectrace/recovery.py: write_whole)."""
+    trace in one JSON Lines file (spectrace/traces.py: write_whole)."""
     from pathlib import Path
 
     from spectrace.core.trace import MALFORMED, TraceError
-    from spectrace.recovery import read_whole, write_whole
+    from spectrace.traces import read_whole, write_whole
     from spectrace.timeline import export
 
     refuse_overwriting(args.out, args.trace, "-o")

@@ -37,7 +37,7 @@ from spectrace.core.probs import RecordedProbs, sha256
 from spectrace.core.sampling import SamplingParams, probs_from_logits, request_generator, topk_pairs
 from spectrace.core.step_record import fates, record_token_ids
 from spectrace.core.trace import TraceWriter
-from spectrace.recovery import read_whole
+from spectrace.traces import read_whole
 from spectrace.errors import SpectraceError
 
 TRACE_TOPK = {"full": 5, "steps": 0}  # run.py's TRACE_LEVELS, without importing the models

@@ -13,7 +13,7 @@ import torch
 
 from spectrace.core import adaptive
 from spectrace.errors import SpectraceError
-from spectrace.recovery import read_whole
+from spectrace.traces import read_whole
 from spectrace.zoo.prompts import HELD_OUT_PROMPTS, REPEATING_PROMPTS
 from spectrace.run import RunConfig, run
 

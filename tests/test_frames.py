@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 from spectrace.cli import main
 from spectrace.core.trace import frames_path
 from spectrace.core.trace_reader import TraceFile
-from spectrace.recovery import open_trace
+from spectrace.traces import open_trace
 from spectrace.fast.frames import FrameWriter, Pack, read_frames
 from spectrace.run import RunConfig, run
 

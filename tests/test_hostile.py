@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 from spectrace.cli import NGRAM_STYLE_OPTIONS, build_parser, main
 from spectrace.core.trace import TraceWriter, frames_path
 from spectrace.core.trace_reader import TraceFile
-from spectrace.recovery import open_trace
+from spectrace.traces import open_trace
 from spectrace.zoo import TARGET_DIR
 
 WALKTHROUGH = Path(__file__).with_name("data") / "walkthrough.jsonl"

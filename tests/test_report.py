@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from spectrace.cli import main
 from spectrace.core.trace_reader import TraceFile
-from spectrace.recovery import open_trace
+from spectrace.traces import open_trace
 from spectrace.report.data import report_data
 from spectrace.report.page import inert_json, page
 from spectrace.viz.steptree import step_tree

@@ -3,7 +3,7 @@ of the steps at open, each step record parsed and validated when asked for, so t
 open in a blink. A torn last line is reported and skipped; a file that is not a regular file, a
 field of the wrong type, a number or a string past its bound is refused in one line before
 anything is allocated for it. Reading needs no torch; a fast run's steps, which it keeps as
-frames beside the trace, come from a StepSource that builds them (spectrace/recovery.py).
+frames beside the trace, come from a StepSource that builds them (spectrace/traces.py).
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ class StepSource(Protocol):
 
 
 # (trace, its header, the (step, request) pairs its lines hold) -> its frames' steps but those
-Recover = Callable[[Path, dict, set], StepSource]
+OpenFrames = Callable[[Path, dict, set], StepSource]
 
 
 @dataclass
@@ -177,9 +177,9 @@ class TraceFile:
     summary records and a small index of the steps (`StepMeta`) are read at open, and each step
     record is parsed and validated when asked for (`step(i)`)."""
 
-    def __init__(self, path: str | Path, recover: Recover | None = None):
-        """recover: the steps a fast run keeps as frames beside the trace (spectrace/recovery.py),
-        built when read; without it they are named in a notice."""
+    def __init__(self, path: str | Path, frames: OpenFrames | None = None):
+        """frames: opens the steps a fast run keeps as frames beside the trace
+        (spectrace/traces.py), built when read; without it they are named in a notice."""
         self.path = path = Path(path)
         try:
             if not path.is_dir() and not stat.S_ISREG(os.stat(path).st_mode):
@@ -230,12 +230,12 @@ class TraceFile:
                 self.summary = rec
             else:
                 raise TraceError(f"trace {path} line {lineno}: unknown record kind {kind!r}")
-        self._open_frames(recover)
+        self._open_frames(frames)
         if self.summary is None:
             self.notices.append("the run did not finish: no summary record")
         self._cache: dict[int, dict] = {}
 
-    def _open_frames(self, recover: Recover | None) -> None:
+    def _open_frames(self, frames: OpenFrames | None) -> None:
         """A fast run's steps, kept in TRACE.frames (all of them, or those it had not yet written
         into the trace when it was killed): indexed from the frames' heads, each built when asked
         for (`step`); the files are not touched."""
@@ -246,12 +246,12 @@ class TraceFile:
             if frames_path(self.path).exists():
                 self.notices.append(f"{sidecar} is not a regular file: its steps are not read")
             return
-        if recover is None:
+        if frames is None:
             self.notices.append(f"the run kept its steps in {sidecar}, which this "
                                 f"reader does not build: open the trace with "
                                 f"spectrace's commands (replay, render, report, export)")
             return
-        self._frames = recover(self.path, self.header, set(self._seen_steps))
+        self._frames = frames(self.path, self.header, set(self._seen_steps))
         if self._frames.notice:
             self.notices.append(self._frames.notice)
         timings: dict[int, dict] = {}  # a frame's phase times, shared by its requests' metas
@@ -352,10 +352,10 @@ class TraceFile:
         return self.tokens.get(token_id, f"<{token_id}>")
 
 
-def read_trace(path: str | Path, recover: Recover | None = None) -> Trace:
+def read_trace(path: str | Path, frames: OpenFrames | None = None) -> Trace:
     """Read and validate a whole trace; raise TraceError with a one-line reason if it is
     unusable."""
-    f = TraceFile(path, recover)
+    f = TraceFile(path, frames)
     steps = [f.step(i) for i in range(len(f))]
     return Trace(header=f.header, prefills=f.prefills, steps=steps, summary=f.summary,
                  tokens=f.tokens, notices=f.notices)

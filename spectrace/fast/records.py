@@ -256,7 +256,7 @@ def blob_bytes(layout: dict) -> int:
 class FrameSteps:
     """A fast run's steps as its frames hold them (TRACE.frames): indexed from the frames' heads
     when the trace opens, each frame's records built when a reader first asks for one of them.
-    core/trace_reader.py's StepSource (spectrace/recovery.py makes it); skip: the (step, request)
+    core/trace_reader.py's StepSource (spectrace/traces.py makes it); skip: the (step, request)
     pairs the trace's own lines hold (a run killed while it built them into the trace)."""
 
     def __init__(self, trace: Path, skip: set, token_text: Callable[[int], str],

@@ -5,7 +5,7 @@ step's last CUDA graph, so its time counts in that launch group's) and copies th
 in one copy that the host does not wait for (`copy_step`), so the next step is launched before
 this one is recorded, as in an untraced run. Once the copy has landed, `keep` makes the step's
 frame (fast/frames.py): with only a trace to write, it goes to TRACE.frames, where readers build
-the records (spectrace/recovery.py); for a live view (on_step) they are built at once.
+the records (spectrace/traces.py); for a live view (on_step) they are built at once.
 """
 from __future__ import annotations
 
@@ -232,7 +232,7 @@ class StepRecorder:
     def finish(self) -> dict:
         """After the loop (or once it was interrupted): the frames closed, and the trace told the
         token ids they mention (their text goes into its next line, the summary); readers build
-        the records (spectrace/recovery.py). With --record-probs every frame's records are built
+        the records (spectrace/traces.py). With --record-probs every frame's records are built
         now, into the trace, a step at a time, and the sidecar removed: building them fills the
         walks' inputs. Returns {"trace_s": the seconds it took, "trace_loop_s": the host's seconds
         in the loop making and writing frames}, or nothing when the records were made as the run

@@ -59,7 +59,7 @@ def write_page(text: str, out: Path) -> None:
 def write_report(trace_path, out) -> Path:
     """`spectrace report TRACE -o OUT`: the page of the trace at TRACE (a fast run's frames
     included, as every command reads them)."""
-    from spectrace.recovery import open_trace
+    from spectrace.traces import open_trace
     from spectrace.report.data import report_data
 
     out = Path(out)

@@ -20,7 +20,7 @@ from textual.widgets import Static
 from spectrace.core.trace import TraceError
 from spectrace.errors import SpectraceError
 from spectrace.progress import STATUS, WRITTEN
-from spectrace.recovery import open_trace
+from spectrace.traces import open_trace
 from spectrace.viz.tui.app import HELP, Panel, Walkthrough, check_opens
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from spectrace.recovery import open_trace
+from spectrace.traces import open_trace
 from spectrace.viz.tui.app import Walkthrough
 
 

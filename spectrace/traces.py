@@ -31,7 +31,7 @@ class TokenText:
 
 
 def frame_steps(trace: Path, header: dict, skip: set):
-    """core/trace_reader.py's Recover: the frames' steps but those the trace's lines hold."""
+    """core/trace_reader.py's OpenFrames: the frames' steps but those the trace's lines hold."""
     from spectrace.fast.records import FrameSteps
 
     return FrameSteps(trace, skip, TokenText(header), header.get("run"))
