@@ -31,7 +31,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # the fast engine's kernels, int
 from _lib import ROOT, run, show  # noqa: E402
 
 from spectrace.core.acceptance import RULES
-from spectrace.core.engine import Request
+from spectrace.core.request import Request
 from spectrace.core.trace_reader import read_trace
 from spectrace.fast.graphs import BUCKETS, bucket
 from spectrace.loading.models import load_drafter_model

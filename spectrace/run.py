@@ -26,7 +26,7 @@ from spectrace.core.adaptive import AdaptiveConfig
 from spectrace.core.config import read_config_json
 from spectrace.core.drafters.medusa import DEFAULT_CHOICES, MC_SIM_7B_63, MedusaTree, load_choices
 from spectrace.core.drafters.ngram import NgramConfig
-from spectrace.core.engine import Request
+from spectrace.core.request import Request
 from spectrace.core.model import CausalLM
 from spectrace.core.ngram.trie import TrieConfig
 from spectrace.core.probs import UNSEALED, ProbsRecorder, seal, sidecar_path

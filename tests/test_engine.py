@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM
 from conftest import generate, prompts
 
 from spectrace.core.batch import ForwardBatch
-from spectrace.core.engine import Request
+from spectrace.core.request import Request
 from spectrace.core.spec import SpecConfig
 from spectrace.core.tree import tree_capacity
 from spectrace.run import build_engine

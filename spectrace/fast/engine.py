@@ -23,7 +23,7 @@ import torch
 
 from spectrace.core.acceptance import RULES
 from spectrace.core.adaptive import AdaptiveSpeculativeParams
-from spectrace.core.engine import Request, append_tokens
+from spectrace.core.request import Request, append_tokens
 from spectrace.core.metrics import SpecMetrics
 from spectrace.core.probs import ProbsRecorder
 from spectrace.core.sampling import request_generator

@@ -21,7 +21,7 @@ import torch
 
 from spectrace.core.acceptance import RULES, AcceptResult, Randoms, RuleParams, bonus_from
 from spectrace.core.drafters.eagle_worker import draft_candidates
-from spectrace.core.engine import Request, StepRow
+from spectrace.core.request import Request, StepRow
 from spectrace.core.probs import ProbsRecorder
 from spectrace.core.sampling import as_pairs
 from spectrace.core.spec import SpecConfig

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from spectrace.core.acceptance import Randoms, Rule
-from spectrace.core.engine import Request
+from spectrace.core.request import Request
 from spectrace.core.sampling import SamplingParams, probs_from_logits
 
 

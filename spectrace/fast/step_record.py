@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 
 from spectrace.core.acceptance import Randoms
-from spectrace.core.engine import Request, StepRow
+from spectrace.core.request import Request, StepRow
 from spectrace.core.probs import ProbsRecorder
 from spectrace.core.sampling import probs_from_logits
 from spectrace.core.spec import SpecConfig

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from spectrace.core.acceptance.tree_rejection import SiblingStats
-from spectrace.core.engine import Request
+from spectrace.core.request import Request
 from spectrace.fast.acceptance import Verdict, target_probs
 from spectrace.fast.sampling import sample_rows
 from spectrace.kernels.acceptance.tree_rejection import tree_rejection_walk

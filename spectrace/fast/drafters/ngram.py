@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from spectrace.core.engine import Request
+from spectrace.core.request import Request
 from spectrace.core.tree import DraftTree
 from spectrace.fast.tree import DeviceTree
 
