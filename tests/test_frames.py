@@ -206,3 +206,36 @@ def test_a_fast_runs_summary_says_what_its_trace_cost(tmp_path, capsys):
     metrics = TraceFile(trace).summary["metrics"]
     assert f"writing it took {metrics['trace_loop_s'] * 1e3:.1f} ms of the" in last
     assert f"and {metrics['trace_s'] * 1e3:.1f} ms after it" in last
+
+
+def test_a_fast_trace_replays_behind_a_first_screen(tmp_path):
+    """`spectrace replay` of a fast trace: the app is up before the steps are built (building
+    needs torch), shows them once a thread has opened the trace, and a trace that cannot open
+    closes the app with its one line."""
+    import asyncio
+
+    from spectrace.core.trace import TraceError
+    from spectrace.viz.tui.opening import Opening
+
+    trace = tmp_path / "t.jsonl"
+    run(RunConfig(backend="fast", algo="eagle", topk=2, num_steps=3, num_draft_tokens=4, max_new_tokens=4,
+                  trace=str(trace)))
+
+    async def walk(opener):
+        app = Opening(opener, "opening t.jsonl")
+        async with app.run_test(size=(100, 30)) as pilot:
+            assert app.trace is None  # up, the steps still to come
+            for _ in range(400):
+                await pilot.pause(0.05)
+                if app.trace is not None or app.problem is not None:
+                    break
+            await pilot.press("right")
+            return app.trace, app.problem, app.position if app.trace else None
+
+    opened, problem, position = asyncio.run(walk(lambda: open_trace(trace)))
+    assert problem is None and len(opened) >= 2 and position == 1  # it walks to the next step
+    assert opened.step(0) == open_trace(trace).step(0)
+
+    def refuse():
+        raise TraceError("t.jsonl.frames is not readable")
+    assert asyncio.run(walk(refuse))[1] == "t.jsonl.frames is not readable"
