@@ -213,6 +213,7 @@ def test_a_fast_trace_replays_behind_a_first_screen(tmp_path):
     needs torch), shows them once a thread has opened the trace, and a trace that cannot open
     closes the app with its one line."""
     import asyncio
+    import threading
 
     from spectrace.core.trace import TraceError
     from spectrace.viz.tui.opening import Opening
@@ -222,9 +223,12 @@ def test_a_fast_trace_replays_behind_a_first_screen(tmp_path):
                   trace=str(trace)))
 
     async def walk(opener):
-        app = Opening(opener, "opening t.jsonl")
+        built = threading.Event()  # the opening waits for it: the app is up before the steps
+        app = Opening(lambda: built.wait(30) and opener(), "opening t.jsonl")
         async with app.run_test(size=(100, 30)) as pilot:
-            assert app.trace is None  # up, the steps still to come
+            await pilot.pause()
+            assert app.trace is None and app.is_running  # up, the steps still to come
+            built.set()
             for _ in range(400):
                 await pilot.pause(0.05)
                 if app.trace is not None or app.problem is not None:
