@@ -42,14 +42,14 @@ def cmd_report(args) -> int:
 def cmd_replay(args) -> int:
     progress = Progress(0)  # a large trace takes a moment to index: say so instead of a blank terminal
     progress.say("loading the walkthrough")
-    from spectrace.core.trace import frames_path
+    from spectrace.core.trace import has_frames
     from spectrace.traces import open_trace
     from spectrace.viz.tui.app import replay
     from spectrace.viz.tui.opening import replay_opening
 
     progress.say(f"reading {args.trace}")
     try:
-        if frames_path(args.trace).is_file():  # a fast run's steps: built behind the first screen
+        if has_frames(args.trace):  # a fast run's steps: built behind the first screen
             replay_opening(args.trace, lambda: open_trace(args.trace))
         else:
             replay(open_trace(args.trace))

@@ -243,3 +243,14 @@ def test_a_fast_trace_replays_behind_a_first_screen(tmp_path):
     def refuse():
         raise TraceError("t.jsonl.frames is not readable")
     assert asyncio.run(walk(refuse))[1] == "t.jsonl.frames is not readable"
+
+
+def test_a_trace_whose_name_leaves_no_room_for_frames_reads(tmp_path, capsys):
+    """A trace named to the file system's limit (255 bytes) has no `.frames` beside it: every
+    reader opens its lines, and replay without a terminal says so in one line, no traceback."""
+    trace = tmp_path / ("y" * 249 + ".jsonl")
+    trace.write_text((Path(__file__).with_name("data") / "walkthrough.jsonl").read_text())
+    assert len(open_trace(trace)) == len(TraceFile(trace)) > 0
+    assert main(["export", str(trace), "--format", "csv", "-o", str(tmp_path / "t.csv")]) == 0
+    assert main(["replay", str(trace)]) == 2
+    assert "Traceback" not in capsys.readouterr().err

@@ -109,7 +109,7 @@ class TraceWriter:
                 raise TraceError(f"cannot write trace {self.path}: it "
                                  f"is a FIFO, and a trace is a file")
             self._f = _locked(self.path)  # UTF-8 lines, written whole
-            if self.path.is_file() and frames_path(self.path).is_file():  # an earlier run's steps
+            if self.path.is_file() and has_frames(self.path):  # an earlier run's steps
                 frames_path(self.path).unlink()
         except OSError as e:
             raise TraceError(f"cannot write trace {self.path}: {e.strerror}") from None
@@ -170,13 +170,22 @@ class TraceWriter:
         /dev/null that --trace named."""
         if self.path.is_file():
             self.path.unlink(missing_ok=True)
-            if frames_path(self.path).is_file():  # never a FIFO or a device put there
+            if has_frames(self.path):  # never a FIFO or a device put there
                 frames_path(self.path).unlink()
 
 
 def default_trace_path(algo: str) -> Path:
     """Where a run writes its trace when --trace is not given."""
     return Path(f"runs/{time.strftime('%Y%m%d-%H%M%S')}-{algo}.jsonl")
+
+
+def has_frames(trace: str | Path) -> bool:
+    """Whether a regular file of frames lies beside the trace (a name too long for the file
+    system, with .frames added, has none)."""
+    try:
+        return frames_path(trace).is_file()
+    except OSError:
+        return False
 
 
 def frames_path(trace: str | Path) -> Path:

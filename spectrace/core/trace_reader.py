@@ -7,6 +7,7 @@ frames beside the trace, come from a StepSource that builds them (spectrace/trac
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from spectrace.core.trace import (MALFORMED, SCHEMA, SCHEMA_PREFIX, TraceError, frames_path,
-                                  malformed)
+                                  has_frames, malformed)
 from spectrace.errors import SpectraceError
 
 MAX_TOKEN_CHARS = 2 ** 20  # a token's text: real vocabularies stay under a few hundred characters
@@ -241,10 +242,11 @@ class TraceFile:
         for (`step`); the files are not touched."""
         sidecar, self._frames = frames_path(self.path).name, None
         self._framed: dict[int, dict[int, str]] = {}  # the lines built of frames read lately
-        if not frames_path(self.path).is_file():
+        if not has_frames(self.path):
             # a FIFO would block the reading, a device never end
-            if frames_path(self.path).exists():
-                self.notices.append(f"{sidecar} is not a regular file: its steps are not read")
+            with contextlib.suppress(OSError):  # OSError: a name too long with .frames added
+                if frames_path(self.path).exists():
+                    self.notices.append(f"{sidecar} is not a regular file: its steps are not read")
             return
         if frames is None:
             self.notices.append(f"the run kept its steps in {sidecar}, which this "
