@@ -1,4 +1,5 @@
-"""The chi-square harness that proves an acceptance rule lossless, importable by tests and lessons.
+"""The chi-square harness that proves an acceptance rule lossless, importable by tests and lessons;
+and `killed_once_written`, a `spectrace run` SIGKILLed mid-way, for the tests of what it leaves.
 
 The synthetic model is a Markov chain over V tokens: the target's distribution after token x is
 P[x] (the root's is p0) and the draft's is Q[x] (q0). target_only's and typical's tree takes the
@@ -168,3 +169,20 @@ def continuations(rule, seed, n=None, one_hot=False, **thresholds):
         pairs[out[0] * V + out[1]] += 1
     pairs = torch.tensor(pairs, dtype=torch.float64).view(V, V)
     return (p0, exact), pairs.sum(1), pairs
+
+
+def killed_once_written(argv: list[str], path, size: int, env: dict | None = None) -> None:
+    """Start `python -m spectrace ARGV`, SIGKILL it once `path` holds `size` bytes (no handler
+    runs, nothing is flushed or closed), and check it was killed mid-way, not finished."""
+    import subprocess
+    import sys
+    import time
+
+    run = subprocess.Popen([sys.executable, "-m", "spectrace", *argv], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, env=env)
+    deadline = time.monotonic() + 120
+    while (not path.exists() or path.stat().st_size < size) and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    run.kill()
+    run.wait()
+    assert run.returncode == -9, run.stderr.read()[-2000:]

@@ -337,23 +337,16 @@ def test_a_run_killed_mid_way_leaves_a_trace_that_opens_up_to_its_last_whole_ste
     and flushed as its step finished, so replay's reader, the walkthrough and render open the
     trace up to the last whole step (a torn last line is a notice, not an error)."""
     import asyncio
-    import time
 
     from spectrace.core.trace_reader import TraceFile
+    from spectrace.testing import killed_once_written
     from spectrace.viz.tui.app import Walkthrough
 
     trace = tmp_path / "t.jsonl"
-    run = subprocess.Popen([sys.executable, "-m", "spectrace", "run", "--algo", "eagle", "--topk", "4", "--no-tui",
-                            "--batch", "4", "--max-new-tokens", "400", "--trace", str(trace)],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
     # a step's four records are about 30 KB (the writer's buffer may spill part of one before its
     # step's flush): past 100 KB, a few steps are whole
-    while (not trace.exists() or trace.stat().st_size < 100_000) and run.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    run.kill()
-    run.wait()
-    assert run.returncode == -9, run.stderr.read()[-2000:]  # killed mid-way, not finished
+    killed_once_written(["run", "--algo", "eagle", "--topk", "4", "--no-tui", "--batch", "4",
+                         "--max-new-tokens", "400", "--trace", str(trace)], trace, 100_000)
     steps = TraceFile(trace)
     last = steps.index[-1]
     assert len(steps) >= 4

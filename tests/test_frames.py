@@ -131,21 +131,14 @@ def test_a_fast_run_killed_mid_way_reads_up_to_its_last_whole_frame(tmp_path):
     whole and flushed as its step finished, so the trace opens with every step up to the last
     whole frame, and each of them builds (export writes them all)."""
     import os
-    import subprocess
-    import sys
-    import time
+
+    from spectrace.testing import killed_once_written
 
     trace = tmp_path / "t.jsonl"
-    run_ = subprocess.Popen([sys.executable, "-m", "spectrace", "run", "--backend", "fast", "--algo", "none",
-                             "--no-tui", "--batch", "2", "--max-new-tokens", "400", "--trace", str(trace)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "TRITON_INTERPRET": "1"})
-    frames, deadline = frames_path(trace), time.monotonic() + 120
     # a step's frame is under 1 KB here, the first (with its layout) about 2 KB: past 5 KB, a few
-    while (not frames.exists() or frames.stat().st_size < 5_000) and run_.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    run_.kill()
-    run_.wait()
-    assert run_.returncode == -9, run_.stderr.read()[-2000:]  # killed mid-way, not finished
+    killed_once_written(["run", "--backend", "fast", "--algo", "none", "--no-tui", "--batch", "2",
+                         "--max-new-tokens", "400", "--trace", str(trace)], frames_path(trace), 5_000,
+                        {**os.environ, "TRITON_INTERPRET": "1"})
     opened = open_trace(trace)
     assert len(opened) >= 2 and "the run did not finish: no summary record" in opened.notices
     assert main(["export", str(trace), "--format", "jsonl", "-o", str(tmp_path / "whole.jsonl")]) == 0
